@@ -1,0 +1,263 @@
+"""The ``dsstage`` command line: thin verbs over the library.
+
+Errors end as one line on stderr and a non-zero exit code; this module is the one place
+where exceptions become exit codes for the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import __version__
+from . import catalog as cat
+from . import config as cfg
+from . import manifest as mf
+from .errors import DsstageError
+from .lease import default_holder
+from .store import StageResult, Store
+from .ui import console, progress_bar
+from .units import human
+
+log = logging.getLogger("dsstage")
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING,
+                        format="dsstage: %(levelname)s: %(message)s")
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return handler(args)
+    except DsstageError as exc:
+        print(f"dsstage: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dsstage: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if args.debug:
+            raise
+        print(f"dsstage: internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)",
+              file=sys.stderr)
+        return 70
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dsstage", description="Stage datasets onto compute nodes' local storage.")
+    p.add_argument("--version", action="version", version=f"dsstage {__version__}")
+    p.add_argument("--config", help="configuration file (default: $DSSTAGE_CONFIG or /etc/dsstage/dsstage.yaml)")
+    p.add_argument("--node", help="node name for {node} in tier paths (default: $SLURMD_NODENAME or host name)")
+    p.add_argument("-v", "--verbose", action="store_true", help="say what is being done")
+    p.add_argument("--debug", action="store_true", help="debug logging and tracebacks")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+
+    c = sub.add_parser("check-config", help="validate the configuration and print a summary")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_check_config)
+
+    c = sub.add_parser("ls", help="list the dataset catalog")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_ls)
+
+    m = sub.add_parser("manifest", help="build or show BLAKE3 manifests")
+    msub = m.add_subparsers(title="manifest commands", metavar="ACTION")
+    c = msub.add_parser("build", help="hash the source and record the dataset's current version")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--from", dest="from_path", metavar="PATH",
+                   help="read the data here instead of the source (for an ssh or rsync:// source, "
+                        "a mounted view of it)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_manifest_build)
+    m.set_defaults(handler=lambda _a: _usage(m))
+
+    c = sub.add_parser("stage", help="stage datasets on this node and lease them")
+    c.add_argument("name", help="dataset name, or several separated by commas")
+    c.add_argument("--job-id", help="the job holding the lease (default: $SLURM_JOB_ID, else the calling shell)")
+    c.add_argument("--user", help="stage on behalf of this user (root only; default: you)")
+    c.add_argument("--full", action="store_true", help="re-hash a cached copy and repair it")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_stage)
+
+    c = sub.add_parser("release", help="release a job's lease on a dataset")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--job-id", required=True, help="the job whose lease to release")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_release)
+
+    c = sub.add_parser("verify", help="check the local copy against the manifest")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--full", action="store_true", help="re-hash every file and repair what is wrong")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_verify)
+    return p
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _config(args: argparse.Namespace) -> cfg.Config:
+    return cfg.load(args.config)
+
+
+def _emit(args: argparse.Namespace, data: Any, text: Callable[[], None]) -> None:
+    if getattr(args, "json", False):
+        json.dump(data, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        text()
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    data = {"config": conf.origin, "state_dir": conf.state_dir, "on_failure": conf.on_failure,
+            "tiers": {t.name: {"path": t.path, "capacity": t.capacity, "high_watermark": t.high_watermark,
+                               "low_watermark": t.low_watermark} for t in conf.tiers.values()},
+            "datasets": sorted(conf.datasets)}
+
+    def text() -> None:
+        print(f"{conf.origin}: OK")
+        print(f"  state_dir  {conf.state_dir}")
+        for t in conf.tiers.values():
+            cap = f"{t.capacity:.0%} of the filesystem" if isinstance(t.capacity, float) else human(t.capacity)
+            print(f"  tier {t.name:<8} {t.path}  capacity {cap}  watermarks {t.low_watermark:.0%}-{t.high_watermark:.0%}")
+        print(f"  {len(conf.datasets)} dataset(s): {', '.join(sorted(conf.datasets)) or '-'}")
+    _emit(args, data, text)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    manifests = mf.Catalog(conf.state_dir)
+    rows = []
+    for ds in sorted(conf.datasets.values(), key=lambda d: d.name):
+        row: dict[str, Any] = {"name": ds.name, "source": ds.source.raw, "tier": ds.tier,
+                               "groups": list(ds.groups) if ds.groups else None, "verify": ds.verify,
+                               "on_failure": ds.on_failure, "version": None, "files": None, "bytes": None}
+        try:
+            digest = manifests.current(ds.name)
+            if digest:
+                header = mf.read_header(manifests.path(ds.name, digest))
+                row.update(version=digest[:16], files=header.get("files"), bytes=header.get("bytes"))
+        except DsstageError as exc:
+            row["problem"] = str(exc)
+        rows.append(row)
+
+    def text() -> None:
+        from rich.table import Table
+        table = Table(title="dsstage catalog", title_justify="left")
+        for col in ("dataset", "version", "files", "size", "tier", "groups", "source"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["name"], r["version"] or "[yellow]no manifest[/]",
+                          str(r["files"] if r["files"] is not None else "-"),
+                          human(int(r["bytes"])) if r["bytes"] is not None else "-", r["tier"],
+                          ",".join(r["groups"]) if r["groups"] else "everyone", r["source"])
+        console().print(table)
+    _emit(args, rows, text)
+    return 0
+
+
+def cmd_manifest_build(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    ds = cat.lookup(conf, args.name)
+    manifests = mf.Catalog(conf.state_dir)
+    if args.from_path:
+        root = args.from_path
+    elif ds.source.kind == "local":
+        root = ds.source.path
+    else:
+        raise DsstageError(f"dataset {ds.name!r} comes from {ds.source.raw}; build its manifest where the data is "
+                           f"mounted: dsstage manifest build {ds.name} --from /mounted/path")
+    previous = None
+    if manifests.current(ds.name):
+        try:
+            previous = manifests.load(ds.name)
+        except DsstageError as exc:
+            log.warning("previous manifest unusable, hashing everything: %s", exc)
+    with progress_bar(f"hashing {ds.name}", enabled=not args.json) as advance:
+        report = mf.build(ds.name, root, source=ds.source.raw, previous=previous,
+                          threads=conf.transfer.hash_threads, progress=advance)
+    path = manifests.publish(report.manifest)
+    m = report.manifest
+    data = {"dataset": ds.name, "digest": m.digest, "version": m.digest[:16], "files": m.files,
+            "bytes": m.total_bytes, "hashed": report.hashed, "reused": report.reused,
+            "unchanged": report.unchanged, "path": path,
+            "skipped": {k: len(v) for k, v in report.skipped.items()}}
+
+    def text() -> None:
+        print(f"{ds.name}: version {m.digest[:16]}{' (unchanged)' if report.unchanged else ''}, "
+              f"{m.files} files, {human(m.total_bytes)}; hashed {report.hashed}, reused {report.reused}")
+        for kind, paths in sorted(report.skipped.items()):
+            print(f"  skipped {len(paths)} {kind}(s), e.g. {paths[0]!r}: a manifest holds regular files only")
+        print(f"  {path}")
+    _emit(args, data, text)
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    user = _user(args)
+    datasets = cat.resolve(conf, args.name, user)
+    pid = 0
+    job_id = args.job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        job_id, pid = default_holder()
+    store = Store(conf, args.node)
+    results = [store.stage(ds.name, user=user, job_id=job_id, pid=pid, full=args.full) for ds in datasets]
+
+    def text() -> None:
+        for r in results:
+            print(f"{r.dataset}: {r.path}  ({_how(r)}, {r.seconds:.2f}s, lease {r.job_id})")
+    dicts = [r.to_dict() for r in results]
+    _emit(args, dicts if len(dicts) > 1 else dicts[0], text)
+    return 0
+
+
+def _how(r: StageResult) -> str:
+    if r.action == "staged":
+        reused = f", {r.linked_files} reused from an older version" if r.linked_files else ""
+        return f"staged {r.transferred_files} files, {human(r.transferred_bytes)}{reused}"
+    return {"cached": "already here", "repaired": "repaired"}.get(r.action, r.action)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    released = Store(conf, args.node).release(args.name, args.job_id)
+    _emit(args, {"dataset": args.name, "job_id": args.job_id, "released": released},
+          lambda: print(f"{args.name}: lease of job {args.job_id} "
+                        + ("released" if released else "was not held")))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    result = Store(conf, args.node).verify(args.name, full=args.full)
+    _emit(args, result.to_dict(),
+          lambda: print(f"{result.dataset}: {'OK' if result.ok else 'NOT READY'} ({result.mode}): {result.reason}"))
+    return 0 if result.ok else 1
+
+
+def _user(args: argparse.Namespace) -> cat.User:
+    if args.user is None:
+        return cat.User.lookup()
+    if os.geteuid() != 0:
+        raise DsstageError("--user is for root (the Prolog stages on behalf of the job's user)")
+    return cat.User.lookup(args.user)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

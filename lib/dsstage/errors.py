@@ -1,0 +1,96 @@
+"""One exception tree for dsstage.
+
+Every error says what failed and what the reader can do about it. Each class carries
+the exit code the command line uses and a ``blame`` that tells the Prolog whether the
+failure is the user's or the source's (never drain the node) or the node's own
+(a broken local disk: draining is right).
+"""
+
+from __future__ import annotations
+
+
+class DsstageError(Exception):
+    """Base of every error dsstage raises on purpose."""
+
+    exit_code = 1
+    #: who is at fault: "user" (bad request), "source" (remote data), "node" (local disk),
+    #: "config" (the admin's configuration). The Prolog drains a node only for "node".
+    blame = "user"
+
+
+class ConfigError(DsstageError):
+    """The configuration file is missing, unreadable, unsafe or invalid."""
+
+    exit_code = 78  # EX_CONFIG
+    blame = "config"
+
+
+class UnknownDataset(DsstageError):
+    """A dataset name that the catalog does not know."""
+
+    exit_code = 2
+
+
+class AccessDenied(DsstageError):
+    """The user may not use this dataset."""
+
+    exit_code = 77  # EX_NOPERM
+
+
+class ManifestError(DsstageError):
+    """A manifest is missing, malformed or does not describe a safe tree."""
+
+    exit_code = 65  # EX_DATAERR
+    blame = "source"
+
+
+class SourceError(DsstageError):
+    """The dataset source cannot be read, or it no longer matches its manifest."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+    blame = "source"
+
+
+class VerifyError(SourceError):
+    """Staged data does not match the manifest, even after fetching it again."""
+
+    exit_code = 65
+
+
+class StoreError(DsstageError):
+    """The node-local store cannot be used (unwritable, broken, full)."""
+
+    exit_code = 74  # EX_IOERR
+    blame = "node"
+
+
+class NoSpace(StoreError):
+    """A tier has no room for a dataset."""
+
+    exit_code = 75  # EX_TEMPFAIL
+    # a full tier is a capacity problem, not a broken node: do not drain for it
+    blame = "source"
+
+
+class LockTimeout(DsstageError):
+    """Waited too long for another process that is staging the same dataset."""
+
+    exit_code = 75
+    blame = "source"
+
+
+class CommandError(DsstageError):
+    """An external command failed; carries argv, exit code and output."""
+
+    exit_code = 70
+
+    def __init__(self, argv: list[str], returncode: int | None, stdout: str, stderr: str,
+                 message: str | None = None) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        tail = (stderr or stdout).strip().splitlines()[-3:]
+        what = message or (f"{argv[0]} exited with {returncode}" if returncode is not None
+                           else f"{argv[0]} timed out")
+        super().__init__(what + (": " + " | ".join(tail) if tail else ""))

@@ -1,0 +1,73 @@
+"""Per-dataset locks that record who holds them.
+
+The lock itself is an flock(2) through filelock: the kernel drops it when its holder
+dies, even by kill -9, so a crashed stage never blocks the next one. Beside it an owner
+file records host, pid and job so that ``dsstage status`` can say who is staging.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from types import TracebackType
+
+import filelock
+
+from .errors import LockTimeout, StoreError
+from .fsutil import read_json, write_json
+
+
+class DatasetLock:
+    def __init__(self, path: str, *, timeout: float, job_id: str = "", what: str = "") -> None:
+        self.path = path
+        self.owner_path = path + ".owner"
+        self.timeout = timeout
+        self.job_id = job_id
+        self.what = what or os.path.basename(path)
+        self._lock = filelock.UnixFileLock(path, timeout=timeout, mode=0o600)
+
+    def __enter__(self) -> DatasetLock:
+        try:
+            self._lock.acquire()
+        except filelock.Timeout:
+            holder = read_owner(self.owner_path)
+            who = f" (held by {holder.get('host')} pid {holder.get('pid')} job {holder.get('job_id') or '-'})" \
+                if holder else ""
+            raise LockTimeout(f"waited {self.timeout:g}s for the lock on {self.what}{who}; another stage is "
+                              "still running: wait for it, or raise lock_timeout in the configuration") from None
+        except OSError as exc:
+            raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": self.job_id, "since": time.time()}
+        try:
+            write_json(self.owner_path, record, fsync=False)
+        except OSError:
+            pass  # the owner file is informative only
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            os.unlink(self.owner_path)
+        except OSError:
+            pass
+        self._lock.release()
+
+
+def read_owner(owner_path: str) -> dict[str, object]:
+    return read_json(owner_path)
+
+
+def is_held(path: str) -> bool:
+    """Whether some process holds the lock right now (tries it without blocking)."""
+    if not os.path.exists(path):
+        return False
+    probe = filelock.UnixFileLock(path, timeout=0)
+    try:
+        probe.acquire()
+    except filelock.Timeout:
+        return True
+    except OSError:
+        return False
+    probe.release()
+    return False

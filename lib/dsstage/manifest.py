@@ -1,0 +1,333 @@
+"""BLAKE3 manifests: what a dataset version is, file by file.
+
+A manifest lives at ``<state_dir>/manifests/<name>/<digest>.manifest``; the file
+``CURRENT`` beside it names the version jobs get now. Older manifests stay so that a
+node can tell which files a new version shares with the copy it already holds.
+
+File format (UTF-8, raw bytes of non-UTF-8 names kept through surrogateescape)::
+
+    #dsstage-manifest 1 {"name": ..., "digest": ..., "files": N, "bytes": B, ...}
+    <mtime_ns>\t<blake3 hex>\t<size>\t<path>
+
+one line per regular file, sorted by path. In ``path`` a backslash, newline, tab and
+carriage return are written ``\\\\``, ``\\n``, ``\\t``, ``\\r``. The root digest is the
+BLAKE3 of every line without its mtime field, so touching a file does not make a new
+version, while any change of content, size or name does.
+
+What a source may hold: regular files are the dataset. Symbolic links, sockets, FIFOs
+and devices are skipped (a link could point outside the dataset or at another user's
+data) and counted in the build report; directories exist only as the files in them
+need, so an empty directory is not recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import blake3
+
+from . import hashing
+from .errors import ManifestError
+from .fsutil import write_atomic
+
+MAGIC = "#dsstage-manifest 1 "
+CURRENT = "CURRENT"
+SUFFIX = ".manifest"
+
+
+class Entry(NamedTuple):
+    path: str
+    size: int
+    mtime_ns: int
+    hash: str
+
+
+@dataclass
+class Manifest:
+    name: str
+    digest: str
+    entries: list[Entry]
+    total_bytes: int
+    created: float
+    source: str = ""
+
+    @property
+    def files(self) -> int:
+        return len(self.entries)
+
+
+@dataclass
+class BuildReport:
+    manifest: Manifest
+    hashed: int = 0  # files whose content was read
+    reused: int = 0  # files whose hash came from the previous manifest
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # kind -> paths
+    unchanged: bool = False  # same digest as before
+
+
+# -- paths -------------------------------------------------------------------------
+
+_ESC = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_UNESC = {"\\": "\\", "n": "\n", "t": "\t", "r": "\r"}
+
+
+def escape(path: str) -> str:
+    if not any(c in path for c in _ESC):
+        return path
+    return "".join(_ESC.get(c, c) for c in path)
+
+
+def unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            nxt = text[i + 1:i + 2]
+            if nxt not in _UNESC:
+                raise ValueError(f"bad escape in {text!r}")
+            out.append(_UNESC[nxt])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def path_problem(path: str) -> str | None:
+    """Why a manifest path is unsafe, or None: it must stay inside the dataset."""
+    if not path:
+        return "empty path"
+    if "\0" in path:
+        return "NUL byte in path"
+    if path.startswith("/"):
+        return "absolute path"
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            return f"path component {part!r} is not allowed"
+    return None
+
+
+def check_entries(entries: Sequence[Entry], origin: str) -> None:
+    """Reject unsafe paths, duplicates, and a path that is both a file and a directory."""
+    seen: set[str] = set()
+    for e in entries:
+        problem = path_problem(e.path)
+        if problem:
+            raise ManifestError(f"{origin}: {problem}: {e.path!r}; rebuild it with `dsstage manifest build`")
+        if e.path in seen:
+            raise ManifestError(f"{origin}: duplicate entry {e.path!r}; rebuild it with `dsstage manifest build`")
+        seen.add(e.path)
+    for e in entries:
+        parent = e.path
+        while "/" in parent:
+            parent = parent.rsplit("/", 1)[0]
+            if parent in seen:
+                raise ManifestError(f"{origin}: {parent!r} is listed as a file but also holds {e.path!r}")
+
+
+# -- digest, reading, writing -------------------------------------------------------
+
+def _line(e: Entry) -> str:
+    return f"{e.mtime_ns}\t{e.hash}\t{e.size}\t{escape(e.path)}\n"
+
+
+def compute_digest(entries: Sequence[Entry]) -> str:
+    h = blake3.blake3()
+    for e in entries:
+        h.update(f"{e.hash}\t{e.size}\t{escape(e.path)}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def write(manifest: Manifest, path: str) -> None:
+    """Write atomically (temporary file, fsync, rename)."""
+    header = {"name": manifest.name, "digest": manifest.digest, "files": manifest.files,
+              "bytes": manifest.total_bytes, "created": manifest.created, "source": manifest.source}
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as fh:
+        fh.write(MAGIC + json.dumps(header, sort_keys=True) + "\n")
+        fh.writelines(_line(e) for e in manifest.entries)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_header(path: str) -> dict[str, object]:
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            first = fh.readline()
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such manifest; run `dsstage manifest build`") from None
+    return _parse_header(first, path)
+
+
+def _parse_header(first: str, path: str) -> dict[str, object]:
+    if not first.startswith(MAGIC):
+        raise ManifestError(f"{path}: not a dsstage manifest (bad first line); rebuild it with `dsstage manifest build`")
+    try:
+        header = json.loads(first[len(MAGIC):])
+    except ValueError:
+        raise ManifestError(f"{path}: damaged header; rebuild it with `dsstage manifest build`") from None
+    if not isinstance(header, dict) or not isinstance(header.get("digest"), str):
+        raise ManifestError(f"{path}: damaged header; rebuild it with `dsstage manifest build`")
+    return header
+
+
+def read(path: str, *, check: bool = True) -> Manifest:
+    """Load a manifest, checking that its digest matches its contents and its paths are safe."""
+    h = blake3.blake3()
+    entries: list[Entry] = []
+    total = 0
+    if not os.path.exists(path):
+        raise ManifestError(f"{path}: no such manifest; run `dsstage manifest build`")
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as fh:
+        header = _parse_header(fh.readline(), path)
+        for lineno, line in enumerate(fh, start=2):
+            try:
+                mtime, rest = line.split("\t", 1)
+                digest, size, epath = rest.rstrip("\n").split("\t")
+                entry = Entry(unescape(epath), int(size), int(mtime), digest)
+            except ValueError:
+                raise ManifestError(f"{path}:{lineno}: malformed line; rebuild it with `dsstage manifest build`") from None
+            if len(digest) != 64:
+                raise ManifestError(f"{path}:{lineno}: malformed hash; rebuild it with `dsstage manifest build`")
+            h.update(rest.encode("utf-8", "surrogateescape"))
+            entries.append(entry)
+            total += entry.size
+    digest = h.hexdigest()
+    if check:
+        if digest != header["digest"]:
+            raise ManifestError(f"{path}: contents do not match the digest in its header (it was edited or damaged); "
+                                "rebuild it with `dsstage manifest build`")
+        check_entries(entries, path)
+    return Manifest(name=str(header.get("name", "")), digest=digest, entries=entries, total_bytes=total,
+                    created=float(str(header.get("created") or 0)), source=str(header.get("source", "")))
+
+
+class Catalog:
+    """Where the manifests of one state directory live."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.root = os.path.join(state_dir, "manifests")
+
+    def dir(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def path(self, name: str, digest: str) -> str:
+        return os.path.join(self.dir(name), digest + SUFFIX)
+
+    def current(self, name: str) -> str | None:
+        """The digest of the current version, or None if no manifest was built (cheap)."""
+        try:
+            with open(os.path.join(self.dir(name), CURRENT)) as fh:
+                digest = fh.read().strip()
+        except FileNotFoundError:
+            return None
+        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+            raise ManifestError(f"{self.dir(name)}/{CURRENT}: damaged; rebuild with `dsstage manifest build {name}`")
+        return digest
+
+    def require_current(self, name: str) -> str:
+        digest = self.current(name)
+        if digest is None:
+            raise ManifestError(f"dataset {name!r} has no manifest yet: an admin must run "
+                                f"`dsstage manifest build {name}`")
+        return digest
+
+    def load(self, name: str, digest: str | None = None) -> Manifest:
+        digest = digest or self.require_current(name)
+        m = read(self.path(name, digest))
+        if m.digest != digest:
+            raise ManifestError(f"{self.path(name, digest)}: holds version {m.digest[:12]}, "
+                                f"not {digest[:12]}; rebuild with `dsstage manifest build {name}`")
+        return m
+
+    def publish(self, manifest: Manifest) -> str:
+        os.makedirs(self.dir(manifest.name), mode=0o755, exist_ok=True)
+        path = self.path(manifest.name, manifest.digest)
+        write(manifest, path)
+        write_atomic(os.path.join(self.dir(manifest.name), CURRENT), manifest.digest + "\n")
+        return path
+
+
+# -- building -------------------------------------------------------------------------
+
+def walk(root: str) -> Iterator[tuple[str, os.stat_result | None, str]]:
+    """Yield (relative path, stat, kind) for everything under ``root``; kind is
+    "file", or "symlink"/"special" for what a manifest skips (stat None)."""
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            it = os.scandir(os.path.join(root, rel_dir) if rel_dir else root)
+        except OSError as exc:
+            raise ManifestError(f"cannot read {os.path.join(root, rel_dir)}: {exc.strerror}") from None
+        with it:
+            for de in it:
+                rel = f"{rel_dir}/{de.name}" if rel_dir else de.name
+                if de.is_symlink():
+                    yield rel, None, "symlink"
+                elif de.is_dir(follow_symlinks=False):
+                    stack.append(rel)
+                elif de.is_file(follow_symlinks=False):
+                    yield rel, de.stat(follow_symlinks=False), "file"
+                else:
+                    yield rel, None, "special"
+
+
+def build(name: str, root: str, *, source: str = "", previous: Manifest | None = None,
+          threads: int = 0, progress: Callable[[int, int], None] | None = None,
+          clock: Callable[[], float] = time.time) -> BuildReport:
+    """Walk ``root`` and describe every regular file; reuse hashes from ``previous``
+    for files whose size and mtime did not change.
+
+    ``progress(files_done_delta, files_to_hash)`` is called as files are hashed.
+    """
+    if not os.path.isdir(root):
+        raise ManifestError(f"source {root!r} of dataset {name!r} is not a readable directory; "
+                            "check the path and that it is mounted here")
+    old = {e.path: e for e in previous.entries} if previous else {}
+    skipped: dict[str, list[str]] = {}
+    found: list[tuple[str, int, int]] = []
+    for rel, st, kind in walk(root):
+        if st is None:
+            skipped.setdefault(kind, []).append(rel)
+            continue
+        found.append((rel, st.st_size, st.st_mtime_ns))
+    found.sort()
+
+    entries: list[Entry | None] = []
+    todo: list[int] = []
+    for rel, size, mtime in found:
+        prev = old.get(rel)
+        if prev is not None and prev.size == size and prev.mtime_ns == mtime:
+            entries.append(prev)
+        else:
+            entries.append(None)
+            todo.append(len(entries) - 1)
+
+    def tick(n: int) -> None:
+        if progress:
+            progress(n, len(todo))
+
+    hashes = hashing.hash_many([os.path.join(root, found[i][0]) for i in todo], threads,
+                               progress=tick if progress else None)
+    for i, digest in zip(todo, hashes):
+        rel, size, mtime = found[i]
+        if digest is None:
+            raise ManifestError(f"cannot read {os.path.join(root, rel)!r} while building the manifest of {name!r}")
+        entries[i] = Entry(rel, size, mtime, digest)
+    final = [e for e in entries if e is not None]
+    check_entries(final, f"source of {name!r}")
+    digest = compute_digest(final)
+    manifest = Manifest(name=name, digest=digest, entries=final, total_bytes=sum(e.size for e in final),
+                        created=clock(), source=source)
+    return BuildReport(manifest=manifest, hashed=len(todo), reused=len(final) - len(todo), skipped=skipped,
+                       unchanged=previous is not None and previous.digest == digest)
+

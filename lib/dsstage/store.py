@@ -1,0 +1,459 @@
+"""The node-local store: one read-only copy per dataset version, shared by every job.
+
+Layout of a tier on a node (``<root>`` is the tier's path with ``{node}`` filled in)::
+
+    <root>/datasets/<name>/                  0755, or 0750 + group/ACL for a restricted dataset
+    <root>/datasets/<name>/<version>/         the published copy: root-owned, files 0444, dirs 0555
+    <root>/ready/<name>/<version>.json        ready mark: full digest, size, inode of the copy
+    <root>/staging/<name>.<version>/          private (0700) staging area, kept across crashes
+    <root>/locks/<name>.lock                  per-dataset flock; <name>.lock.owner says who holds it
+    <root>/leases/<name>/<job id>.json        one lease per job using the dataset
+
+``<version>`` is the first 16 hex digits of the manifest's root digest. A copy is ready
+only when its ready mark exists and names the same digest and inode: the staging area is
+renamed into place after verification and the mark is written after the rename, so no
+half-staged copy ever looks ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import stat
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from . import catalog as cat
+from . import stager
+from .config import Config, Dataset, Tier
+from .errors import ConfigError, DsstageError, NoSpace, StoreError
+from .fsutil import read_json, write_json
+from .lease import Lease, LeaseBook, check_job_id
+from .lock import DatasetLock, is_held, read_owner
+from .manifest import Catalog, Manifest
+from .units import human
+
+log = logging.getLogger(__name__)
+
+VERSION_LEN = 16
+
+
+def version_id(digest: str) -> str:
+    return digest[:VERSION_LEN]
+
+
+def node_name() -> str:
+    """This node's Slurm name (``SLURMD_NODENAME`` in a Prolog), else the short host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: str
+
+    def dataset_dir(self, name: str) -> str:
+        return os.path.join(self.root, "datasets", name)
+
+    def version_dir(self, name: str, digest: str) -> str:
+        return os.path.join(self.root, "datasets", name, version_id(digest))
+
+    def mark(self, name: str, digest: str) -> str:
+        return os.path.join(self.root, "ready", name, version_id(digest) + ".json")
+
+    def staging(self, name: str, digest: str) -> str:
+        return os.path.join(self.root, "staging", f"{name}.{version_id(digest)}")
+
+    def lock(self, name: str) -> str:
+        return os.path.join(self.root, "locks", name + ".lock")
+
+    def ensure(self) -> None:
+        try:
+            for sub, mode in (("", 0o755), ("datasets", 0o755), ("ready", 0o755), ("staging", 0o700),
+                              ("locks", 0o755), ("leases", 0o755)):
+                path = os.path.join(self.root, sub) if sub else self.root
+                os.makedirs(path, mode=mode, exist_ok=True)
+        except PermissionError as exc:
+            raise StoreError(f"cannot create the store at {self.root}: {exc.strerror}; "
+                             "staging writes a root-owned store: run as root (the Prolog does)") from None
+        except OSError as exc:
+            raise StoreError(f"cannot create the store at {self.root}: {exc.strerror}") from None
+
+
+@dataclass
+class StageResult:
+    dataset: str
+    digest: str
+    path: str
+    tier: str
+    node: str
+    action: str  # "cached" | "staged" | "repaired"
+    job_id: str
+    transferred_files: int = 0
+    transferred_bytes: int = 0
+    linked_files: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class VerifyResult:
+    dataset: str
+    digest: str
+    path: str
+    mode: str
+    ok: bool
+    reason: str
+    checked_files: int = 0
+    repaired: list[str] = field(default_factory=list)
+    removed_extras: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReadyState:
+    ready: bool
+    reason: str
+
+
+class Store:
+    """The store of one node, over all tiers of a configuration."""
+
+    def __init__(self, config: Config, node: str | None = None, *,
+                 clock: Callable[[], float] = time.time,
+                 job_alive: Callable[[str], bool] | None = None) -> None:
+        self.config = config
+        self.node = node or node_name()
+        self.manifests = Catalog(config.state_dir)
+        self.clock = clock
+        self.job_alive = job_alive or (lambda _job: True)
+
+    # -- where things are ------------------------------------------------------
+
+    def layout(self, tier: str | Tier) -> Layout:
+        t = tier if isinstance(tier, Tier) else self.config.tiers[tier]
+        return Layout(t.root(self.node))
+
+    def dataset(self, name: str) -> Dataset:
+        return cat.lookup(self.config, name)
+
+    # -- the quick check -------------------------------------------------------
+
+    def ready_state(self, name: str, digest: str, layout: Layout) -> ReadyState:
+        """Whether the copy of version ``digest`` is ready, at a cost independent of its size:
+        the mark names this digest and the inode of the copy, and the copy is root-owned
+        and read-only."""
+        mark = read_json(layout.mark(name, digest))
+        if not mark:
+            return ReadyState(False, "no ready copy on this node")
+        if mark.get("digest") != digest:
+            return ReadyState(False, "the ready mark names another version")
+        try:
+            st = os.lstat(layout.version_dir(name, digest))
+        except OSError:
+            return ReadyState(False, "the ready mark exists but the copy is gone")
+        if (st.st_ino, st.st_dev) != (mark.get("ino"), mark.get("dev")):
+            return ReadyState(False, "the copy was replaced after it was marked ready")
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o222:
+            return ReadyState(False, "the copy is no longer root-owned and read-only")
+        return ReadyState(True, "ready mark matches the current manifest")
+
+    # -- staging ---------------------------------------------------------------
+
+    def stage(self, name: str, *, user: cat.User, job_id: str, pid: int = 0,
+              full: bool = False) -> StageResult:
+        """Make the current version of ``name`` ready on this node and lease it to ``job_id``."""
+        started = time.monotonic()
+        ds = self.dataset(name)
+        cat.authorize(ds, user)
+        check_job_id(job_id)
+        digest = self.manifests.require_current(name)
+        layout = self.layout(ds.tier)
+        layout.ensure()
+        result = StageResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), tier=ds.tier,
+                             node=self.node, action="cached", job_id=job_id)
+        with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, job_id=job_id,
+                         what=f"dataset {name!r} on {self.node}"):
+            self._apply_access(ds, layout)
+            state = self.ready_state(name, digest, layout)
+            if state.ready and (full or ds.verify == "full"):
+                vr = self._verify_full_locked(ds, digest, layout)
+                result.action = "repaired" if vr.repaired or vr.removed_extras else "cached"
+            elif not state.ready:
+                log.info("staging %s version %s on %s: %s", name, version_id(digest), self.node, state.reason)
+                report = self._stage_locked(ds, digest, layout)
+                result.action = "staged"
+                result.transferred_files = report.transferred.files
+                result.transferred_bytes = report.transferred.bytes
+                result.linked_files = report.linked_files
+            LeaseBook(layout.root).take(Lease(dataset=name, digest=digest, job_id=job_id, user=user.name,
+                                              node=self.node, taken=self.clock(), host=socket.gethostname(),
+                                              pid=pid))
+        result.seconds = time.monotonic() - started
+        return result
+
+    def _stage_locked(self, ds: Dataset, digest: str, layout: Layout) -> stager.FillReport:
+        name = ds.name
+        manifest = self.manifests.load(name, digest)
+        vdir = layout.version_dir(name, digest)
+        staging = layout.staging(name, digest)
+        try:
+            if os.path.lexists(vdir):
+                # a copy without a valid mark: a crash between publish and mark, or tampering.
+                # Take it back into staging; fill() verifies every file before it is published again.
+                # (root writes into the read-only directories: no chmod that would lock out readers)
+                if os.path.exists(staging):
+                    shutil.rmtree(vdir)
+                else:
+                    os.rename(vdir, staging)
+                _remove(layout.mark(name, digest))
+            os.makedirs(staging, mode=0o700, exist_ok=True)
+            older = self._older_versions(name, digest, layout)
+            self._check_space(ds, manifest, older, layout)
+            report = stager.fill(staging, manifest, ds.source, self.config.transfer, older)
+            seal(staging, gid=0)
+            os.rename(staging, vdir)
+            st = os.lstat(vdir)
+            write_json(layout.mark(name, digest), {
+                "digest": digest, "files": manifest.files, "bytes": manifest.total_bytes,
+                "staged_at": self.clock(), "ino": st.st_ino, "dev": st.st_dev, "node": self.node})
+            _fsync_dir(os.path.dirname(vdir))
+        except DsstageError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"staging {name!r} into {layout.root} failed: {exc}; "
+                             "check the local disk of this node") from None
+        return report
+
+    def _older_versions(self, name: str, digest: str, layout: Layout) -> list[tuple[str, Manifest]]:
+        out = []
+        for other in self.ready_digests(name, layout):
+            if other == digest:
+                continue
+            try:
+                out.append((layout.version_dir(name, other), self.manifests.load(name, other)))
+            except DsstageError:
+                continue  # its manifest was pruned: nothing to reuse from it
+        return out
+
+    def _check_space(self, ds: Dataset, manifest: Manifest, older: list[tuple[str, Manifest]],
+                     layout: Layout) -> None:
+        reusable = {(e.size, e.hash) for _, m in older for e in m.entries}
+        needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
+        tier = self.config.tiers[ds.tier]
+        fs = os.statvfs(layout.root)
+        capacity = tier.capacity if isinstance(tier.capacity, int) else int(fs.f_blocks * fs.f_frsize * tier.capacity)
+        used = self.tier_usage(layout)
+        free = fs.f_bavail * fs.f_frsize
+        if used + needed > capacity:
+            raise NoSpace(f"tier {tier.name!r} on {self.node} holds {human(used)} of its {human(capacity)} capacity; "
+                          f"dataset {ds.name!r} needs {human(needed)} more: release unused datasets or raise "
+                          "the tier's capacity")
+        if needed > free:
+            raise NoSpace(f"tier {tier.name!r} on {self.node}: the filesystem of {layout.root} has {human(free)} free, "
+                          f"dataset {ds.name!r} needs {human(needed)}: free space or lower the tier's capacity")
+
+    def tier_usage(self, layout: Layout) -> int:
+        """Bytes of the ready copies in a tier, from their marks."""
+        total = 0
+        ready = os.path.join(layout.root, "ready")
+        for name in _listdir(ready):
+            for f in _listdir(os.path.join(ready, name)):
+                total += int(str(read_json(os.path.join(ready, name, f)).get("bytes") or 0))
+        return total
+
+    def ready_digests(self, name: str, layout: Layout) -> list[str]:
+        out = []
+        for f in _listdir(os.path.join(layout.root, "ready", name)):
+            digest = read_json(os.path.join(layout.root, "ready", name, f)).get("digest")
+            if isinstance(digest, str):
+                out.append(digest)
+        return out
+
+    def _apply_access(self, ds: Dataset, layout: Layout) -> None:
+        """Make the dataset's top directory reachable only by its groups (if restricted)."""
+        path = layout.dataset_dir(ds.name)
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        if ds.groups is None:
+            os.chown(path, 0, 0)
+            os.chmod(path, 0o755)
+            _remove_acl(path)
+            return
+        gids = []
+        for g in ds.groups:
+            try:
+                gids.append(group_id(g))
+            except KeyError:
+                raise ConfigError(f"{self.config.origin}: datasets.{ds.name}.groups: group {g!r} does not exist "
+                                  f"on node {self.node}; fix the name or add the group") from None
+        os.chown(path, 0, gids[0])
+        os.chmod(path, 0o750)
+        if len(gids) > 1:
+            set_group_acl(path, gids)
+        else:
+            _remove_acl(path)
+
+    # -- release, verify -------------------------------------------------------
+
+    def release(self, name: str, job_id: str) -> bool:
+        ds = self.dataset(name)
+        return LeaseBook(self.layout(ds.tier).root).release(name, job_id)
+
+    def release_job(self, job_id: str) -> list[Lease]:
+        """Release every lease of ``job_id`` on this node (what the Epilog does)."""
+        released = []
+        for tier in self.config.tiers.values():
+            book = LeaseBook(self.layout(tier).root)
+            for lease in book.of_job(job_id):
+                book.release(lease.dataset, lease.job_id)
+                released.append(lease)
+        return released
+
+    def verify(self, name: str, *, full: bool = False) -> VerifyResult:
+        ds = self.dataset(name)
+        digest = self.manifests.require_current(name)
+        layout = self.layout(ds.tier)
+        state = self.ready_state(name, digest, layout)
+        if not full or not state.ready:
+            return VerifyResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), mode="quick",
+                                ok=state.ready, reason=state.reason)
+        with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, what=f"dataset {name!r}"):
+            return self._verify_full_locked(ds, digest, layout)
+
+    def _verify_full_locked(self, ds: Dataset, digest: str, layout: Layout) -> VerifyResult:
+        """Re-hash the published copy; fetch again what is wrong, atomically per file."""
+        manifest = self.manifests.load(ds.name, digest)
+        vdir = layout.version_dir(ds.name, digest)
+        bad = stager.check_tree(vdir, manifest.entries, self.config.transfer.hash_threads)
+        result = VerifyResult(dataset=ds.name, digest=digest, path=vdir, mode="full", ok=True,
+                              reason="every file matches the manifest", checked_files=manifest.files)
+        result.removed_extras = stager.sweep_extras(vdir, manifest.entries)
+        if bad:
+            by_path = {e.path: e for e in manifest.entries}
+            part = Manifest(name=ds.name, digest=digest, entries=[by_path[b.path] for b in bad],
+                            total_bytes=sum(by_path[b.path].size for b in bad), created=manifest.created)
+            repair = layout.staging(ds.name, digest) + ".repair"
+            shutil.rmtree(repair, ignore_errors=True)
+            os.makedirs(repair, mode=0o700)
+            try:
+                stager.fill(repair, part, ds.source, self.config.transfer)
+                seal(repair, gid=0)
+                for e in part.entries:
+                    target = os.path.join(vdir, e.path)
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    # rename over the bad file: a job reading it keeps its open file
+                    os.replace(os.path.join(repair, e.path), target)
+            finally:
+                shutil.rmtree(repair, ignore_errors=True)
+            result.repaired = [b.path for b in bad]
+            result.reason = f"repaired {len(bad)} file(s): " + "; ".join(b.describe() for b in bad[:3])
+        if bad or result.removed_extras:
+            seal(vdir, gid=0)
+        return result
+
+    # -- what is here ------------------------------------------------------------
+
+    def inventory(self) -> list[dict[str, object]]:
+        """Every dataset copy on this node, with its state and leases (for status)."""
+        rows: list[dict[str, object]] = []
+        for tier in self.config.tiers.values():
+            layout = self.layout(tier)
+            book = LeaseBook(layout.root)
+            names = set(_listdir(os.path.join(layout.root, "datasets"))) | {
+                n.rsplit(".", 1)[0] for n in _listdir(os.path.join(layout.root, "staging"))}
+            for name in sorted(names):
+                try:
+                    current = self.manifests.current(name)
+                except DsstageError:
+                    current = None
+                leases = book.of_dataset(name)
+                lock = layout.lock(name)
+                staging_now = is_held(lock)
+                for version in sorted(_listdir(layout.dataset_dir(name))):
+                    mark = read_json(os.path.join(layout.root, "ready", name, version + ".json"))
+                    digest = str(mark.get("digest", ""))
+                    rows.append({"node": self.node, "tier": tier.name, "dataset": name, "version": version,
+                                 "state": "ready" if mark else "incomplete",
+                                 "current": bool(current and digest == current),
+                                 "bytes": mark.get("bytes", 0), "files": mark.get("files", 0),
+                                 "leases": sorted(lease.job_id for lease in leases if lease.digest == digest)})
+                if staging_now:
+                    owner = read_owner(lock + ".owner")
+                    rows.append({"node": self.node, "tier": tier.name, "dataset": name, "version": "",
+                                 "state": "staging", "current": True, "bytes": 0, "files": 0,
+                                 "leases": [], "job_id": owner.get("job_id", "")})
+        return rows
+
+
+# -- helpers ----------------------------------------------------------------------
+
+def seal(root: str, gid: int = 0) -> None:
+    """Make a tree root-owned and read-only: files 0444, directories 0555."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            os.lchown(p, 0, gid)
+            os.chmod(p, 0o444, follow_symlinks=False)
+        os.lchown(dirpath, 0, gid)
+        os.chmod(dirpath, 0o555)
+
+
+def group_id(name: str) -> int:
+    import grp
+    return grp.getgrnam(name).gr_gid
+
+
+# POSIX ACL in the xattr format of linux/posix_acl_xattr.h: version 2, then
+# (tag u16, perm u16, id u32) entries sorted by tag and id.
+_ACL_VERSION = 2
+_USER_OBJ, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x04, 0x08, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+
+
+def set_group_acl(path: str, gids: list[int]) -> None:
+    """Give each of ``gids`` read and search access to directory ``path``, and nobody else."""
+    entries = [(_USER_OBJ, 7, _NO_ID), (_GROUP_OBJ, 0, _NO_ID)]
+    entries += [(_GROUP, 5, gid) for gid in sorted(set(gids))]
+    entries += [(_MASK, 5, _NO_ID), (_OTHER, 0, _NO_ID)]
+    blob = struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", t, p, i) for t, p, i in entries)
+    try:
+        os.setxattr(path, "system.posix_acl_access", blob)
+    except OSError as exc:
+        raise StoreError(f"cannot restrict {path} to several groups: the filesystem refused a POSIX ACL "
+                         f"({exc.strerror}); mount it with ACL support or give the dataset a single group") from None
+
+
+def _remove_acl(path: str) -> None:
+    try:
+        os.removexattr(path, "system.posix_acl_access")
+    except OSError:
+        pass
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(path) if not n.endswith(".tmp")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

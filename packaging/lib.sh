@@ -1,0 +1,31 @@
+# Shared by packaging/ scripts: install what is missing, into the system (apt) or the
+# project's virtual environment (.venv). Source it; it defines functions only.
+
+DSSTAGE_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DSSTAGE_VENV=${DSSTAGE_VENV:-$DSSTAGE_TOP/.venv}
+
+# ensure_apt PKG...: apt-get install the packages that are not installed yet.
+ensure_apt() {
+    local missing=() pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    ((${#missing[@]})) || return 0
+    if [ "$(id -u)" != 0 ]; then
+        echo "dsstage: need root to install: ${missing[*]}" >&2
+        return 1
+    fi
+    echo "dsstage: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# ensure_venv [EXTRAS]: a virtual environment with dsstage installed (editable).
+ensure_venv() {
+    local extras=${1:-}
+    [ -x "$DSSTAGE_VENV/bin/python" ] || python3 -m venv "$DSSTAGE_VENV"
+    "$DSSTAGE_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+        -e "$DSSTAGE_TOP${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+    "$DSSTAGE_VENV/bin/python" -c "import dsstage" || { echo "dsstage: venv install failed" >&2; return 1; }
+}
