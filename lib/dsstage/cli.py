@@ -14,11 +14,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__
+from . import __version__, luacatalog, slurm, status
 from . import catalog as cat
 from . import config as cfg
 from . import manifest as mf
 from .errors import DsstageError
+from .fsutil import write_atomic
 from .lease import default_holder
 from .store import StageResult, Store
 from .ui import console, progress_bar
@@ -95,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--job-id", required=True, help="the job whose lease to release")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_release)
+
+    c = sub.add_parser("status", help="what is cached on which node, what is staging, what the queue wants")
+    c.add_argument("--no-queue", action="store_true", help="do not ask Slurm for the queue")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_status)
+
+    c = sub.add_parser("export-catalog", help="write the catalog that job_submit.lua checks (Lua)")
+    c.add_argument("-o", "--output", help="file to write (atomically); default: standard output")
+    c.set_defaults(handler=cmd_export_catalog)
 
     c = sub.add_parser("verify", help="check the local copy against the manifest")
     c.add_argument("name", help="dataset name")
@@ -249,6 +259,46 @@ def cmd_verify(args: argparse.Namespace) -> int:
     _emit(args, result.to_dict(),
           lambda: print(f"{result.dataset}: {'OK' if result.ok else 'NOT READY'} ({result.mode}): {result.reason}"))
     return 0 if result.ok else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    st = status.collect(conf, None if args.no_queue else slurm.client())
+
+    def text() -> None:
+        from rich.table import Table
+        out = console()
+        table = Table(title="cached on nodes", title_justify="left")
+        for col in ("node", "tier", "dataset", "version", "state", "size", "files", "jobs"):
+            table.add_column(col)
+        for c in sorted(st.copies, key=lambda c: (str(c.get("node")), str(c.get("dataset")))):
+            state = str(c.get("state", ""))
+            if state == "ready" and not c.get("current"):
+                state = "ready (old version)"
+            table.add_row(str(c.get("node")), str(c.get("tier")), str(c.get("dataset")), str(c.get("version")),
+                          state, human(int(str(c.get("bytes") or 0))), str(c.get("files") or ""),
+                          ",".join(c.get("leases") or []) or "-")
+        out.print(table if st.copies else "No node has reported a cached dataset yet.")
+        if st.queue_error:
+            out.print(f"[yellow]queue unavailable: {st.queue_error}[/]")
+        elif not args.no_queue:
+            q = Table(title="wanted by the queue", title_justify="left")
+            for col in ("dataset", "pending", "running", "jobs"):
+                q.add_column(col)
+            for r in st.demand:
+                q.add_row(r["dataset"], str(r["pending"]), str(r["running"]), ",".join(r["jobs"][:10]))
+            out.print(q if st.demand else "No queued job requests a dataset.")
+    _emit(args, st.to_dict(), text)
+    return 0
+
+
+def cmd_export_catalog(args: argparse.Namespace) -> int:
+    text = luacatalog.render(_config(args))
+    if args.output:
+        write_atomic(os.path.abspath(args.output), text)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _user(args: argparse.Namespace) -> cat.User:

@@ -168,8 +168,11 @@ class Store:
     # -- staging ---------------------------------------------------------------
 
     def stage(self, name: str, *, user: cat.User, job_id: str, pid: int = 0,
-              full: bool = False) -> StageResult:
-        """Make the current version of ``name`` ready on this node and lease it to ``job_id``."""
+              full: bool = False, on_staging: Callable[[], None] | None = None) -> StageResult:
+        """Make the current version of ``name`` ready on this node and lease it to ``job_id``.
+
+        ``on_staging`` is called (holding the lock) before a transfer starts, so that a
+        node report can show the dataset as staging."""
         started = time.monotonic()
         ds = self.dataset(name)
         cat.authorize(ds, user)
@@ -188,6 +191,8 @@ class Store:
                 result.action = "repaired" if vr.repaired or vr.removed_extras else "cached"
             elif not state.ready:
                 log.info("staging %s version %s on %s: %s", name, version_id(digest), self.node, state.reason)
+                if on_staging:
+                    on_staging()
                 report = self._stage_locked(ds, digest, layout)
                 result.action = "staged"
                 result.transferred_files = report.transferred.files

@@ -1,0 +1,250 @@
+"""What the Slurm Prolog and Epilog do, and the one place their errors become exit codes.
+
+A non-zero Prolog or Epilog exit drains the node, so the mapping is deliberate:
+only a broken local store (``blame == "node"``) drains. A user's mistake, a forged
+``--dataset`` value, a broken configuration, an unreachable source or a full tier never
+does: the job falls back to the source or is requeued and held with a readable reason.
+
+The Prolog leaves the job's TaskProlog output in ``<run dir>/<node>/jobs/<job id>.task``;
+``prolog/dsstage-taskprolog`` prints it for every task without starting Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from . import catalog as cat
+from . import config as cfg
+from .config import Config, Dataset
+from .errors import AccessDenied, DsstageError, UnknownDataset
+from .fsutil import write_json
+from .slurm import SlurmClient
+from .slurm import client as slurm_client
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+RUN_DIR = "/run/dsstage"
+REQUEST_VARS = ("SPANK__SLURM_SPANK_OPTION_dsstage_dataset", "SPANK_DSSTAGE_DATASETS")
+HOLD_MARK = "# dsstage: hold"
+
+
+@dataclass(frozen=True)
+class JobContext:
+    job_id: str
+    uid: int
+    gid: int
+    user: str
+    node: str
+    request: str | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobContext:
+        request = next((env[v] for v in REQUEST_VARS if env.get(v)), None)
+        return cls(job_id=env.get("SLURM_JOB_ID", ""), uid=int(env.get("SLURM_JOB_UID", "-1") or -1),
+                   gid=int(env.get("SLURM_JOB_GID", "-1") or -1), user=env.get("SLURM_JOB_USER", ""),
+                   node=env.get("SLURMD_NODENAME", ""), request=request)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a job gets for one dataset, and why."""
+
+    dataset: str
+    action: str  # "local": the staged copy | "fallback": the source | "hold" | "drain"
+    path: str | None
+    reason: str
+
+
+# -- decisions (pure) -----------------------------------------------------------------
+
+def on_failure(name: str, ds: Dataset | None, error: DsstageError) -> Outcome:
+    """What to do for a dataset that could not be staged."""
+    if error.blame == "node":
+        return Outcome(name, "drain", None, f"the local store of this node is broken: {error}")
+    if ds is None or isinstance(error, (UnknownDataset, AccessDenied)) or error.blame == "config":
+        # never fall back here: the user may not read the source, or there is none
+        return Outcome(name, "hold", None, str(error))
+    if ds.on_failure == "fallback":
+        if ds.source.kind == "local":
+            return Outcome(name, "fallback", ds.source.path,
+                           f"could not stage {name!r} ({error}); reading {ds.source.path} directly, which is slower")
+        return Outcome(name, "hold", None, f"{error} (no fallback: the source {ds.source.raw} is not mounted here)")
+    return Outcome(name, "hold", None, str(error))
+
+
+def job_action(outcomes: Sequence[Outcome]) -> str:
+    """"drain" if the node is broken, else "hold" if any dataset must hold the job, else "run"."""
+    actions = {o.action for o in outcomes}
+    if "drain" in actions:
+        return "drain"
+    return "hold" if "hold" in actions else "run"
+
+
+def env_var(name: str) -> str:
+    return "DSSTAGE_PATH_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+def task_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    """TaskProlog output: the variables a task needs, and warnings for its output."""
+    lines = []
+    usable = [o for o in outcomes if o.path]
+    for o in usable:
+        lines.append(f"export {env_var(o.dataset)}={o.path}")
+    if usable:
+        lines.append(f"export DSSTAGE_DATASET_DIR={usable[0].path}")
+    for o in outcomes:
+        if o.action == "fallback":
+            lines.append(f"print dsstage: warning: {_one_line(o.reason)}")
+    if job_action(outcomes) != "run":
+        lines.append(HOLD_MARK)
+        lines += [f"print dsstage: error: {_one_line(o.reason)}" for o in outcomes if o.action in ("hold", "drain")]
+    return lines
+
+
+def hold_comment(outcomes: Sequence[Outcome]) -> str:
+    bad = [o for o in outcomes if o.action == "hold"]
+    text = "; ".join(_one_line(o.reason) for o in bad)
+    return _one_line(f"dsstage held this job: {text} -- fix it, then `scontrol release <job id>`")[:900]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- the Prolog -------------------------------------------------------------------------
+
+def stage_all(ctx: JobContext, conf: Config, store: Store) -> list[Outcome]:
+    """Stage every requested dataset on this node; one Outcome per dataset."""
+    try:
+        names = cat.parse_request(ctx.request or "")
+        user = cat.User.lookup(ctx.uid if ctx.uid >= 0 else ctx.user)
+    except DsstageError as exc:
+        return [Outcome(ctx.request or "", "hold", None, str(exc))]
+    outcomes = []
+    for name in names:
+        ds = conf.datasets.get(name)
+        try:
+            result = store.stage(name, user=user, job_id=ctx.job_id, on_staging=lambda: write_node_report(store))
+        except DsstageError as exc:
+            log.warning("job %s: %s: %s", ctx.job_id, name, exc)
+            outcomes.append(on_failure(name, ds, exc))
+            continue
+        log.info("job %s: %s %s at %s in %.2fs", ctx.job_id, name, result.action, result.path, result.seconds)
+        outcomes.append(Outcome(name, "local", result.path, result.action))
+    return outcomes
+
+
+def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient,
+           load_config: Callable[[], Config] = cfg.load) -> int:
+    ctx = JobContext.from_env(env)
+    if not ctx.request:
+        return 0
+    try:
+        conf = load_config()
+    except DsstageError as exc:
+        outcomes = [Outcome(ctx.request, "hold", None, f"dsstage is misconfigured on {ctx.node}: {exc}")]
+        store = None
+    else:
+        store = Store(conf, ctx.node or None, job_alive=slurm.job_alive)
+        outcomes = stage_all(ctx, conf, store)
+    action = job_action(outcomes)
+    write_task_file(run_dir, ctx, task_lines(outcomes))
+    if store is not None:
+        write_node_report(store)
+    if action == "hold":
+        try:
+            slurm.requeue_hold(ctx.job_id, hold_comment(outcomes))
+        except DsstageError as exc:
+            # the task file's hold mark still stops the job's tasks (see dsstage-taskprolog)
+            log.error("job %s: could not requeue and hold: %s", ctx.job_id, exc)
+    if action == "drain":
+        log.error("job %s: draining %s: %s", ctx.job_id, ctx.node,
+                  "; ".join(o.reason for o in outcomes if o.action == "drain"))
+        return 1
+    return 0
+
+
+def epilog(env: Mapping[str, str], *, run_dir: str,
+           load_config: Callable[[], Config] = cfg.load) -> int:
+    ctx = JobContext.from_env(env)
+    remove_task_file(run_dir, ctx)
+    if not ctx.request:
+        return 0
+    try:
+        conf = load_config()
+    except DsstageError as exc:
+        # leases stay; they are reclaimed once the job is known to be gone
+        log.error("job %s: cannot release leases, configuration broken: %s", ctx.job_id, exc)
+        return 0
+    store = Store(conf, ctx.node or None)
+    try:
+        released = store.release_job(ctx.job_id)
+    except OSError as exc:
+        log.error("job %s: releasing leases failed on the local store: %s", ctx.job_id, exc)
+        return 1
+    log.info("job %s: released %s", ctx.job_id, ", ".join(x.dataset for x in released) or "nothing")
+    write_node_report(store)
+    return 0
+
+
+# -- files ----------------------------------------------------------------------------
+
+def task_file(run_dir: str, ctx: JobContext) -> str:
+    return os.path.join(run_dir, ctx.node or "node", "jobs", f"{ctx.job_id}.task")
+
+
+def write_task_file(run_dir: str, ctx: JobContext, lines: Sequence[str]) -> None:
+    path = task_file(run_dir, ctx)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    # readable by the job's tasks (they run as the user), by nobody else
+    os.chown(tmp, 0, ctx.gid if ctx.gid >= 0 else 0)
+    os.chmod(tmp, 0o440)
+    os.replace(tmp, path)
+
+
+def remove_task_file(run_dir: str, ctx: JobContext) -> None:
+    try:
+        os.unlink(task_file(run_dir, ctx))
+    except OSError:
+        pass
+
+
+def write_node_report(store: Store) -> None:
+    """What this node holds, for `dsstage status` on a login node (best effort)."""
+    path = os.path.join(store.config.state_dir, "nodes", f"{store.node}.json")
+    try:
+        write_json(path, {"node": store.node, "time": time.time(), "copies": store.inventory()}, fsync=False)
+    except OSError as exc:
+        log.warning("cannot write the node report %s: %s", path, exc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="dsstage-%(process)d: %(levelname)s: %(message)s",
+                        filename=os.environ.get("DSSTAGE_LOG") or None)
+    run_dir = os.environ.get("DSSTAGE_RUN_DIR", RUN_DIR)
+    which = argv[0] if argv else ""
+    try:
+        if which == "prolog":
+            return prolog(os.environ, run_dir=run_dir, slurm=slurm_client())
+        if which == "epilog":
+            return epilog(os.environ, run_dir=run_dir)
+    except Exception:  # a bug must not drain the node: log it, let the job run
+        log.exception("dsstage %s failed unexpectedly for job %s", which, os.environ.get("SLURM_JOB_ID"))
+        return 0
+    print("usage: python -m dsstage.hooks prolog|epilog", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""A real Slurm cluster on this machine (packaging/devcluster) for the cluster tests.
+
+It is started once per session in its own directory and on its own ports, and stopped by
+pid at the end. Set DSSTAGE_SKIP_CLUSTER=1 to skip these tests on a machine without
+Slurm packages (CI installs them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVCLUSTER = ROOT / "packaging" / "devcluster"
+
+
+class Cluster:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.etc = directory / "etc"
+        self.jobs = directory / "jobs"
+        self.env = dict(os.environ, SLURM_CONF=str(self.etc / "slurm.conf"),
+                        DSSTAGE_CONFIG=str(self.etc / "dsstage.yaml"))
+        self.venv_bin = ROOT / ".venv" / "bin"
+
+    # -- commands ------------------------------------------------------------------
+
+    def run(self, *argv: str, check: bool = True, user: str | None = None,
+            **kw: Any) -> subprocess.CompletedProcess[str]:
+        cmd = list(argv)
+        if user:
+            import pwd
+            gid = pwd.getpwnam(user).pw_gid
+            cmd = ["setpriv", f"--reuid={user}", f"--regid={gid}", "--init-groups", "--", *cmd]
+        res = subprocess.run(cmd, env=self.env, text=True, capture_output=True, timeout=120,
+                             cwd=kw.pop("cwd", str(self.jobs)), **kw)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
+        return res
+
+    def dsstage(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run(str(self.venv_bin / "dsstage"), *args)
+
+    def sbatch(self, script: str, *opts: str, check: bool = True,
+               user: str | None = None) -> subprocess.CompletedProcess[str]:
+        path = self.jobs / f"job-{time.monotonic_ns()}.sh"
+        path.write_text("#!/bin/bash\n" + script)
+        path.chmod(0o755)
+        return self.run("sbatch", "--parsable", "-o", str(self.jobs / "%j.out"), *opts, str(path),
+                        check=check, user=user)
+
+    def submit(self, script: str, *opts: str, user: str | None = None) -> str:
+        return self.sbatch(script, *opts, user=user).stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        out = self.run("scontrol", "show", "job", "-o", job_id).stdout
+        from dsstage.slurm import _fields
+        return _fields(out.strip())
+
+    def wait(self, job_id: str, states: tuple[str, ...] = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                                              "NODE_FAIL", "OUT_OF_MEMORY"),
+             timeout: float = 180, held: bool = False) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in states:
+                return info
+            if held and info.get("JobState") == "PENDING" and "held" in info.get("Reason", "").lower():
+                return info
+            time.sleep(0.3)
+        raise AssertionError(f"job {job_id} did not finish: {self.job(job_id)}")
+
+    def output(self, job_id: str) -> str:
+        return (self.jobs / f"{job_id}.out").read_text()
+
+    def node_state(self, node: str) -> str:
+        return self.run("sinfo", "-h", "-N", "-n", node, "-o", "%T").stdout.strip()
+
+    # -- catalog -----------------------------------------------------------------------
+
+    def add_dataset(self, name: str, files: dict[str, bytes], **spec: Any) -> Path:
+        src = self.dir / "data" / name
+        if src.exists():
+            shutil.rmtree(src)
+        for rel, data in files.items():
+            p = src / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+        src.mkdir(parents=True, exist_ok=True)
+        conf_path = self.etc / "dsstage.yaml"
+        conf = yaml.safe_load(conf_path.read_text())
+        conf["datasets"][name] = {"source": str(src), **spec}
+        conf_path.write_text(yaml.safe_dump(conf))
+        self.dsstage("manifest", "build", name)
+        self.dsstage("export-catalog", "-o", str(self.etc / "dsstage_catalog.lua"))
+        return src
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    if os.environ.get("DSSTAGE_SKIP_CLUSTER"):
+        pytest.skip("DSSTAGE_SKIP_CLUSTER is set")
+    if os.geteuid() != 0:
+        pytest.skip("the cluster runs its daemons as root")
+    directory = Path(f"/var/tmp/dsstage-cluster-test-{os.getpid()}")
+    env = dict(os.environ, DEVCLUSTER_DIR=str(directory), DEVCLUSTER_PORT="26817",
+               DEVCLUSTER_SAMPLE_FILES="300")
+    up = subprocess.run([str(DEVCLUSTER), "up"], env=env, text=True, capture_output=True, timeout=1800)
+    try:
+        assert up.returncode == 0, f"devcluster up failed:\n{up.stdout}\n{up.stderr}"
+        yield Cluster(directory)
+    finally:
+        subprocess.run([str(DEVCLUSTER), "down"], env=env, timeout=120)
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,171 @@
+"""`#SBATCH --dataset=` end to end on a real Slurm (three slurmd on this machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from dsstage import manifest as mf
+
+pytestmark = pytest.mark.cluster
+
+HASH_JOB = """#SBATCH --dataset=sample
+{extra}
+python3 - <<'EOF'
+import hashlib, json, os
+root = os.environ.get("DSSTAGE_DATASET_DIR", "")
+files = {{}}
+for d, _, names in os.walk(root):
+    for n in names:
+        p = os.path.join(d, n)
+        files[os.path.relpath(p, root)] = open(p, "rb").read()
+print(json.dumps({{"dir": root, "sample": os.environ.get("DSSTAGE_PATH_SAMPLE"),
+                  "node": os.environ.get("SLURMD_NODENAME"), "count": len(files),
+                  "sizes": {{k: len(v) for k, v in files.items()}}}}))
+EOF
+{after}
+"""
+
+
+def hash_job(extra: str = "", after: str = "") -> str:
+    return HASH_JOB.format(extra=extra, after=after)
+
+
+def manifest_of(cluster, name: str) -> mf.Manifest:
+    return mf.Catalog(str(cluster.dir / "dsstage-state")).load(name)
+
+
+def test_job_reads_the_verified_local_copy(cluster):
+    job = cluster.submit(hash_job(), "-w", "n1")
+    assert cluster.wait(job)["JobState"] == "COMPLETED"
+    seen = json.loads(cluster.output(job).strip().splitlines()[-1])
+    assert seen["node"] == "n1"
+    assert seen["dir"] == seen["sample"]
+    assert seen["dir"].startswith(str(cluster.dir / "nvme" / "n1" / "datasets" / "sample") + "/")
+    m = manifest_of(cluster, "sample")
+    assert seen["sizes"] == {e.path: e.size for e in m.entries}
+    # the job read what the manifest names: re-hash the copy it saw
+    import blake3
+    for e in m.entries[:50]:
+        assert blake3.blake3((Path(seen["dir"]) / e.path).read_bytes()).hexdigest() == e.hash
+
+
+def test_two_jobs_on_one_node_share_one_copy(cluster):
+    marker = cluster.dir / "jobs" / "release-share"
+    wait_marker = f"for i in $(seq 300); do [ -e {marker} ] && break; sleep 0.2; done"
+    a = cluster.submit(hash_job(after=wait_marker), "-w", "n2")
+    b = cluster.submit(hash_job(after=wait_marker), "-w", "n2")
+    leases = cluster.dir / "nvme" / "n2" / "leases" / "sample"
+    try:
+        for _ in range(300):
+            if leases.exists() and {p.stem for p in leases.iterdir()} >= {a, b}:
+                break
+            import time
+            time.sleep(0.2)
+        assert {p.stem for p in leases.iterdir()} >= {a, b}, "both running jobs hold a lease"
+    finally:
+        marker.write_text("go")
+    assert cluster.wait(a)["JobState"] == cluster.wait(b)["JobState"] == "COMPLETED"
+    seen_a = json.loads(cluster.output(a).strip().splitlines()[-1])
+    seen_b = json.loads(cluster.output(b).strip().splitlines()[-1])
+    assert seen_a["dir"] == seen_b["dir"]
+    versions = os.listdir(cluster.dir / "nvme" / "n2" / "datasets" / "sample")
+    assert len(versions) == 1
+    log = (cluster.dir / "log" / "dsstage-hooks.log").read_text()
+    staged = [line for line in log.splitlines() if "sample staged" in line and f"job {a}:" in line
+              or "sample staged" in line and f"job {b}:" in line]
+    cached = [line for line in log.splitlines() if "sample cached" in line and (f"job {a}:" in line or f"job {b}:" in line)]
+    assert len(staged) == 1 and len(cached) == 1, log[-2000:]
+    # the Epilog released both leases
+    assert not leases.exists() or not ({p.stem for p in leases.iterdir()} & {a, b})
+
+
+def test_unknown_dataset_is_rejected_by_sbatch(cluster):
+    res = cluster.sbatch("true\n", "--dataset=sampel", check=False)
+    assert res.returncode != 0
+    assert "sbatch: error: dsstage: unknown dataset 'sampel' (did you mean 'sample'?)" in res.stderr
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("../etc", "dataset names use lower-case letters"),
+    ("sample,", "empty dataset name"),
+])
+def test_malformed_dataset_values_are_rejected(cluster, value, needle):
+    res = cluster.sbatch("true\n", f"--dataset={value}", check=False)
+    assert res.returncode != 0 and needle in res.stderr
+
+
+def test_forbidden_dataset_is_rejected(cluster):
+    cluster.add_dataset("private", {"a.bin": b"p" * 100}, groups=["daemon"])
+    res = cluster.sbatch("true\n", "--dataset=private", check=False, user="nobody")
+    assert res.returncode != 0
+    assert "dsstage: dataset 'private' is restricted to group(s) daemon; you are in none of them" in res.stderr
+    ok = cluster.sbatch("true\n", "--dataset=private", user="daemon")
+    assert ok.returncode == 0
+
+
+def test_unreadable_source_with_fallback_runs_from_the_source_and_node_stays_up(cluster):
+    src = cluster.add_dataset("flaky", {"x/1.bin": b"1" * 1000})
+    gone = Path(str(src) + ".away")
+    src.rename(gone)
+    try:
+        job = cluster.submit("#SBATCH --dataset=flaky\necho DIR=$DSSTAGE_DATASET_DIR\n", "-w", "n3")
+        assert cluster.wait(job)["JobState"] == "COMPLETED"
+    finally:
+        gone.rename(src)
+    out = cluster.output(job)
+    assert "dsstage: warning: could not stage 'flaky'" in out and "is not reachable from this node" in out
+    assert f"DIR={src}\n" in out
+    assert cluster.node_state("n3") == "idle"
+
+
+def test_unreadable_source_with_hold_requeues_and_holds(cluster):
+    src = cluster.add_dataset("strict", {"x/1.bin": b"1" * 1000}, on_failure="hold")
+    gone = Path(str(src) + ".away")
+    src.rename(gone)
+    try:
+        job = cluster.submit("#SBATCH --dataset=strict\necho RAN\n", "-w", "n3")
+        info = cluster.wait(job, held=True)
+    finally:
+        gone.rename(src)
+    assert info["JobState"] == "PENDING" and "held" in info["Reason"].lower()
+    assert "dsstage held this job" in info["Comment"] and "is not reachable from this node" in info["Comment"]
+    assert cluster.node_state("n3") == "idle"
+    assert not (cluster.jobs / f"{job}.out").exists() or "RAN" not in cluster.output(job)
+    # once the source is back, releasing the job is all it takes
+    cluster.run("scontrol", "release", job)
+    cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # skip Slurm's requeue delay
+    assert cluster.wait(job)["JobState"] == "COMPLETED"
+    assert "RAN" in cluster.output(job)
+
+
+def test_multi_node_job_gets_the_dataset_on_every_node(cluster):
+    job = cluster.submit("#SBATCH --dataset=sample\n#SBATCH -N 3\n"
+                         "srun -N 3 -n 3 bash -c 'echo $SLURMD_NODENAME=$DSSTAGE_DATASET_DIR "
+                         "$(find $DSSTAGE_DATASET_DIR -type f | wc -l)'\n")
+    assert cluster.wait(job)["JobState"] == "COMPLETED"
+    lines = sorted(line for line in cluster.output(job).splitlines() if "=" in line)
+    m = manifest_of(cluster, "sample")
+    assert len(lines) == 3
+    for node, line in zip(["n1", "n2", "n3"], lines):
+        name, rest = line.split("=", 1)
+        path, count = rest.split()
+        assert name == node
+        assert path.startswith(str(cluster.dir / "nvme" / node / "datasets" / "sample") + "/")
+        assert int(count) == m.files
+
+
+def test_job_without_dataset_gets_nothing(cluster):
+    job = cluster.submit("env | grep -E '^DSSTAGE_(PATH|DATASET)' || echo NONE\n", "-w", "n1")
+    assert cluster.wait(job)["JobState"] == "COMPLETED"
+    assert cluster.output(job).strip() == "NONE"
+
+
+def test_status_shows_copies_and_queue(cluster):
+    res = cluster.dsstage("status", "--json")
+    st = json.loads(res.stdout)
+    nodes = {c["node"] for c in st["copies"] if c["dataset"] == "sample" and c["state"] == "ready"}
+    assert {"n1", "n2"} <= nodes
+    assert st["queue_error"] == ""

@@ -1,0 +1,132 @@
+"""The Prolog/Epilog decisions and their exit codes: the mapping that decides draining."""
+
+import os
+
+import pytest
+from dsstage import config, hooks
+from dsstage.errors import (
+    AccessDenied,
+    ConfigError,
+    LockTimeout,
+    ManifestError,
+    NoSpace,
+    SourceError,
+    StoreError,
+    UnknownDataset,
+    VerifyError,
+)
+from dsstage.hooks import JobContext, Outcome
+from dsstage.slurm import FakeSlurm, Job
+
+CONF = config.from_dict({
+    "state_dir": "/s", "tiers": {"nvme": {"path": "/l/{node}", "capacity": "1TB"}},
+    "datasets": {"coco": {"source": "/data/coco"},
+                 "strict": {"source": "/data/strict", "on_failure": "hold"},
+                 "remote": {"source": "fs01:/export/remote"}}})
+
+
+@pytest.mark.parametrize("error,action", [
+    (StoreError("disk gone"), "drain"),
+    (SourceError("down"), "fallback"),
+    (VerifyError("mismatch"), "fallback"),
+    (ManifestError("no manifest"), "fallback"),
+    (NoSpace("full"), "fallback"),
+    (LockTimeout("slow"), "fallback"),
+    (AccessDenied("no"), "hold"),
+    (UnknownDataset("typo"), "hold"),
+    (ConfigError("broken"), "hold"),
+])
+def test_failure_outcomes(error, action):
+    out = hooks.on_failure("coco", CONF.datasets["coco"], error)
+    assert out.action == action
+    if action == "fallback":
+        assert out.path == "/data/coco" and "reading /data/coco directly" in out.reason
+
+
+def test_hold_policy_and_remote_sources_never_fall_back():
+    assert hooks.on_failure("strict", CONF.datasets["strict"], SourceError("down")).action == "hold"
+    out = hooks.on_failure("remote", CONF.datasets["remote"], SourceError("down"))
+    assert out.action == "hold" and "not mounted here" in out.reason
+    assert hooks.on_failure("nope", None, UnknownDataset("x")).action == "hold"
+
+
+def test_job_action_and_task_lines():
+    local = Outcome("coco", "local", "/l/n1/datasets/coco/abc", "staged")
+    fb = Outcome("imagenet-22k", "fallback", "/data/in", "could not stage\nit")
+    assert hooks.job_action([local, fb]) == "run"
+    assert hooks.task_lines([local, fb]) == [
+        "export DSSTAGE_PATH_COCO=/l/n1/datasets/coco/abc",
+        "export DSSTAGE_PATH_IMAGENET_22K=/data/in",
+        "export DSSTAGE_DATASET_DIR=/l/n1/datasets/coco/abc",
+        "print dsstage: warning: could not stage it",
+    ]
+    held = Outcome("strict", "hold", None, "source down")
+    assert hooks.job_action([local, held]) == "hold"
+    lines = hooks.task_lines([local, held])
+    assert hooks.HOLD_MARK in lines and "print dsstage: error: source down" in lines
+    assert hooks.job_action([held, Outcome("x", "drain", None, "disk")]) == "drain"
+
+
+def env_for(job="42", request="coco", node="n1"):
+    env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+           "SLURMD_NODENAME": node}
+    if request is not None:
+        env["SPANK__SLURM_SPANK_OPTION_dsstage_dataset"] = request
+    return env
+
+
+def test_prolog_without_datasets_does_nothing(tmp_path):
+    def explode():
+        raise AssertionError("config must not be read")
+    assert hooks.prolog(env_for(request=None), run_dir=str(tmp_path), slurm=FakeSlurm(), load_config=explode) == 0
+    assert not any(tmp_path.iterdir())
+
+
+def test_prolog_with_broken_config_holds_and_does_not_drain(tmp_path):
+    slurm = FakeSlurm()
+
+    def broken():
+        raise ConfigError("/etc/dsstage/dsstage.yaml: tiers: missing")
+    assert hooks.prolog(env_for(), run_dir=str(tmp_path), slurm=slurm, load_config=broken) == 0
+    assert "misconfigured" in slurm.held["42"]
+    task = (tmp_path / "n1" / "jobs" / "42.task").read_text()
+    assert hooks.HOLD_MARK in task
+
+
+def test_prolog_with_forged_value_holds(tmp_path):
+    slurm = FakeSlurm()
+    rc = hooks.prolog(env_for(request="coco;rm -rf /"), run_dir=str(tmp_path), slurm=slurm,
+                      load_config=lambda: CONF)
+    assert rc == 0 and "is not allowed" in slurm.held["42"]
+
+
+def test_prolog_drains_only_for_a_broken_store(tmp_path):
+    conf = config.from_dict({"state_dir": str(tmp_path / "state"),
+                             "tiers": {"nvme": {"path": "/proc/dsstage-cannot-exist/{node}", "capacity": "1TB"}},
+                             "datasets": {"coco": {"source": str(tmp_path)}}})
+    os.makedirs(tmp_path / "state" / "manifests" / "coco")
+    (tmp_path / "state" / "manifests" / "coco" / "CURRENT").write_text("a" * 64)
+    slurm = FakeSlurm()
+    assert hooks.prolog(env_for(), run_dir=str(tmp_path / "run"), slurm=slurm, load_config=lambda: conf) == 1
+    assert slurm.held == {}
+
+
+def test_epilog_without_datasets_and_with_broken_config_exit_zero(tmp_path):
+    def broken():
+        raise ConfigError("broken")
+    assert hooks.epilog(env_for(request=None), run_dir=str(tmp_path), load_config=broken) == 0
+    assert hooks.epilog(env_for(), run_dir=str(tmp_path), load_config=broken) == 0
+
+
+def test_job_context_prefers_the_option_variable():
+    ctx = JobContext.from_env({**env_for(request="a"), "SPANK_DSSTAGE_DATASETS": "b"})
+    assert ctx.request == "a" and ctx.uid == 0 and ctx.node == "n1"
+    assert JobContext.from_env({"SPANK_DSSTAGE_DATASETS": "b"}).request == "b"
+
+
+def test_fake_slurm_tracks_jobs():
+    s = FakeSlurm()
+    s.submit(Job("1", "alice", "RUNNING", ("coco",)))
+    assert s.job_alive("1") and not s.job_alive("2")
+    s.finish("1")
+    assert not s.job_alive("1")
