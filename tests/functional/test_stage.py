@@ -14,7 +14,7 @@ from pathlib import Path
 
 import blake3
 import pytest
-from conftest import Env, random_tree
+from helpers import Env, random_tree
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
 

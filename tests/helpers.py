@@ -1,0 +1,102 @@
+"""Test helpers: a dsstage installation on tmp_path, dataset trees, and the CLI as users run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def random_tree(root: Path, count: int, size: int, seed: int = 1, fanout: int = 100) -> Path:
+    """``count`` files of about ``size`` bytes in ``count/fanout`` directories."""
+    import random
+    rnd = random.Random(seed)
+    blob = os.urandom(size * 2 + 1)
+    for i in range(count):
+        d = root / f"d{i // fanout:04d}"
+        d.mkdir(parents=True, exist_ok=True)
+        off = rnd.randrange(size)
+        (d / f"f{i:07d}.bin").write_bytes(blob[off:off + size] + i.to_bytes(8, "little"))
+    return root
+
+
+class Env:
+    """A dsstage installation on tmp_path: state dir, tiers, sources, configuration."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.state = tmp_path / "state"
+        self.nvme = tmp_path / "nvme"
+        self.config_path = tmp_path / "dsstage.yaml"
+        self.datasets: dict[str, dict[str, Any]] = {}
+        self.extra: dict[str, Any] = {}
+        self.node = "n1"
+
+    def source(self, name: str) -> Path:
+        return self.tmp / "src" / name
+
+    def add(self, name: str, files: dict[str, bytes] | None = None, **spec: Any) -> Path:
+        src = self.source(name)
+        if files is not None:
+            write_tree(src, files)
+        src.mkdir(parents=True, exist_ok=True)
+        spec.setdefault("source", str(src))
+        self.datasets[name] = spec
+        self.write()
+        return src
+
+    def write(self) -> Path:
+        data = {"state_dir": str(self.state),
+                "tiers": {"nvme": {"path": str(self.nvme) + "/{node}", "capacity": "100GiB"}},
+                "datasets": self.datasets, **self.extra}
+        self.config_path.write_text(yaml.safe_dump(data))
+        os.chmod(self.config_path, 0o644)
+        return self.config_path
+
+    def tier_root(self, node: str | None = None) -> Path:
+        return self.nvme / (node or self.node)
+
+    def config(self) -> Any:
+        from dsstage import config
+        return config.load(str(self.config_path))
+
+    def store(self, **kw: Any) -> Any:
+        from dsstage.store import Store
+        return Store(self.config(), self.node, **kw)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["DSSTAGE_CONFIG"] = str(self.config_path)
+        env["SLURMD_NODENAME"] = self.node
+        env.pop("SLURM_JOB_ID", None)
+        return env
+
+    def cli(self, *args: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run([sys.executable, "-m", "dsstage", *args], env=self.env(), text=True,
+                             capture_output=True, **kw)
+        if check and res.returncode != 0:
+            raise AssertionError(f"dsstage {' '.join(args)} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
+        return res
+
+    def cli_json(self, *args: str) -> Any:
+        return json.loads(self.cli(*args, "--json").stdout)
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "dsstage", *args], env=self.env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
