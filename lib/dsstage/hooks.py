@@ -18,15 +18,17 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import catalog as cat
 from . import config as cfg
 from .config import Config, Dataset
 from .errors import AccessDenied, DsstageError, UnknownDataset
 from .fsutil import write_json
-from .slurm import SlurmClient
-from .slurm import client as slurm_client
 from .store import Store
+
+if TYPE_CHECKING:
+    from .slurm import SlurmClient
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +154,7 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient,
         outcomes = [Outcome(ctx.request, "hold", None, f"dsstage is misconfigured on {ctx.node}: {exc}")]
         store = None
     else:
-        store = Store(conf, ctx.node or None, job_alive=slurm.job_alive)
+        store = Store(conf, ctx.node or None)
         outcomes = stage_all(ctx, conf, store)
     action = job_action(outcomes)
     write_task_file(run_dir, ctx, task_lines(outcomes))
@@ -236,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     which = argv[0] if argv else ""
     try:
         if which == "prolog":
+            from .slurm import client as slurm_client
             return prolog(os.environ, run_dir=run_dir, slurm=slurm_client())
         if which == "epilog":
             return epilog(os.environ, run_dir=run_dir)

@@ -29,9 +29,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import blake3
-
-from . import hashing
 from .errors import ManifestError
 from .fsutil import write_atomic
 
@@ -139,6 +136,7 @@ def _line(e: Entry) -> str:
 
 
 def compute_digest(entries: Sequence[Entry]) -> str:
+    import blake3
     h = blake3.blake3()
     for e in entries:
         h.update(f"{e.hash}\t{e.size}\t{escape(e.path)}\n".encode("utf-8", "surrogateescape"))
@@ -181,6 +179,7 @@ def _parse_header(first: str, path: str) -> dict[str, object]:
 
 def read(path: str, *, check: bool = True) -> Manifest:
     """Load a manifest, checking that its digest matches its contents and its paths are safe."""
+    import blake3
     h = blake3.blake3()
     entries: list[Entry] = []
     total = 0
@@ -316,6 +315,7 @@ def build(name: str, root: str, *, source: str = "", previous: Manifest | None =
         if progress:
             progress(n, len(todo))
 
+    from . import hashing
     hashes = hashing.hash_many([os.path.join(root, found[i][0]) for i in todo], threads,
                                progress=tick if progress else None)
     for i, digest in zip(todo, hashes):

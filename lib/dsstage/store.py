@@ -13,6 +13,13 @@ Layout of a tier on a node (``<root>`` is the tier's path with ``{node}`` filled
 only when its ready mark exists and names the same digest and inode: the staging area is
 renamed into place after verification and the mark is written after the rename, so no
 half-staged copy ever looks ready.
+
+Leases and eviction. The warm path (a ready copy, quick verification) takes no lock and
+imports nothing of the staging machinery, to keep a Prolog for a cached dataset cheap:
+it writes the job's lease, then checks the ready mark again. Whoever removes a copy must,
+holding the dataset lock, first remove the ready mark and then look for leases (putting
+the mark back if there is one). Either the reader sees the mark gone (and takes the
+locked path) or the remover sees the lease: a copy in use is never removed.
 """
 
 from __future__ import annotations
@@ -26,16 +33,18 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from . import catalog as cat
-from . import stager
 from .config import Config, Dataset, Tier
 from .errors import ConfigError, DsstageError, NoSpace, StoreError
 from .fsutil import read_json, write_json
 from .lease import Lease, LeaseBook, check_job_id
-from .lock import DatasetLock, is_held, read_owner
 from .manifest import Catalog, Manifest
 from .units import human
+
+if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
+    from .stager import FillReport
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +191,17 @@ class Store:
         layout.ensure()
         result = StageResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), tier=ds.tier,
                              node=self.node, action="cached", job_id=job_id)
+        lease = Lease(dataset=name, digest=digest, job_id=job_id, user=user.name, node=self.node,
+                      taken=self.clock(), host=socket.gethostname(), pid=pid)
+        book = LeaseBook(layout.root)
+        if not full and ds.verify == "quick" and self.ready_state(name, digest, layout).ready:
+            self._apply_access(ds, layout)
+            book.take(lease)
+            if self.ready_state(name, digest, layout).ready:  # see "Leases and eviction" above
+                result.seconds = time.monotonic() - started
+                return result
+            book.release(name, job_id)
+        from .lock import DatasetLock
         with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, job_id=job_id,
                          what=f"dataset {name!r} on {self.node}"):
             self._apply_access(ds, layout)
@@ -198,13 +218,12 @@ class Store:
                 result.transferred_files = report.transferred.files
                 result.transferred_bytes = report.transferred.bytes
                 result.linked_files = report.linked_files
-            LeaseBook(layout.root).take(Lease(dataset=name, digest=digest, job_id=job_id, user=user.name,
-                                              node=self.node, taken=self.clock(), host=socket.gethostname(),
-                                              pid=pid))
+            book.take(lease)
         result.seconds = time.monotonic() - started
         return result
 
-    def _stage_locked(self, ds: Dataset, digest: str, layout: Layout) -> stager.FillReport:
+    def _stage_locked(self, ds: Dataset, digest: str, layout: Layout) -> FillReport:
+        from . import stager
         name = ds.name
         manifest = self.manifests.load(name, digest)
         vdir = layout.version_dir(name, digest)
@@ -329,11 +348,13 @@ class Store:
         if not full or not state.ready:
             return VerifyResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), mode="quick",
                                 ok=state.ready, reason=state.reason)
+        from .lock import DatasetLock
         with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, what=f"dataset {name!r}"):
             return self._verify_full_locked(ds, digest, layout)
 
     def _verify_full_locked(self, ds: Dataset, digest: str, layout: Layout) -> VerifyResult:
         """Re-hash the published copy; fetch again what is wrong, atomically per file."""
+        from . import stager
         manifest = self.manifests.load(ds.name, digest)
         vdir = layout.version_dir(ds.name, digest)
         bad = stager.check_tree(vdir, manifest.entries, self.config.transfer.hash_threads)
@@ -367,6 +388,7 @@ class Store:
 
     def inventory(self) -> list[dict[str, object]]:
         """Every dataset copy on this node, with its state and leases (for status)."""
+        from .lock import is_held, read_owner
         rows: list[dict[str, object]] = []
         for tier in self.config.tiers.values():
             layout = self.layout(tier)

@@ -1,0 +1,373 @@
+"""dsstage benchmarks, each measurement next to a baseline measured in the same run.
+
+Run through ``bench/run [--quick] [--json FILE] [--runs N] [--dir DIR]``. Data is generated
+under --dir (kept between runs; regenerated when the scenario's shape changes). Every
+figure is the median of several runs; before each run of a cold measurement the page
+cache is dropped (where the kernel allows it), so sources are read from disk by dsstage and
+baselines alike. See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import blake3
+import yaml
+
+TOP = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TOP / "tests"))
+from servers import RsyncDaemon  # noqa: E402
+
+from dsstage import manifest as mf  # noqa: E402
+
+
+@dataclass
+class Row:
+    scenario: str
+    measure: str
+    value: float
+    unit: str
+    baseline: str = ""
+    baseline_value: float | None = None
+    ratio: float | None = None  # value relative to the baseline, as the target states it
+    target: str = ""
+    met: bool | None = None
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.quick = args.quick
+        self.runs = args.runs or (3 if args.quick else 5)
+        self.dir = Path(args.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rows: list[Row] = []
+        self.can_drop = self._try_drop()
+        self.py = sys.executable
+        self.dsstage = [self.py, "-m", "dsstage"]
+        self.conf = self.dir / "dsstage.yaml"
+        self.datasets: dict[str, dict[str, object]] = {}
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _try_drop(self) -> bool:
+        try:
+            subprocess.run(["sync"], check=True)
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            return True
+        except OSError:
+            return False
+
+    def drop_caches(self) -> None:
+        if self.can_drop:
+            self._try_drop()
+
+    def say(self, text: str) -> None:
+        print(f"bench: {text}", file=sys.stderr, flush=True)
+
+    def time_median(self, fn: Callable[[], object], setup: Callable[[], object] | None = None,
+                    runs: int | None = None) -> float:
+        times = []
+        for _ in range(runs or self.runs):
+            if setup:
+                setup()
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    def sh(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(list(argv), text=True, capture_output=True, env=env)
+        if res.returncode != 0:
+            raise SystemExit(f"bench: {' '.join(argv[:4])}... failed ({res.returncode}): {res.stderr[-800:]}")
+        return res
+
+    def env(self, **extra: str) -> dict[str, str]:
+        e = dict(os.environ, DSSTAGE_CONFIG=str(self.conf), SLURMD_NODENAME="bench")
+        e.pop("SLURM_JOB_ID", None)
+        e.update(extra)
+        return e
+
+    def configure(self, name: str, source: str, **spec: object) -> None:
+        self.datasets[name] = {"source": source, **spec}
+        self.conf.write_text(yaml.safe_dump({
+            "state_dir": str(self.dir / "state"),
+            "tiers": {"nvme": {"path": str(self.dir / "nvme" / "{node}"), "capacity": "95%"}},
+            "datasets": self.datasets}))
+        os.chmod(self.conf, 0o644)
+
+    def hook_env(self, defaults: Path | str, request: str | None, job: str) -> dict[str, str]:
+        """The environment slurmd gives a Prolog/Epilog: built from scratch, not inherited."""
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DSSTAGE_DEFAULTS": str(defaults), "SLURM_JOB_ID": job,
+               "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root", "SLURMD_NODENAME": "bench",
+               "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
+        if request:
+            env["SPANK__SLURM_SPANK_OPTION_dsstage_dataset"] = request
+        return env
+
+    def ds(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return self.sh(*self.dsstage, *args, env=self.env(**env))
+
+    def clear_store(self, name: str) -> None:
+        for sub in ("datasets", "ready", "staging", "leases"):
+            shutil.rmtree(self.dir / "nvme" / "bench" / sub / name, ignore_errors=True)
+        for p in (self.dir / "nvme" / "bench" / "staging").glob(f"{name}.*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+    def make_files(self, name: str, count: int, size: int, fanout: int = 1000) -> Path:
+        root = self.dir / "data" / name
+        stamp = root / ".shape"
+        shape = f"{count}x{size}"
+        if stamp.exists() and stamp.read_text() == shape:
+            return root
+        shutil.rmtree(root, ignore_errors=True)
+        self.say(f"generating {name}: {count} files of {size} bytes")
+        blob = os.urandom(max(size, 1) * 2)
+        for i in range(count):
+            d = root / f"c{i // fanout:05d}"
+            if i % fanout == 0:
+                d.mkdir(parents=True, exist_ok=True)
+            off = (i * 7919) % max(size, 1)
+            (d / f"f{i:07d}.bin").write_bytes(blob[off:off + size - 8] + i.to_bytes(8, "little") if size >= 8 else b"")
+        stamp.write_text(shape)
+        return root
+
+    def make_large(self, name: str, count: int, size: int) -> Path:
+        root = self.dir / "data" / name
+        stamp = root / ".shape"
+        shape = f"{count}x{size}"
+        if stamp.exists() and stamp.read_text() == shape:
+            return root
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        self.say(f"generating {name}: {count} files of {size >> 20} MiB")
+        block = os.urandom(1 << 20)
+        for i in range(count):
+            with open(root / f"shard{i:03d}.bin", "wb") as fh:
+                for j in range(size >> 20):
+                    fh.write(block[:-16] + i.to_bytes(8, "little") + j.to_bytes(8, "little"))
+        stamp.write_text(shape)
+        return root
+
+    def build_manifest(self, name: str, root: Path) -> None:
+        self.configure(name, str(root))
+        self.ds("manifest", "build", name)
+
+    def add(self, *args: object, **kw: object) -> Row:
+        row = Row(*args, **kw)  # type: ignore[arg-type]
+        self.rows.append(row)
+        base = f"  vs {row.baseline} {row.baseline_value:.3f}" if row.baseline_value is not None else ""
+        ratio = f"  ratio {row.ratio:.2f}" if row.ratio is not None else ""
+        self.say(f"{row.scenario}: {row.measure} = {row.value:.3f} {row.unit}{base}{ratio}")
+        return row
+
+    # -- scenarios -------------------------------------------------------------------
+
+    def cold_stage(self, label: str, name: str, root: Path, target_ratio: float, compare: str) -> None:
+        """dsstage stage (verification included) against rsync -a, cp -a and fpsync."""
+        self.build_manifest(name, root)
+        total = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.name != ".shape")
+        dest = self.dir / "baseline-dest"
+
+        def fresh_dest() -> None:
+            shutil.rmtree(dest, ignore_errors=True)
+            self.drop_caches()
+
+        def fresh_store() -> None:
+            self.clear_store(name)
+            self.drop_caches()
+
+        t_ds = self.time_median(lambda: self.ds("stage", name, "--job-id", "1"), fresh_store)
+        t_rsync = self.time_median(lambda: self.sh("rsync", "-a", f"{root}/", f"{dest}/"), fresh_dest)
+        t_cp = self.time_median(lambda: self.sh("cp", "-a", str(root), str(dest)), fresh_dest)
+        gib = total / 2**30
+        self.add(label, "dsstage stage (incl. BLAKE3 verify)", t_ds, "s")
+        self.add(label, "rsync -a", t_rsync, "s")
+        self.add(label, "cp -a", t_cp, "s")
+        if shutil.which("fpsync"):
+            fp_tmp = self.dir / "fpsync-tmp"
+            t_fp = self.time_median(lambda: self.sh("fpsync", "-n", "4", "-t", str(fp_tmp), f"{root}/", f"{dest}/"),
+                                    fresh_dest)
+            self.add(label, "fpsync -n 4", t_fp, "s")
+        if compare == "rsync":
+            self.add(label, "speed-up of dsstage over rsync -a", t_rsync / t_ds, "x", "rsync -a", t_rsync,
+                     t_rsync / t_ds, f">= {target_ratio}x", t_rsync / t_ds >= target_ratio)
+        else:
+            self.add(label, "dsstage throughput / cp -a throughput", (gib / t_ds) / (gib / t_cp), "x", "cp -a",
+                     gib / t_cp, t_cp / t_ds, f">= {target_ratio}x", t_cp / t_ds >= target_ratio)
+        self.add(label, "dsstage throughput", gib / t_ds, "GiB/s")
+
+    def warm_prolog(self, files: int) -> float:
+        name = f"warm{files // 1000}k"
+        root = self.make_files(name, files, 64)
+        self.build_manifest(name, root)
+        self.ds("stage", name, "--job-id", "warmup")
+        defaults = self.dir / "defaults"
+        defaults.write_text(f"DSSTAGE_CONFIG={self.conf}\nDSSTAGE_PYTHON={self.py}\n"
+                            f"DSSTAGE_RUN_DIR={self.dir / 'run'}\nDSSTAGE_LOG={self.dir / 'hooks.log'}\n")
+        env = self.hook_env(defaults, name, "4242")
+        prolog = str(TOP / "prolog" / "dsstage-prolog")
+        self.sh(prolog, env=env)
+        return self.time_median(lambda: self.sh(prolog, env=env), runs=max(self.runs, 10))
+
+    def warm(self) -> None:
+        t10 = self.warm_prolog(10_000)
+        t100 = self.warm_prolog(100_000)
+        self.add("warm prolog", "cached dataset, 10k files", t10 * 1000, "ms", target="<= 150 ms", met=t10 <= 0.150)
+        self.add("warm prolog", "cached dataset, 100k files", t100 * 1000, "ms", "10k files", t10 * 1000,
+                 t100 / t10, "<= 150 ms and <= 1.5x the 10k time", t100 <= 0.150 and t100 / t10 <= 1.5)
+        env = self.hook_env("/nonexistent", None, "4244")
+        prolog = str(TOP / "prolog" / "dsstage-prolog")
+        t_none = self.time_median(lambda: self.sh(prolog, env=env), runs=50)
+        t_true = self.time_median(lambda: self.sh("/bin/true", env=env), runs=50)
+        self.add("no-dataset prolog", "prolog for a job without --dataset", t_none * 1000, "ms", "/bin/true",
+                 t_true * 1000, t_none / t_true, "<= 20 ms", t_none <= 0.020)
+
+    def verification(self, name: str, root: Path) -> None:
+        self.build_manifest(name, root)
+        self.ds("stage", name, "--job-id", "1")
+        files = [str(p) for p in root.rglob("*.bin")]
+        total = sum(os.path.getsize(f) for f in files) / 2**30
+        staged = json.loads(self.ds("verify", name, "--json").stdout)["path"]
+        staged_files = [str(p) for p in Path(staged).rglob("*.bin")]
+        t_ds = self.time_median(lambda: self.ds("verify", name, "--full"), self.drop_caches)
+        t_b3 = self.time_median(lambda: self.sh("b3sum", *staged_files), self.drop_caches)
+        self.add("full verification", "dsstage verify --full", total / t_ds, "GiB/s", "b3sum", total / t_b3,
+                 t_b3 / t_ds, ">= 0.8x b3sum", t_b3 / t_ds >= 0.8)
+
+    def sharing(self, tmp: Path, count: int) -> None:
+        module = self.dir / "data"
+        root = self.make_files("shared", count, 110_000)
+        daemon_dir = tmp / "rsyncd"
+        daemon_dir.mkdir(parents=True, exist_ok=True)
+        daemon = RsyncDaemon(daemon_dir, module)
+        try:
+            self.configure("shared", daemon.url("shared"))
+            total = json.loads(self.ds("manifest", "build", "shared", "--from", str(root), "--json").stdout)["bytes"]
+
+            def one() -> None:
+                self.ds("stage", "shared", "--job-id", "1")
+
+            def eight() -> None:
+                procs = [subprocess.Popen([*self.dsstage, "stage", "shared", "--job-id", str(100 + i)],
+                                          env=self.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         for i in range(8)]
+                for p in procs:
+                    if p.wait() != 0:
+                        raise SystemExit(f"bench: concurrent stage failed: {p.stderr.read() if p.stderr else ''}")
+
+            def fresh() -> None:
+                self.clear_store("shared")
+                daemon.log.write_text("")
+                self.drop_caches()
+            t1 = self.time_median(one, fresh)
+            fresh()
+            t8_start = time.perf_counter()
+            eight()
+            t8 = time.perf_counter() - t8_start
+            read8 = daemon.bytes_sent()
+        finally:
+            daemon.stop()
+        self.add("8-way sharing", "wall time, 8 concurrent stages", t8, "s", "1 stage", t1, t8 / t1)
+        self.add("8-way sharing", "bytes read from the source / dataset size", read8 / total, "x",
+                 target="source read once (1.0x)", met=read8 == total)
+
+    def manifests(self, root: Path, entries: int) -> None:
+        cat = mf.Catalog(str(self.dir / "state"))
+        name = "small"
+        nbytes = sum(p.stat().st_size for p in root.rglob("*.bin"))
+        nfiles = sum(1 for _ in root.rglob("*.bin"))
+
+        def rebuild() -> None:
+            (Path(cat.dir(name)) / mf.CURRENT).unlink(missing_ok=True)  # hash everything again
+            self.ds("manifest", "build", name)
+        t_build = self.time_median(rebuild, self.drop_caches)
+        files = [str(p) for p in root.rglob("*.bin")]
+        t_b3 = self.time_median(lambda: self.sh("b3sum", *files), self.drop_caches)
+        self.add("manifest", "build throughput (files)", nfiles / t_build, "files/s")
+        self.add("manifest", "build throughput", nbytes / t_build / 2**20, "MiB/s", "b3sum on the same files",
+                 nbytes / t_b3 / 2**20, t_b3 / t_build)
+        big = self.dir / "manifest-1m.manifest"
+        if not big.exists() or mf.read_header(str(big)).get("files") != entries:
+            self.say(f"writing a manifest of {entries} entries")
+            es = [mf.Entry(f"train/n{i % 1000:08d}/img_{i:08d}.JPEG", 110_000, 1_700_000_000_000_000_000,
+                           blake3.blake3(i.to_bytes(8, "little")).hexdigest()) for i in range(entries)]
+            mf.write(mf.Manifest("big", mf.compute_digest(es), es, 0, 0.0), str(big))
+        t_load = self.time_median(lambda: mf.read(str(big)))
+
+        def plain() -> None:
+            with open(big) as fh:
+                for line in fh:
+                    line.split("\t")
+        t_plain = self.time_median(plain)
+        self.add("manifest", f"load with checks, {entries} entries", t_load, "s",
+                 "reading and splitting its lines", t_plain, t_load / t_plain)
+
+    def epilog(self) -> None:
+        name = "warm10k"
+        defaults = self.dir / "defaults"
+        env = self.hook_env(defaults, name, "4343")
+        prolog = str(TOP / "prolog" / "dsstage-prolog")
+        epilog = str(TOP / "epilog" / "dsstage-epilog")
+        t = self.time_median(lambda: self.sh(epilog, env=env), setup=lambda: self.sh(prolog, env=env),
+                             runs=max(self.runs, 10))
+        self.add("epilog", "release a cached dataset's lease", t * 1000, "ms", target="<= 1000 ms", met=t <= 1.0)
+
+    def run(self) -> None:
+        self.say(f"{'quick' if self.quick else 'full'} run, median of {self.runs}; page cache "
+                 f"{'dropped before each cold run' if self.can_drop else 'NOT dropped (not permitted here)'}")
+        small_n = 5_000 if self.quick else 20_000
+        small = self.make_files("small", small_n, 110_000)
+        self.cold_stage(f"cold stage, {small_n} x 110 KB", "small", small, 1.5, "rsync")
+        large_n, large_size = (2, 512 << 20) if self.quick else (4, 1 << 30)
+        large = self.make_large("large", large_n, large_size)
+        self.cold_stage(f"cold stage, {large_n} x {large_size >> 20} MiB", "large", large, 0.8, "cp")
+        self.warm()
+        self.epilog()
+        self.verification("large", large)
+        self.sharing(self.dir / "tmp", 1000 if self.quick else 4000)
+        self.manifests(small, 1_000_000)
+
+
+def table(rows: list[Row]) -> str:
+    out = ["| scenario | measure | value | baseline | ratio | target | met |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = f"{r.baseline} {r.baseline_value:.3f}" if r.baseline_value is not None else ""
+        out.append(f"| {r.scenario} | {r.measure} | {r.value:.3f} {r.unit} | {base} | "
+                   f"{'' if r.ratio is None else f'{r.ratio:.2f}'} | {r.target} | "
+                   f"{'' if r.met is None else ('yes' if r.met else 'NO')} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smaller data: a few minutes on 2 cores")
+    p.add_argument("--json", help="also write the rows as JSON to this file")
+    p.add_argument("--runs", type=int, help="runs per measurement (default 3 quick, 5 full)")
+    p.add_argument("--dir", default="/var/tmp/dsstage-bench", help="where data and stores go")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        print("bench/run: run as root (the store is root-owned; the page cache is dropped)", file=sys.stderr)
+        return 2
+    b = Bench(args)
+    started = time.time()
+    b.run()
+    print(table(b.rows))
+    print(f"\n{len(b.rows)} figures in {time.time() - started:.0f} s; machine: {os.cpu_count()} CPUs, "
+          f"page cache {'dropped' if b.can_drop else 'not dropped'} before cold runs")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in b.rows], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
