@@ -19,10 +19,9 @@ import yaml
 
 from .errors import ConfigError
 from .units import parse_percent, parse_size
+from .warm import NAME_MAX, name_ok
 
 DEFAULT_PATH = "/etc/dsstage/dsstage.yaml"
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-NAME_MAX = 64
 GROUP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?$")
 VERIFY_MODES = ("quick", "full")
 FAILURE_POLICIES = ("fallback", "hold")
@@ -166,7 +165,7 @@ def check_name(name: Any, what: str = "dataset") -> str | None:
         return f"a {what} name must be a non-empty string"
     if len(name) > NAME_MAX:
         return f"{what} name {name[:20]!r}... is longer than {NAME_MAX} characters"
-    if not NAME_RE.match(name):
+    if not name_ok(name):
         return (f"{what} name {name!r} is not allowed: use lower-case letters, digits, '.', '_' and '-', "
                 "starting with a letter or digit")
     return None

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 
-
-def read_json(path: str) -> dict[str, object]:
-    """A JSON object from ``path``, or {} if it is missing, unreadable or not an object."""
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+from .warm import read_json, write_json  # noqa: F401 - one implementation, shared
 
 
 def write_atomic(path: str, text: str, *, fsync: bool = True) -> None:
@@ -26,7 +17,3 @@ def write_atomic(path: str, text: str, *, fsync: bool = True) -> None:
             fh.flush()
             os.fsync(fh.fileno())
     os.replace(tmp, path)
-
-
-def write_json(path: str, data: dict[str, object], *, fsync: bool = True) -> None:
-    write_atomic(path, json.dumps(data, sort_keys=True), fsync=fsync)

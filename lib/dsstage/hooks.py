@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from . import catalog as cat
 from . import config as cfg
+from . import warm
 from .config import Config, Dataset
 from .errors import AccessDenied, DsstageError, UnknownDataset
 from .fsutil import write_json
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RUN_DIR = "/run/dsstage"
-REQUEST_VARS = ("SPANK__SLURM_SPANK_OPTION_dsstage_dataset", "SPANK_DSSTAGE_DATASETS")
-HOLD_MARK = "# dsstage: hold"
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class JobContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> JobContext:
-        request = next((env[v] for v in REQUEST_VARS if env.get(v)), None)
+        request = next((env[v] for v in warm.REQUEST_VARS if env.get(v)), None)
         return cls(job_id=env.get("SLURM_JOB_ID", ""), uid=int(env.get("SLURM_JOB_UID", "-1") or -1),
                    gid=int(env.get("SLURM_JOB_GID", "-1") or -1), user=env.get("SLURM_JOB_USER", ""),
                    node=env.get("SLURMD_NODENAME", ""), request=request)
@@ -89,23 +87,14 @@ def job_action(outcomes: Sequence[Outcome]) -> str:
     return "hold" if "hold" in actions else "run"
 
 
-def env_var(name: str) -> str:
-    return "DSSTAGE_PATH_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
-
-
 def task_lines(outcomes: Sequence[Outcome]) -> list[str]:
     """TaskProlog output: the variables a task needs, and warnings for its output."""
-    lines = []
-    usable = [o for o in outcomes if o.path]
-    for o in usable:
-        lines.append(f"export {env_var(o.dataset)}={o.path}")
-    if usable:
-        lines.append(f"export DSSTAGE_DATASET_DIR={usable[0].path}")
+    lines = warm.export_lines([(o.dataset, o.path) for o in outcomes if o.path])
     for o in outcomes:
         if o.action == "fallback":
             lines.append(f"print dsstage: warning: {_one_line(o.reason)}")
     if job_action(outcomes) != "run":
-        lines.append(HOLD_MARK)
+        lines.append(warm.HOLD_MARK)
         lines += [f"print dsstage: error: {_one_line(o.reason)}" for o in outcomes if o.action in ("hold", "drain")]
     return lines
 
@@ -156,6 +145,7 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient,
     else:
         store = Store(conf, ctx.node or None)
         outcomes = stage_all(ctx, conf, store)
+        write_config_cache(run_dir, conf)
     action = job_action(outcomes)
     write_task_file(run_dir, ctx, task_lines(outcomes))
     if store is not None:
@@ -198,27 +188,30 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
 
 # -- files ----------------------------------------------------------------------------
 
-def task_file(run_dir: str, ctx: JobContext) -> str:
-    return os.path.join(run_dir, ctx.node or "node", "jobs", f"{ctx.job_id}.task")
-
-
 def write_task_file(run_dir: str, ctx: JobContext, lines: Sequence[str]) -> None:
-    path = task_file(run_dir, ctx)
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    # readable by the job's tasks (they run as the user), by nobody else
-    os.chown(tmp, 0, ctx.gid if ctx.gid >= 0 else 0)
-    os.chmod(tmp, 0o440)
-    os.replace(tmp, path)
+    warm.write_task_file(warm.task_file(run_dir, ctx.node, ctx.job_id), lines, ctx.gid)
 
 
 def remove_task_file(run_dir: str, ctx: JobContext) -> None:
     try:
-        os.unlink(task_file(run_dir, ctx))
+        os.unlink(warm.task_file(run_dir, ctx.node, ctx.job_id))
     except OSError:
         pass
+
+
+def write_config_cache(run_dir: str, conf: Config) -> None:
+    """What the warm path needs of the configuration, keyed by the file's exact state."""
+    record = warm.cache_record(conf.origin, conf.state_dir, {
+        name: {"root": conf.tiers[ds.tier].path, "verify": ds.verify,
+               "groups": list(ds.groups) if ds.groups is not None else None}
+        for name, ds in conf.datasets.items()})
+    path = os.path.join(run_dir, warm.CONFIG_CACHE)
+    if record["key"] is None or warm.read_json(path) == record:
+        return
+    try:
+        warm.write_json(path, record, fsync=False)
+    except OSError as exc:
+        log.warning("cannot write the configuration cache %s: %s", path, exc)
 
 
 def write_node_report(store: Store) -> None:
@@ -233,7 +226,7 @@ def write_node_report(store: Store) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="dsstage-%(process)d: %(levelname)s: %(message)s",
-                        filename=os.environ.get("DSSTAGE_LOG") or None)
+                        filename=os.environ.get("DSSTAGE_LOG") or None, force=True)
     run_dir = os.environ.get("DSSTAGE_RUN_DIR", RUN_DIR)
     which = argv[0] if argv else ""
     try:

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from .errors import StoreError
 from .fsutil import write_json
-
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+from .warm import job_id_ok
 
 
 @dataclass(frozen=True)
@@ -37,7 +35,7 @@ class Lease:
 
 
 def check_job_id(job_id: str) -> str:
-    if not JOB_ID_RE.match(job_id or ""):
+    if not job_id_ok(job_id or ""):
         raise StoreError(f"job id {job_id!r} is not valid: use the Slurm job id (digits, optionally _ or +)")
     return job_id
 

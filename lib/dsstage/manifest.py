@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from .errors import ManifestError
 from .fsutil import write_atomic
+from .warm import read_current
 
 MAGIC = "#dsstage-manifest 1 "
 CURRENT = "CURRENT"
@@ -224,13 +225,10 @@ class Catalog:
     def current(self, name: str) -> str | None:
         """The digest of the current version, or None if no manifest was built (cheap)."""
         try:
-            with open(os.path.join(self.dir(name), CURRENT)) as fh:
-                digest = fh.read().strip()
-        except FileNotFoundError:
-            return None
-        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
-            raise ManifestError(f"{self.dir(name)}/{CURRENT}: damaged; rebuild with `dsstage manifest build {name}`")
-        return digest
+            return read_current(os.path.dirname(self.root), name)
+        except ValueError:
+            raise ManifestError(f"{self.dir(name)}/{CURRENT}: damaged; rebuild with "
+                                f"`dsstage manifest build {name}`") from None
 
     def require_current(self, name: str) -> str:
         digest = self.current(name)

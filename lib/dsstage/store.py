@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import socket
-import stat
 import struct
 import time
 from collections.abc import Callable
@@ -42,54 +41,30 @@ from .fsutil import read_json, write_json
 from .lease import Lease, LeaseBook, check_job_id
 from .manifest import Catalog, Manifest
 from .units import human
+from .warm import Layout, not_ready, version_id
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
     from .stager import FillReport
 
 log = logging.getLogger(__name__)
 
-VERSION_LEN = 16
-
-
-def version_id(digest: str) -> str:
-    return digest[:VERSION_LEN]
-
-
 def node_name() -> str:
     """This node's Slurm name (``SLURMD_NODENAME`` in a Prolog), else the short host name."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-@dataclass(frozen=True)
-class Layout:
-    root: str
-
-    def dataset_dir(self, name: str) -> str:
-        return os.path.join(self.root, "datasets", name)
-
-    def version_dir(self, name: str, digest: str) -> str:
-        return os.path.join(self.root, "datasets", name, version_id(digest))
-
-    def mark(self, name: str, digest: str) -> str:
-        return os.path.join(self.root, "ready", name, version_id(digest) + ".json")
-
-    def staging(self, name: str, digest: str) -> str:
-        return os.path.join(self.root, "staging", f"{name}.{version_id(digest)}")
-
-    def lock(self, name: str) -> str:
-        return os.path.join(self.root, "locks", name + ".lock")
-
-    def ensure(self) -> None:
-        try:
-            for sub, mode in (("", 0o755), ("datasets", 0o755), ("ready", 0o755), ("staging", 0o700),
-                              ("locks", 0o755), ("leases", 0o755)):
-                path = os.path.join(self.root, sub) if sub else self.root
-                os.makedirs(path, mode=mode, exist_ok=True)
-        except PermissionError as exc:
-            raise StoreError(f"cannot create the store at {self.root}: {exc.strerror}; "
-                             "staging writes a root-owned store: run as root (the Prolog does)") from None
-        except OSError as exc:
-            raise StoreError(f"cannot create the store at {self.root}: {exc.strerror}") from None
+def ensure_layout(layout: Layout) -> None:
+    """Create a tier's directories (root-owned; staging private)."""
+    try:
+        for sub, mode in (("", 0o755), ("datasets", 0o755), ("ready", 0o755), ("staging", 0o700),
+                          ("locks", 0o755), ("leases", 0o755)):
+            path = os.path.join(layout.root, sub) if sub else layout.root
+            os.makedirs(path, mode=mode, exist_ok=True)
+    except PermissionError as exc:
+        raise StoreError(f"cannot create the store at {layout.root}: {exc.strerror}; "
+                         "staging writes a root-owned store: run as root (the Prolog does)") from None
+    except OSError as exc:
+        raise StoreError(f"cannot create the store at {layout.root}: {exc.strerror}") from None
 
 
 @dataclass
@@ -159,19 +134,9 @@ class Store:
         """Whether the copy of version ``digest`` is ready, at a cost independent of its size:
         the mark names this digest and the inode of the copy, and the copy is root-owned
         and read-only."""
-        mark = read_json(layout.mark(name, digest))
-        if not mark:
-            return ReadyState(False, "no ready copy on this node")
-        if mark.get("digest") != digest:
-            return ReadyState(False, "the ready mark names another version")
-        try:
-            st = os.lstat(layout.version_dir(name, digest))
-        except OSError:
-            return ReadyState(False, "the ready mark exists but the copy is gone")
-        if (st.st_ino, st.st_dev) != (mark.get("ino"), mark.get("dev")):
-            return ReadyState(False, "the copy was replaced after it was marked ready")
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o222:
-            return ReadyState(False, "the copy is no longer root-owned and read-only")
+        reason = not_ready(layout, name, digest)
+        if reason:
+            return ReadyState(False, reason)
         return ReadyState(True, "ready mark matches the current manifest")
 
     # -- staging ---------------------------------------------------------------
@@ -188,7 +153,7 @@ class Store:
         check_job_id(job_id)
         digest = self.manifests.require_current(name)
         layout = self.layout(ds.tier)
-        layout.ensure()
+        ensure_layout(layout)
         result = StageResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), tier=ds.tier,
                              node=self.node, action="cached", job_id=job_id)
         lease = Lease(dataset=name, digest=digest, job_id=job_id, user=user.name, node=self.node,
