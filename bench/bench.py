@@ -56,6 +56,10 @@ class Bench:
         self.dsstage = [self.py, "-m", "dsstage"]
         self.conf = self.dir / "dsstage.yaml"
         self.datasets: dict[str, dict[str, object]] = {}
+        self.only = set(args.only.split(",")) if args.only else None
+
+    def wants(self, scenario: str) -> bool:
+        return self.only is None or scenario in self.only
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -327,15 +331,21 @@ class Bench:
                  f"{'dropped before each cold run' if self.can_drop else 'NOT dropped (not permitted here)'}")
         small_n = 5_000 if self.quick else 20_000
         small = self.make_files("small", small_n, 110_000)
-        self.cold_stage(f"cold stage, {small_n} x 110 KB", "small", small, 1.5, "rsync")
         large_n, large_size = (2, 512 << 20) if self.quick else (4, 1 << 30)
         large = self.make_large("large", large_n, large_size)
-        self.cold_stage(f"cold stage, {large_n} x {large_size >> 20} MiB", "large", large, 0.8, "cp")
-        self.warm()
-        self.epilog()
-        self.verification("large", large)
-        self.sharing(self.dir / "tmp", 1000 if self.quick else 4000)
-        self.manifests(small, 1_000_000)
+        if self.wants("cold"):
+            self.cold_stage(f"cold stage, {small_n} x 110 KB", "small", small, 1.5, "rsync")
+            self.cold_stage(f"cold stage, {large_n} x {large_size >> 20} MiB", "large", large, 0.8, "cp")
+        if self.wants("warm"):
+            self.warm()
+            self.epilog()
+        if self.wants("verify"):
+            self.verification("large", large)
+        if self.wants("sharing"):
+            self.sharing(self.dir / "tmp", 1000 if self.quick else 4000)
+        if self.wants("manifest"):
+            self.build_manifest("small", small)
+            self.manifests(small, 1_000_000)
 
 
 def table(rows: list[Row]) -> str:
@@ -354,6 +364,7 @@ def main() -> int:
     p.add_argument("--json", help="also write the rows as JSON to this file")
     p.add_argument("--runs", type=int, help="runs per measurement (default 3 quick, 5 full)")
     p.add_argument("--dir", default="/var/tmp/dsstage-bench", help="where data and stores go")
+    p.add_argument("--only", help="comma-separated scenarios: cold, warm, verify, sharing, manifest")
     args = p.parse_args()
     if os.geteuid() != 0:
         print("bench/run: run as root (the store is root-owned; the page cache is dropped)", file=sys.stderr)

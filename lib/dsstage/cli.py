@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__, luacatalog, slurm, status
+from . import __version__
 from . import catalog as cat
 from . import config as cfg
 from . import manifest as mf
@@ -22,7 +22,6 @@ from .errors import DsstageError
 from .fsutil import write_atomic
 from .lease import default_holder
 from .store import StageResult, Store
-from .ui import console, progress_bar
 from .units import human
 
 log = logging.getLogger("dsstage")
@@ -168,6 +167,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     def text() -> None:
         from rich.table import Table
+
+        from .ui import console
         table = Table(title="dsstage catalog", title_justify="left")
         for col in ("dataset", "version", "files", "size", "tier", "groups", "source"):
             table.add_column(col)
@@ -198,6 +199,7 @@ def cmd_manifest_build(args: argparse.Namespace) -> int:
             previous = manifests.load(ds.name)
         except DsstageError as exc:
             log.warning("previous manifest unusable, hashing everything: %s", exc)
+    from .ui import progress_bar
     with progress_bar(f"hashing {ds.name}", enabled=not args.json) as advance:
         report = mf.build(ds.name, root, source=ds.source.raw, previous=previous,
                           threads=conf.transfer.hash_threads, progress=advance)
@@ -263,6 +265,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     conf = _config(args)
+    from . import slurm, status
+    from .ui import console
     st = status.collect(conf, None if args.no_queue else slurm.client())
 
     def text() -> None:
@@ -293,6 +297,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export_catalog(args: argparse.Namespace) -> int:
+    from . import luacatalog
     text = luacatalog.render(_config(args))
     if args.output:
         write_atomic(os.path.abspath(args.output), text)

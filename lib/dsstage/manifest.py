@@ -59,6 +59,22 @@ class Manifest:
         return len(self.entries)
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """A file that does not match its manifest entry."""
+
+    path: str
+    expected: str
+    found: str  # "missing", "size N", or the hash found
+
+    def describe(self) -> str:
+        if self.found == "missing":
+            return f"{self.path!r} is missing"
+        if self.found.startswith("size "):
+            return f"{self.path!r} has {self.found}, the manifest says size {self.expected}"
+        return f"{self.path!r} has blake3 {self.found[:16]}..., the manifest says {self.expected[:16]}..."
+
+
 @dataclass
 class BuildReport:
     manifest: Manifest

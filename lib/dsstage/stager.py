@@ -1,9 +1,10 @@
 """Making a directory hold exactly what a manifest describes.
 
 ``fill`` reuses files from versions already on the node (hard links: published files are
-immutable, so sharing an inode is safe), fetches the rest with rsync, removes anything the
-manifest does not list, verifies every file with BLAKE3, fetches what is wrong once more,
-and raises VerifyError naming the file if it is still wrong.
+immutable, so sharing an inode is safe), copies the rest (a mounted source: the verifying
+copier; ssh and rsync daemons: rsync, then every file is hashed), removes anything the
+manifest does not list, fetches what is wrong once more, and raises VerifyError naming
+the file if it is still wrong.
 """
 
 from __future__ import annotations
@@ -15,27 +16,13 @@ import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import hashing
+from . import copier, hashing
 from .config import Source, Transfer
-from .errors import VerifyError
-from .manifest import Entry, Manifest
+from .errors import SourceError, VerifyError
+from .manifest import Entry, Manifest, Mismatch
 from .transfer import TransferStats, fetch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    path: str
-    expected: str
-    found: str  # "missing", "size N", or the hash found
-
-    def describe(self) -> str:
-        if self.found == "missing":
-            return f"{self.path!r} is missing"
-        if self.found.startswith("size "):
-            return f"{self.path!r} has {self.found}, the manifest says size {self.expected}"
-        return f"{self.path!r} has blake3 {self.found[:16]}..., the manifest says {self.expected[:16]}..."
 
 
 @dataclass
@@ -131,25 +118,53 @@ def fill(dest: str, manifest: Manifest, source: Source, transfer: Transfer,
          older: Sequence[tuple[str, Manifest]] = ()) -> FillReport:
     """Make ``dest`` hold exactly ``manifest``; raise VerifyError if the source cannot."""
     report = FillReport()
+    resumed = [e for e in manifest.entries if os.path.lexists(os.path.join(dest, e.path))]
     report.linked_files, report.linked_bytes = link_reuse(dest, manifest.entries, older)
-    report.transferred = fetch(source, dest, manifest.entries, transfer)
+    copy = _copy_local if source.kind == "local" else _copy_rsync
+    if resumed and source.kind == "local":
+        # left by an interrupted stage: renamed into place only once verified, but a crash
+        # of the node may have lost what was not yet on disk
+        _remove(dest, check_tree(dest, resumed, transfer.hash_threads))
+    stats, bad = copy(dest, manifest.entries, source, transfer)
+    report.transferred = stats
     report.removed_extras = sweep_extras(dest, manifest.entries)
-    bad = check_tree(dest, manifest.entries, transfer.hash_threads)
     if bad:
         log.info("%d file(s) of %s failed verification; fetching them again", len(bad), manifest.name)
+        _remove(dest, bad)
         by_path = {e.path: e for e in manifest.entries}
         again = [by_path[m.path] for m in bad]
-        for e in again:
-            try:
-                os.unlink(os.path.join(dest, e.path))
-            except FileNotFoundError:
-                pass
-        report.transferred.add(fetch(source, dest, again, transfer))
+        stats, bad = copy(dest, again, source, transfer)
+        report.transferred.add(stats)
         report.refetched = [e.path for e in again]
-        bad = check_tree(dest, again, transfer.hash_threads)
     if bad:
         raise VerifyError(mismatch_message(manifest.name, bad))
     return report
+
+
+def _copy_local(dest: str, entries: Sequence[Entry], source: Source,
+                transfer: Transfer) -> tuple[TransferStats, list[Mismatch]]:
+    """Mounted source: copy what is missing, verifying each file as it is copied."""
+    if not os.path.isdir(source.path):
+        raise SourceError(f"source {source.raw} is not reachable from this node (not a directory); "
+                          "check that it is mounted, or ask the admins")
+    stats, bad = copier.copy_verified(source.path, dest, entries, threads=copier.THREADS,
+                                      bwlimit=transfer.bwlimit * 1024 * transfer.streams)
+    return TransferStats(files=stats.files, bytes=stats.bytes), bad
+
+
+def _copy_rsync(dest: str, entries: Sequence[Entry], source: Source,
+                transfer: Transfer) -> tuple[TransferStats, list[Mismatch]]:
+    """Remote source: rsync what is missing, then verify every file."""
+    stats = fetch(source, dest, entries, transfer)
+    return stats, check_tree(dest, entries, transfer.hash_threads)
+
+
+def _remove(dest: str, bad: Sequence[Mismatch]) -> None:
+    for m in bad:
+        try:
+            os.unlink(os.path.join(dest, m.path))
+        except FileNotFoundError:
+            pass
 
 
 def mismatch_message(name: str, bad: Sequence[Mismatch]) -> str:

@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import struct
 import time
 from collections.abc import Callable
@@ -387,14 +388,23 @@ class Store:
 # -- helpers ----------------------------------------------------------------------
 
 def seal(root: str, gid: int = 0) -> None:
-    """Make a tree root-owned and read-only: files 0444, directories 0555."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            os.lchown(p, 0, gid)
-            os.chmod(p, 0o444, follow_symlinks=False)
-        os.lchown(dirpath, 0, gid)
-        os.chmod(dirpath, 0o555)
+    """Make a tree root-owned and read-only: files 0444, directories 0555 (changing only
+    what is not so already: the copier creates files that way)."""
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        with os.scandir(d) as it:
+            for de in it:
+                st = de.stat(follow_symlinks=False)
+                want = 0o555 if de.is_dir(follow_symlinks=False) else 0o444
+                if de.is_dir(follow_symlinks=False):
+                    stack.append(de.path)
+                if st.st_uid != 0 or st.st_gid != gid:
+                    os.lchown(de.path, 0, gid)
+                if stat.S_IMODE(st.st_mode) != want:
+                    os.chmod(de.path, want, follow_symlinks=False)
+        os.lchown(d, 0, gid)
+        os.chmod(d, 0o555)
 
 
 def group_id(name: str) -> int:

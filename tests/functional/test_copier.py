@@ -1,0 +1,74 @@
+"""The verifying copier for mounted sources, on real files."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+
+from dsstage import copier
+from dsstage import manifest as mf
+from helpers import Env, write_tree
+
+
+@pytest.fixture(params=["whole", "streamed"])
+def chunk(request, monkeypatch):
+    if request.param == "streamed":
+        monkeypatch.setattr(copier, "CHUNK", 1000)  # every file above 1000 bytes is streamed
+    return request.param
+
+
+def test_copies_verified_files_read_only_with_mtime(tmp_path, chunk):
+    src = write_tree(tmp_path / "src", {"a": os.urandom(5000), "d/b": b"x" * 10, "e": b""})
+    m = mf.build("ds", str(src)).manifest
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    stats, bad = copier.copy_verified(str(src), str(dest), m.entries)
+    assert bad == [] and stats.files == 3 and stats.bytes == 5010
+    for e in m.entries:
+        st = os.lstat(dest / e.path)
+        assert (dest / e.path).read_bytes() == (src / e.path).read_bytes()
+        assert stat.S_IMODE(st.st_mode) == 0o444 and st.st_mtime_ns == e.mtime_ns
+    assert copier.copy_verified(str(src), str(dest), m.entries)[0].files == 0  # present files are kept
+
+
+def test_mismatches_write_nothing(tmp_path, chunk):
+    src = write_tree(tmp_path / "src", {"same-size": b"1" * 4000, "grew": b"2" * 3000, "gone": b"3"})
+    m = mf.build("ds", str(src)).manifest
+    (src / "same-size").write_bytes(b"X" * 4000)
+    (src / "grew").write_bytes(b"2" * 3001)
+    (src / "gone").unlink()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    stats, bad = copier.copy_verified(str(src), str(dest), m.entries)
+    found = {b.path: b.found for b in bad}
+    assert found["gone"] == "missing" and found["grew"] == "size 3001" and len(found["same-size"]) == 64
+    assert stats.files == 0 and sorted(os.listdir(dest)) == []
+
+
+def test_rate_limit_slows_the_copy(tmp_path):
+    src = write_tree(tmp_path / "src", {f"f{i}": os.urandom(100_000) for i in range(10)})
+    m = mf.build("ds", str(src)).manifest
+    (tmp_path / "dest").mkdir()
+    t = time.monotonic()
+    copier.copy_verified(str(src), str(tmp_path / "dest"), m.entries, bwlimit=2_000_000)
+    assert time.monotonic() - t >= 0.4  # 1 MB at 2 MB/s
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
+def test_rsync_source_that_changed_is_refused(env: Env, tmp_path):
+    from servers import RsyncDaemon
+    module = tmp_path / "export"
+    write_tree(module / "ds", {"a": b"1" * 100, "b": b"2" * 100})
+    daemon = RsyncDaemon(tmp_path, module)
+    try:
+        env.add("ds", None, source=daemon.url("ds"))
+        env.cli("manifest", "build", "ds", "--from", str(module / "ds"))
+        (module / "ds" / "b").write_bytes(b"X" * 100)
+        res = env.cli("stage", "ds", "--job-id", "1", check=False)
+        assert res.returncode == 65 and "'b' has blake3" in res.stderr
+        assert not (env.tier_root() / "ready" / "ds").exists()
+    finally:
+        daemon.stop()
