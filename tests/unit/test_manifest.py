@@ -106,8 +106,16 @@ def test_a_manifest_that_lies_is_rejected(tmp_path, tree):
     path.write_text("garbage\n")
     with pytest.raises(ManifestError, match="not a dsstage manifest"):
         mf.read(str(path))
-    path.write_text(text.splitlines()[0] + "\nnot\ta\tline\n")
+    import json
+
+    import blake3
+    body = "not\ta\tline\n"
+    path.write_text(mf.MAGIC + json.dumps({"digest": blake3.blake3(body.encode()).hexdigest()}) + "\n"
+                    + body + mf.MTIMES + "1\n")
     with pytest.raises(ManifestError, match=":2: malformed line"):
+        mf.read(str(path))
+    path.write_text(text.replace(mf.MTIMES, ""))
+    with pytest.raises(ManifestError, match="no #mtimes section"):
         mf.read(str(path))
 
 
