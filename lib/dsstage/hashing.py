@@ -28,6 +28,9 @@ def hash_file(path: str) -> str:
         size = os.fstat(fh.fileno()).st_size
         if size < LARGE:
             return blake3.blake3(fh.read()).hexdigest()
+        # read ahead the whole file: measured faster than b3sum on a cold cache
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
     h.update_mmap(path)
     return h.hexdigest()

@@ -112,13 +112,11 @@ class Store:
     """The store of one node, over all tiers of a configuration."""
 
     def __init__(self, config: Config, node: str | None = None, *,
-                 clock: Callable[[], float] = time.time,
-                 job_alive: Callable[[str], bool] | None = None) -> None:
+                 clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.node = node or node_name()
         self.manifests = Catalog(config.state_dir)
         self.clock = clock
-        self.job_alive = job_alive or (lambda _job: True)
 
     # -- where things are ------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""rsync as the transport, for mounted paths, ssh and rsync daemons alike.
+"""rsync as the transport for remote sources (ssh and rsync daemons).
 
 Files are split into several lists balanced by bytes and each list goes to its own rsync
 (``--files-from``, NUL-separated so any file name works). rsync writes every file to a
@@ -91,9 +91,6 @@ def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfe
     total = TransferStats()
     if not entries:
         return total
-    if source.kind == "local" and not os.path.isdir(source.path):
-        raise SourceError(f"source {source.raw} is not reachable from this node (not a directory); "
-                          "check that it is mounted, or ask the admins")
     lists = plan_streams(entries, transfer.streams)
     with tempfile.TemporaryDirectory(prefix="dsstage-lists-") as tmp:
         files = []

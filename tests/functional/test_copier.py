@@ -7,7 +7,6 @@ import stat
 import time
 
 import pytest
-
 from dsstage import copier
 from dsstage import manifest as mf
 from helpers import Env, write_tree
@@ -72,3 +71,11 @@ def test_rsync_source_that_changed_is_refused(env: Env, tmp_path):
         assert not (env.tier_root() / "ready" / "ds").exists()
     finally:
         daemon.stop()
+
+
+def test_batches_spread_large_files():
+    from dsstage.manifest import Entry
+    entries = [Entry(f"s{i}", 1000, 0, "h") for i in range(100)] + [Entry(f"L{i}", 2**30, 0, "h") for i in range(3)]
+    batches = copier.batched(entries, files=64, nbytes=32 * 2**20)
+    assert [len(b) for b in batches] == [64, 36, 1, 1, 1]
+    assert [e for b in batches for e in b] == entries
