@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from . import __version__
@@ -104,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("export-catalog", help="write the catalog that job_submit.lua checks (Lua)")
     c.add_argument("-o", "--output", help="file to write (atomically); default: standard output")
     c.set_defaults(handler=cmd_export_catalog)
+
+    c = sub.add_parser("evict", help="remove this node's copies of a dataset that no job uses")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_evict)
 
     c = sub.add_parser("verify", help="check the local copy against the manifest")
     c.add_argument("name", help="dataset name")
@@ -252,6 +258,15 @@ def cmd_release(args: argparse.Namespace) -> int:
     _emit(args, {"dataset": args.name, "job_id": args.job_id, "released": released},
           lambda: print(f"{args.name}: lease of job {args.job_id} "
                         + ("released" if released else "was not held")))
+    return 0
+
+
+def cmd_evict(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    result = Store(conf, args.node).evict(args.name)
+    _emit(args, [asdict(e) for e in result],
+          lambda: print("\n".join(f"{e.dataset} {e.version}: {e.action} ({e.reason})" for e in result)
+                        or f"{args.name}: no copy on this node"))
     return 0
 
 

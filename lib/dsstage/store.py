@@ -8,6 +8,7 @@ Layout of a tier on a node (``<root>`` is the tier's path with ``{node}`` filled
     <root>/staging/<name>.<version>/          private (0700) staging area, kept across crashes
     <root>/locks/<name>.lock                  per-dataset flock; <name>.lock.owner says who holds it
     <root>/leases/<name>/<job id>.json        one lease per job using the dataset
+    <root>/trash/                             evicted copies, deleted by a detached process
 
 ``<version>`` is the first 16 hex digits of the manifest's root digest. A copy is ready
 only when its ready mark exists and names the same digest and inode: the staging area is
@@ -58,7 +59,7 @@ def ensure_layout(layout: Layout) -> None:
     """Create a tier's directories (root-owned; staging private)."""
     try:
         for sub, mode in (("", 0o755), ("datasets", 0o755), ("ready", 0o755), ("staging", 0o700),
-                          ("locks", 0o755), ("leases", 0o755)):
+                          ("locks", 0o755), ("leases", 0o755), ("trash", 0o700)):
             path = os.path.join(layout.root, sub) if sub else layout.root
             os.makedirs(path, mode=mode, exist_ok=True)
     except PermissionError as exc:
@@ -84,6 +85,15 @@ class StageResult:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Eviction:
+    dataset: str
+    version: str
+    action: str  # "evicted" | "kept"
+    reason: str
+    bytes: int = 0
 
 
 @dataclass
@@ -288,6 +298,40 @@ class Store:
         else:
             _remove_acl(path)
 
+    # -- eviction ----------------------------------------------------------------
+
+    def evict(self, name: str) -> list[Eviction]:
+        """Remove this node's copies of ``name`` that no job holds a lease on.
+
+        Follows the protocol in the module doc: under the lock, the ready mark goes first,
+        then the leases are read; a copy with a lease gets its mark back and stays. An
+        evicted copy is renamed into the tier's trash (instant, whatever its size) and
+        deleted by a detached process, so an Epilog does not wait for it."""
+        ds = self.dataset(name)
+        layout = self.layout(ds.tier)
+        ensure_layout(layout)
+        from .lock import DatasetLock
+        out: list[Eviction] = []
+        with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, what=f"dataset {name!r}"):
+            book = LeaseBook(layout.root)
+            for version in sorted(_listdir(layout.dataset_dir(name))):
+                mark_path = os.path.join(layout.root, "ready", name, version + ".json")
+                mark = read_json(mark_path)
+                size = int(str(mark.get("bytes") or 0))
+                _remove(mark_path)
+                holders = sorted(x.job_id for x in book.of_dataset(name) if version_id(x.digest) == version)
+                if holders:
+                    if mark:
+                        write_json(mark_path, mark)
+                    out.append(Eviction(name, version, "kept", f"in use by job(s) {', '.join(holders)}", size))
+                    continue
+                trash = os.path.join(layout.root, "trash", f"{name}.{version}.{time.time_ns()}")
+                os.rename(layout.version_dir(name, version), trash)
+                out.append(Eviction(name, version, "evicted", "no job holds a lease on it", size))
+        if any(e.action == "evicted" for e in out):
+            purge_trash(layout)
+        return out
+
     # -- release, verify -------------------------------------------------------
 
     def release(self, name: str, job_id: str) -> bool:
@@ -403,6 +447,17 @@ def seal(root: str, gid: int = 0) -> None:
                     os.chmod(de.path, want, follow_symlinks=False)
         os.lchown(d, 0, gid)
         os.chmod(d, 0o555)
+
+
+def purge_trash(layout: Layout) -> None:
+    """Delete the tier's trash in a detached process (its own session: it outlives an Epilog)."""
+    import subprocess
+    import sys
+    subprocess.Popen([sys.executable, "-c", "import os, shutil, sys\n"
+                      "for n in os.listdir(sys.argv[1]): shutil.rmtree(os.path.join(sys.argv[1], n), True)",
+                      os.path.join(layout.root, "trash")],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
 
 
 def group_id(name: str) -> int:

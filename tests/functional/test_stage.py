@@ -339,3 +339,30 @@ def test_single_2gib_file(env: Env):
     assert r["transferred_bytes"] == 2 * 2**30
     assert env.cli_json("verify", "huge", "--full")["repaired"] == []
     (src / "blob.bin").unlink()
+
+
+def test_evict_removes_only_copies_without_leases(env: Env):
+    src = env.add("ds", {"a": b"1" * 1000})
+    env.cli("manifest", "build", "ds")
+    old = staged(env, "ds", "1")
+    (src / "a").write_bytes(b"2" * 1000)
+    env.cli("manifest", "build", "ds")
+    new = staged(env, "ds", "2")
+    env.cli("release", "ds", "--job-id", "1")
+    result = {r["version"]: r for r in env.cli_json("evict", "ds")}
+    assert result[Path(old["path"]).name]["action"] == "evicted"
+    assert result[Path(new["path"]).name]["action"] == "kept"
+    assert "in use by job(s) 2" in result[Path(new["path"]).name]["reason"]
+    assert not Path(old["path"]).exists() and Path(new["path"]).exists()
+    assert env.cli_json("verify", "ds")["ok"] is True  # the kept copy is still ready
+    env.cli("release", "ds", "--job-id", "2")
+    assert [r["action"] for r in env.cli_json("evict", "ds")] == ["evicted"]
+    res = env.cli("verify", "ds", "--json", check=False)
+    assert res.returncode == 1 and json.loads(res.stdout)["reason"] == "no ready copy on this node"
+    trash = env.tier_root() / "trash"
+    for _ in range(100):
+        if not any(trash.iterdir()):
+            break
+        time.sleep(0.05)
+    assert not any(trash.iterdir())  # deleted by the detached purge
+    assert staged(env, "ds", "3")["action"] == "staged"
