@@ -26,9 +26,8 @@ import yaml
 
 TOP = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tests"))
-from servers import RsyncDaemon  # noqa: E402
-
 from dsstage import manifest as mf  # noqa: E402
+from servers import RsyncDaemon  # noqa: E402
 
 
 @dataclass

@@ -148,7 +148,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"  state_dir  {conf.state_dir}")
         for t in conf.tiers.values():
             cap = f"{t.capacity:.0%} of the filesystem" if isinstance(t.capacity, float) else human(t.capacity)
-            print(f"  tier {t.name:<8} {t.path}  capacity {cap}  watermarks {t.low_watermark:.0%}-{t.high_watermark:.0%}")
+            marks = f"{t.low_watermark:.0%}-{t.high_watermark:.0%}"
+            print(f"  tier {t.name:<8} {t.path}  capacity {cap}  watermarks {marks}")
         print(f"  {len(conf.datasets)} dataset(s): {', '.join(sorted(conf.datasets)) or '-'}")
     _emit(args, data, text)
     return 0

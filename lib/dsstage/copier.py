@@ -162,7 +162,8 @@ def copy_verified(src_root: str, dest_root: str, entries: Sequence[Entry], threa
             os.makedirs(os.path.join(dest_root, d), exist_ok=True)
 
     def work(batch: Sequence[Entry]) -> list[tuple[Entry, Mismatch | None]]:
-        return [(e, _copy_one(os.path.join(src_root, e.path), os.path.join(dest_root, e.path), e, limit)) for e in batch]
+        return [(e, _copy_one(os.path.join(src_root, e.path), os.path.join(dest_root, e.path), e, limit))
+                for e in batch]
 
     stats, failures = CopyStats(), []
     batches = batched(todo)

@@ -214,7 +214,8 @@ def read_header(path: str) -> dict[str, object]:
 
 def _parse_header(first: str, path: str) -> dict[str, object]:
     if not first.startswith(MAGIC):
-        raise ManifestError(f"{path}: not a dsstage manifest (bad first line); rebuild it with `dsstage manifest build`")
+        raise ManifestError(f"{path}: not a dsstage manifest (bad first line); "
+                            "rebuild it with `dsstage manifest build`")
     try:
         header = json.loads(first[len(MAGIC):])
     except ValueError:

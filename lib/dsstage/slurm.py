@@ -1,7 +1,8 @@
 """Slurm, reached through one small interface.
 
 ``SlurmClient`` is what the rest of dsstage uses. ``CliSlurm`` runs scontrol (through
-proc.run: bounded, its output parsed into small objects); tests use ``FakeSlurm``. Parsers are tested on saved real output.
+proc.run: bounded, its output parsed into small objects); tests use ``FakeSlurm``.
+Parsers are tested on saved real output.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs i
 
 log = logging.getLogger(__name__)
 
+
 def node_name() -> str:
     """This node's Slurm name (``SLURMD_NODENAME`` in a Prolog), else the short host name."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]

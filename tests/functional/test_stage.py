@@ -152,7 +152,8 @@ def test_source_changed_without_manifest_rebuild_publishes_nothing(env: Env):
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
     assert "'b' has blake3" in res.stderr and "source changed after its manifest was built" in res.stderr
     assert "dsstage manifest build ds" in res.stderr
-    assert not (env.tier_root() / "datasets" / "ds").exists() or not any((env.tier_root() / "datasets" / "ds").iterdir())
+    published = env.tier_root() / "datasets" / "ds"
+    assert not published.exists() or not any(published.iterdir())
     assert not (env.tier_root() / "leases" / "ds").exists()
     env.cli("manifest", "build", "ds")
     assert staged(env, "ds", "1")["action"] == "staged"
@@ -305,7 +306,8 @@ def test_cli_errors_are_one_line(env: Env):
     env.add("coco", {"a": b"1"})
     res = env.cli("stage", "cocoa", "--job-id", "1", check=False)
     assert res.returncode == 2
-    assert res.stderr == "dsstage: error: unknown dataset 'cocoa' (did you mean 'coco'?); `dsstage ls` lists the catalog\n"
+    assert res.stderr == ("dsstage: error: unknown dataset 'cocoa' (did you mean 'coco'?); "
+                          "`dsstage ls` lists the catalog\n")
     res = env.cli("stage", "coco", "--job-id", "1", check=False)
     assert res.returncode == 65 and "no manifest yet" in res.stderr and res.stderr.count("\n") == 1
     os.chmod(env.config_path, 0o666)
