@@ -31,6 +31,7 @@ import shutil
 import socket
 import stat
 import struct
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,7 @@ from .fsutil import read_json, write_json
 from .lease import Lease, LeaseBook, check_job_id
 from .manifest import Catalog, Manifest
 from .units import human
-from .warm import Layout, not_ready, version_id
+from .warm import Layout, boot_id, not_ready, version_id
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
     from .stager import FillReport
@@ -222,8 +223,10 @@ class Store:
             st = os.lstat(vdir)
             write_json(layout.mark(name, digest), {
                 "digest": digest, "files": manifest.files, "bytes": manifest.total_bytes,
-                "staged_at": self.clock(), "ino": st.st_ino, "dev": st.st_dev, "node": self.node})
+                "staged_at": self.clock(), "ino": st.st_ino, "dev": st.st_dev, "node": self.node,
+                "boot": boot_id(), "durable": False})
             _fsync_dir(os.path.dirname(vdir))
+            flush_later(layout, name, digest)
         except DsstageError:
             raise
         except OSError as exc:
@@ -450,10 +453,43 @@ def seal(root: str, gid: int = 0) -> None:
         os.chmod(d, 0o555)
 
 
+def flush_later(layout: Layout, name: str, digest: str) -> None:
+    """Flush the tier's filesystem in a detached process, then mark the copy durable.
+
+    The job need not wait for the disk; but until the flush is done, a crash of the node
+    could leave files short or empty under a valid-looking mark. A mark that is not
+    durable is trusted only during the boot that wrote it (see warm.not_ready)."""
+    import subprocess
+    subprocess.Popen([sys.executable, "-m", "dsstage.store", "flush", layout.root, name, digest],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
+def flush(root: str, name: str, digest: str) -> bool:
+    """syncfs() the filesystem of ``root``, then set ``durable`` in the copy's ready mark
+    (under the dataset lock: an eviction may have removed it meanwhile)."""
+    import ctypes
+
+    from .lock import DatasetLock
+    layout = Layout(root)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+    with DatasetLock(layout.lock(name), timeout=3600, what=f"dataset {name!r}"):
+        mark = read_json(layout.mark(name, digest))
+        if not mark or mark.get("digest") != digest:
+            return False
+        mark["durable"] = True
+        write_json(layout.mark(name, digest), mark)
+    return True
+
+
 def purge_trash(layout: Layout) -> None:
     """Delete the tier's trash in a detached process (its own session: it outlives an Epilog)."""
     import subprocess
-    import sys
     subprocess.Popen([sys.executable, "-c", "import os, shutil, sys\n"
                       "for n in os.listdir(sys.argv[1]): shutil.rmtree(os.path.join(sys.argv[1], n), True)",
                       os.path.join(layout.root, "trash")],
@@ -513,3 +549,7 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["flush"]:  # pragma: no cover - run by flush_later()
+    flush(*sys.argv[2:5])

@@ -121,15 +121,26 @@ def read_current(state_dir: str, name: str) -> str | None:
     return digest
 
 
+def boot_id() -> str:
+    """This boot of the node (changes at every restart)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
 def not_ready(layout: Layout, name: str, digest: str) -> str | None:
     """None if the copy of ``digest`` is ready, else why not. Its cost does not depend on the
-    dataset's size: the mark names this digest and the inode of the copy, and the copy is
-    root-owned and read-only."""
+    dataset's size: the mark names this digest and the inode of the copy, the copy is
+    root-owned and read-only, and it is on disk (flushed, or written since the last boot)."""
     mark = read_json(layout.mark(name, digest))
     if not mark:
         return "no ready copy on this node"
     if mark.get("digest") != digest:
         return "the ready mark names another version"
+    if not mark.get("durable") and mark.get("boot") != boot_id():
+        return "the copy was still being written to disk when this node restarted"
     try:
         st = os.lstat(layout.version_dir(name, digest))
     except OSError:

@@ -368,3 +368,31 @@ def test_evict_removes_only_copies_without_leases(env: Env):
         time.sleep(0.05)
     assert not any(trash.iterdir())  # deleted by the detached purge
     assert staged(env, "ds", "3")["action"] == "staged"
+
+
+def test_a_copy_is_trusted_after_a_restart_only_once_flushed(env: Env):
+    src = env.add("ds", {f"f{i}": os.urandom(2000) for i in range(5)})
+    env.cli("manifest", "build", "ds")
+    first = staged(env, "ds", "1")
+    mark_path = next((env.tier_root() / "ready" / "ds").iterdir())
+    for _ in range(200):  # the detached flush marks the copy durable
+        if json.loads(mark_path.read_text()).get("durable"):
+            break
+        time.sleep(0.05)
+    mark = json.loads(mark_path.read_text())
+    assert mark["durable"] is True and mark["boot"]
+    # as if the node restarted: a durable copy stays ready
+    mark["boot"] = "another-boot"
+    mark_path.write_text(json.dumps(mark))
+    assert env.cli_json("verify", "ds")["ok"] is True
+    # a copy that was not yet flushed when the node went down is verified again before use
+    mark["durable"] = False
+    mark_path.write_text(json.dumps(mark))
+    res = env.cli("verify", "ds", "--json", check=False)
+    assert res.returncode == 1 and "still being written to disk" in json.loads(res.stdout)["reason"]
+    victim = Path(first["path"]) / "f2"
+    victim.write_bytes(b"")  # what a crash can leave behind
+    again = staged(env, "ds", "2")
+    assert again["action"] == "staged" and again["path"] == first["path"]
+    assert again["transferred_files"] == 1  # only the damaged file was fetched again
+    assert (Path(again["path"]) / "f2").read_bytes() == (src / "f2").read_bytes()
