@@ -58,6 +58,8 @@ class Bench:
         self.only = set(args.only.split(",")) if args.only else None
 
     def wants(self, scenario: str) -> bool:
+        if scenario == "single":  # the same shape as the large-file scenario: on request only
+            return self.only is not None and scenario in self.only
         return self.only is None or scenario in self.only
 
     # -- plumbing --------------------------------------------------------------------
@@ -225,6 +227,8 @@ class Bench:
     def warm(self) -> None:
         t10 = self.warm_prolog(10_000)
         t100 = self.warm_prolog(100_000)
+        t_cli = self.time_median(lambda: self.ds("stage", "warm100k", "--job-id", "cli"), runs=max(self.runs, 10))
+        self.add("warm stage", "`dsstage stage` of a cached 100k-file dataset (CLI)", t_cli * 1000, "ms")
         self.add("warm prolog", "cached dataset, 10k files", t10 * 1000, "ms", target="<= 150 ms", met=t10 <= 0.150)
         self.add("warm prolog", "cached dataset, 100k files", t100 * 1000, "ms", "10k files", t10 * 1000,
                  t100 / t10, "<= 150 ms and <= 1.5x the 10k time", t100 <= 0.150 and t100 / t10 <= 1.5)
@@ -329,7 +333,7 @@ class Bench:
         big = "warm100k"
         def fresh_copy() -> None:
             self.ds("stage", big, "--job-id", "e1")
-            for job in ("e1", "warmup", "4242"):
+            for job in ("e1", "warmup", "4242", "cli"):
                 self.ds("release", big, "--job-id", job)
 
         def evict() -> None:
@@ -351,6 +355,9 @@ class Bench:
         if self.wants("cold"):
             self.cold_stage(f"cold stage, {small_n} x 110 KB", "small", small, 1.5, "rsync")
             self.cold_stage(f"cold stage, {large_n} x {large_size >> 20} MiB", "large", large, 0.8, "cp")
+        if self.wants("single"):
+            single = self.make_large("single", 1, 2048 << 20)
+            self.cold_stage("cold stage, 1 x 2048 MiB", "single", single, 0.8, "cp")
         if self.wants("warm"):
             self.warm()
             self.epilog()
@@ -379,7 +386,8 @@ def main() -> int:
     p.add_argument("--json", help="also write the rows as JSON to this file")
     p.add_argument("--runs", type=int, help="runs per measurement (default 3 quick, 5 full)")
     p.add_argument("--dir", default="/var/tmp/dsstage-bench", help="where data and stores go")
-    p.add_argument("--only", help="comma-separated scenarios: cold, warm, verify, sharing, manifest")
+    p.add_argument("--only", help="comma-separated scenarios: cold, single, warm, verify, sharing, manifest "
+                   "(single, one 2 GiB file, runs only when named)")
     args = p.parse_args()
     if os.geteuid() != 0:
         print("bench/run: run as root (the store is root-owned; the page cache is dropped)", file=sys.stderr)
