@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_evict)
 
+    c = sub.add_parser("reclaim", help="remove this node's leases whose job is gone (asks Slurm)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_reclaim)
+
     c = sub.add_parser("verify", help="check the local copy against the manifest")
     c.add_argument("name", help="dataset name")
     c.add_argument("--full", action="store_true", help="re-hash every file and repair what is wrong")
@@ -268,6 +272,16 @@ def cmd_evict(args: argparse.Namespace) -> int:
     _emit(args, [asdict(e) for e in result],
           lambda: print("\n".join(f"{e.dataset} {e.version}: {e.action} ({e.reason})" for e in result)
                         or f"{args.name}: no copy on this node"))
+    return 0
+
+
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    from . import slurm
+    conf = _config(args)
+    gone = Store(conf, args.node).reclaim(slurm.client().job_alive)
+    _emit(args, [asdict(x) for x in gone],
+          lambda: print("\n".join(f"{x.dataset}: lease of job {x.job_id} reclaimed (job gone)" for x in gone)
+                        or "no stale lease on this node"))
     return 0
 
 

@@ -342,6 +342,16 @@ class Store:
         ds = self.dataset(name)
         return LeaseBook(self.layout(ds.tier).root).release(name, job_id)
 
+    def reclaim(self, job_alive: Callable[[str], bool]) -> list[Lease]:
+        """Remove the leases on this node whose job (or process) is gone: left behind when
+        an Epilog never ran, they would keep copies from ever being evicted."""
+        gone: list[Lease] = []
+        for tier in self.config.tiers.values():
+            book = LeaseBook(self.layout(tier).root)
+            for name in book.datasets():
+                gone += book.reclaim(name, job_alive)
+        return gone
+
     def release_job(self, job_id: str) -> list[Lease]:
         """Release every lease of ``job_id`` on this node (what the Epilog does)."""
         released = []

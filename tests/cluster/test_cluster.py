@@ -169,3 +169,25 @@ def test_status_shows_copies_and_queue(cluster):
     nodes = {c["node"] for c in st["copies"] if c["dataset"] == "sample" and c["state"] == "ready"}
     assert {"n1", "n2"} <= nodes
     assert st["queue_error"] == ""
+
+
+def test_reclaim_removes_leases_of_gone_jobs_only(cluster):
+    import time
+    marker = cluster.dir / "jobs" / "release-reclaim"
+    job = cluster.submit(hash_job(after=f"for i in $(seq 300); do [ -e {marker} ] && break; sleep 0.2; done"),
+                         "-w", "n3")
+    leases = cluster.dir / "nvme" / "n3" / "leases" / "sample"
+    try:
+        for _ in range(300):
+            if (leases / f"{job}.json").exists():
+                break
+            time.sleep(0.2)
+        ghost = json.loads((leases / f"{job}.json").read_text())
+        ghost["job_id"] = "999999"  # a job Slurm does not know: its Epilog never ran
+        (leases / "999999.json").write_text(json.dumps(ghost))
+        out = json.loads(cluster.dsstage("--node", "n3", "reclaim", "--json").stdout)
+        assert [x["job_id"] for x in out] == ["999999"]
+        assert (leases / f"{job}.json").exists()  # the running job keeps its lease
+    finally:
+        marker.write_text("go")
+    assert cluster.wait(job)["JobState"] == "COMPLETED"
