@@ -216,7 +216,7 @@ def write_config_cache(run_dir: str, conf: Config) -> None:
 
 def write_node_report(store: Store) -> None:
     """What this node holds, for `dsstage status` on a login node (best effort)."""
-    path = os.path.join(store.config.state_dir, "nodes", f"{store.node}.json")
+    path = warm.node_report(store.config.state_dir, store.node)
     try:
         write_json(path, {"node": store.node, "time": time.time(), "copies": store.inventory()}, fsync=False)
     except OSError as exc:

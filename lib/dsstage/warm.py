@@ -197,6 +197,30 @@ def write_task_file(path: str, lines: Iterable[str], gid: int) -> None:
     os.replace(tmp, path)
 
 
+# -- the node report (what `dsstage status` shows) ----------------------------------------------
+
+def node_report(state_dir: str, node: str) -> str:
+    return os.path.join(state_dir, "nodes", f"{node}.json")
+
+
+def note_leases(report_path: str, job_id: str, copies: Sequence[tuple[str, str]]) -> None:
+    """Add ``job_id`` to the leases of (dataset, version) rows of a node report, best effort:
+    the full Prolog and the Epilog rewrite the whole report from the store."""
+    report = read_json(report_path)
+    rows = report.get("copies")
+    if not isinstance(rows, list):
+        return
+    wanted = set(copies)
+    for row in rows:
+        if isinstance(row, dict) and (row.get("dataset"), row.get("version")) in wanted:
+            row["leases"] = sorted(set(row.get("leases") or []) | {job_id})
+    report["time"] = time.time()
+    try:
+        write_json(report_path, report, fsync=False)
+    except OSError:
+        pass
+
+
 # -- the configuration cache -----------------------------------------------------------------------
 
 def config_key(path: str) -> list[int] | None:
@@ -282,6 +306,7 @@ def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
         return None
     paths = [(name, layout.version_dir(name, digest)) for name, digest, layout in picked]
     write_task_file(task_file(run_dir, node, job_id), export_lines(paths), gid)
+    note_leases(node_report(state_dir, node), job_id, [(name, version_id(digest)) for name, digest, _ in picked])
     if log:
         for name, path in paths:
             log(f"job {job_id}: {name} cached at {path} (warm path)")

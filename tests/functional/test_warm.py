@@ -42,6 +42,9 @@ def test_warm_path_leases_and_exports(env: Env, ready):
     task = (ready / env.node / "jobs" / "77.task").read_text().splitlines()
     full = (ready / env.node / "jobs" / "2.task").read_text().splitlines()
     assert task == full  # the same lines as the full Prolog wrote for job 2
+    report = json.loads((env.state / "nodes" / f"{env.node}.json").read_text())
+    row = next(r for r in report["copies"] if r["dataset"] == "coco")
+    assert {"2", "77"} <= set(row["leases"])  # status shows the warm path's job too
     assert task[0].startswith("export DSSTAGE_PATH_COCO=" + str(env.tier_root() / "datasets" / "coco"))
 
 
