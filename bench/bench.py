@@ -128,13 +128,21 @@ class Bench:
         for p in (self.dir / "nvme" / "bench" / "staging").glob(f"{name}.*"):
             shutil.rmtree(p, ignore_errors=True)
 
-    def make_files(self, name: str, count: int, size: int, fanout: int = 1000) -> Path:
+    def _data(self, name: str, shape: str) -> tuple[Path, bool]:
+        """The data directory of a scenario, and whether it already holds ``shape``
+        (otherwise it is emptied for the caller to generate)."""
         root = self.dir / "data" / name
         stamp = root / ".shape"
-        shape = f"{count}x{size}"
         if stamp.exists() and stamp.read_text() == shape:
-            return root
+            return root, True
         shutil.rmtree(root, ignore_errors=True)
+        return root, False
+
+    def make_files(self, name: str, count: int, size: int, fanout: int = 1000) -> Path:
+        shape = f"{count}x{size}"
+        root, ready = self._data(name, shape)
+        if ready:
+            return root
         self.say(f"generating {name}: {count} files of {size} bytes")
         blob = os.urandom(max(size, 1) * 2)
         for i in range(count):
@@ -143,16 +151,14 @@ class Bench:
                 d.mkdir(parents=True, exist_ok=True)
             off = (i * 7919) % max(size, 1)
             (d / f"f{i:07d}.bin").write_bytes(blob[off:off + size - 8] + i.to_bytes(8, "little") if size >= 8 else b"")
-        stamp.write_text(shape)
+        (root / ".shape").write_text(shape)
         return root
 
     def make_large(self, name: str, count: int, size: int) -> Path:
-        root = self.dir / "data" / name
-        stamp = root / ".shape"
         shape = f"{count}x{size}"
-        if stamp.exists() and stamp.read_text() == shape:
+        root, ready = self._data(name, shape)
+        if ready:
             return root
-        shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         self.say(f"generating {name}: {count} files of {size >> 20} MiB")
         block = os.urandom(1 << 20)
@@ -160,7 +166,7 @@ class Bench:
             with open(root / f"shard{i:03d}.bin", "wb") as fh:
                 for j in range(size >> 20):
                     fh.write(block[:-16] + i.to_bytes(8, "little") + j.to_bytes(8, "little"))
-        stamp.write_text(shape)
+        (root / ".shape").write_text(shape)
         return root
 
     def build_manifest(self, name: str, root: Path) -> None:
