@@ -1,19 +1,9 @@
-"""Small file helpers shared by the store, leases and locks."""
+"""Small file helpers shared by the store, leases, locks and manifests.
 
-from __future__ import annotations
+They live in warm.py, which must import nothing but the standard library's lightest
+modules; this module is where the rest of dsstage imports them from.
+"""
 
-import os
+from .warm import read_json, write_atomic, write_json
 
-from .warm import read_json, write_json  # noqa: F401 - one implementation, shared
-
-
-def write_atomic(path: str, text: str, *, fsync: bool = True) -> None:
-    """Write ``text`` so that readers see the old file or the new one, never a part."""
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+__all__ = ["read_json", "write_atomic", "write_json"]

@@ -193,14 +193,9 @@ def write(manifest: Manifest, path: str) -> None:
     """Write atomically (temporary file, fsync, rename)."""
     header = {"name": manifest.name, "digest": manifest.digest, "files": manifest.files,
               "bytes": manifest.total_bytes, "created": manifest.created, "source": manifest.source}
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write((MAGIC + json.dumps(header, sort_keys=True) + "\n").encode())
-        fh.write(_body(manifest.entries))
-        fh.write(MTIMES.encode() + "".join(f"{e.mtime_ns}\n" for e in manifest.entries).encode())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, (MAGIC + json.dumps(header, sort_keys=True) + "\n").encode()
+                 + _body(manifest.entries)
+                 + (MTIMES + "".join(f"{e.mtime_ns}\n" for e in manifest.entries)).encode())
 
 
 def read_header(path: str) -> dict[str, object]:

@@ -96,16 +96,20 @@ def read_json(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_json(path: str, data: Mapping[str, Any], *, fsync: bool = True) -> None:
+def write_atomic(path: str, data: str | bytes, *, fsync: bool = True) -> None:
     """Write so that readers see the old file or the new one, never a part."""
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(data, sort_keys=True))
+    with open(tmp, "wb") as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
         if fsync:
             fh.flush()
             os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def write_json(path: str, data: Mapping[str, Any], *, fsync: bool = True) -> None:
+    write_atomic(path, json.dumps(data, sort_keys=True), fsync=fsync)
 
 
 def read_current(state_dir: str, name: str) -> str | None:
