@@ -20,11 +20,11 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import blake3
 
 from .manifest import Entry, Mismatch
+from .transfer import TransferStats
 
 CHUNK = 8 * 2**20
 #: files in flight at once; measured best on a 2-core machine with a virtio disk (bench/run)
@@ -50,12 +50,6 @@ class RateLimit:
             ahead = self.done / self.rate - (time.monotonic() - self.start)
         if ahead > 0:
             time.sleep(ahead)
-
-
-@dataclass
-class CopyStats:
-    files: int = 0
-    bytes: int = 0
 
 
 def _copy_one(src: str, dest: str, e: Entry, limit: RateLimit) -> Mismatch | None:
@@ -151,7 +145,7 @@ def batched(entries: Sequence[Entry], files: int = BATCH, nbytes: int = BATCH_BY
 
 
 def copy_verified(src_root: str, dest_root: str, entries: Sequence[Entry], threads: int = THREADS,
-                  bwlimit: float = 0) -> tuple[CopyStats, list[Mismatch]]:
+                  bwlimit: float = 0) -> tuple[TransferStats, list[Mismatch]]:
     """Copy ``entries`` that are not yet in ``dest_root`` (at most ``bwlimit`` bytes/s if set);
     return stats and the files that were missing or did not match the manifest (nothing is
     written for those)."""
@@ -165,7 +159,7 @@ def copy_verified(src_root: str, dest_root: str, entries: Sequence[Entry], threa
         return [(e, _copy_one(os.path.join(src_root, e.path), os.path.join(dest_root, e.path), e, limit))
                 for e in batch]
 
-    stats, failures = CopyStats(), []
+    stats, failures = TransferStats(), []
     batches = batched(todo)
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="copy") as pool:
         for results in pool.map(work, batches):

@@ -147,9 +147,8 @@ def _copy_local(dest: str, entries: Sequence[Entry], source: Source,
     if not os.path.isdir(source.path):
         raise SourceError(f"source {source.raw} is not reachable from this node (not a directory); "
                           "check that it is mounted, or ask the admins")
-    stats, bad = copier.copy_verified(source.path, dest, entries, threads=copier.THREADS,
-                                      bwlimit=transfer.bwlimit * 1024 * transfer.streams)
-    return TransferStats(files=stats.files, bytes=stats.bytes), bad
+    return copier.copy_verified(source.path, dest, entries, threads=copier.THREADS,
+                                bwlimit=transfer.bwlimit * 1024 * transfer.streams)
 
 
 def _copy_rsync(dest: str, entries: Sequence[Entry], source: Source,
