@@ -31,7 +31,7 @@ class DatasetLock:
         try:
             self._lock.acquire()
         except filelock.Timeout:
-            holder = read_owner(self.owner_path)
+            holder = read_owner(self.path)
             who = f" (held by {holder.get('host')} pid {holder.get('pid')} job {holder.get('job_id') or '-'})" \
                 if holder else ""
             raise LockTimeout(f"waited {self.timeout:g}s for the lock on {self.what}{who}; another stage is "
@@ -54,8 +54,9 @@ class DatasetLock:
         self._lock.release()
 
 
-def read_owner(owner_path: str) -> dict[str, object]:
-    return read_json(owner_path)
+def read_owner(lock_path: str) -> dict[str, object]:
+    """Who holds (or last held) the lock at ``lock_path``: host, pid, job id, since."""
+    return read_json(lock_path + ".owner")
 
 
 def is_held(path: str) -> bool:

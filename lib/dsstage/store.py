@@ -319,7 +319,7 @@ class Store:
         with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, what=f"dataset {name!r}"):
             book = LeaseBook(layout.root)
             for version in sorted(_listdir(layout.dataset_dir(name))):
-                mark_path = os.path.join(layout.root, "ready", name, version + ".json")
+                mark_path = layout.mark(name, version)
                 mark = read_json(mark_path)
                 size = int(str(mark.get("bytes") or 0))
                 _remove(mark_path)
@@ -426,7 +426,7 @@ class Store:
                 lock = layout.lock(name)
                 staging_now = is_held(lock)
                 for version in sorted(_listdir(layout.dataset_dir(name))):
-                    mark = read_json(os.path.join(layout.root, "ready", name, version + ".json"))
+                    mark = read_json(layout.mark(name, version))
                     digest = str(mark.get("digest", ""))
                     rows.append({"node": self.node, "tier": tier.name, "dataset": name, "version": version,
                                  "state": "ready" if mark else "incomplete",
@@ -434,7 +434,7 @@ class Store:
                                  "bytes": mark.get("bytes", 0), "files": mark.get("files", 0),
                                  "leases": sorted(lease.job_id for lease in leases if lease.digest == digest)})
                 if staging_now:
-                    owner = read_owner(lock + ".owner")
+                    owner = read_owner(lock)
                     rows.append({"node": self.node, "tier": tier.name, "dataset": name, "version": "",
                                  "state": "staging", "current": True, "bytes": 0, "files": 0,
                                  "leases": [], "job_id": owner.get("job_id", "")})
