@@ -142,21 +142,37 @@ def _emit(args: argparse.Namespace, data: Any, text: Callable[[], None]) -> None
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     conf = _config(args)
-    data = {"config": conf.origin, "state_dir": conf.state_dir, "on_failure": conf.on_failure,
+    slurm, problems = cfg.check_host(conf)
+    errors = [p for p in problems if p.level == "error"]
+    data = {"config": conf.origin, "ok": not errors, "state_dir": conf.state_dir, "on_failure": conf.on_failure,
+            "slurm_bin": conf.slurm_bin, "prolog_budget": conf.prolog_budget, "source_user": conf.source_user,
+            "slurm": slurm,
             "tiers": {t.name: {"path": t.path, "capacity": t.capacity, "high_watermark": t.high_watermark,
                                "low_watermark": t.low_watermark} for t in conf.tiers.values()},
-            "datasets": sorted(conf.datasets)}
+            "datasets": sorted(conf.datasets),
+            "problems": [{"level": p.level, "key": p.key, "message": p.message} for p in problems]}
 
     def text() -> None:
-        print(f"{conf.origin}: OK")
-        print(f"  state_dir  {conf.state_dir}")
+        print(f"{conf.origin}: {'OK' if not errors else f'{len(errors)} error(s)'}")
+        print(f"  state_dir      {conf.state_dir}")
+        print(f"  slurm_bin      {conf.slurm_bin}")
+        timeout = slurm["prolog_epilog_timeout"]
+        limit = "not read" if not slurm["read"] else "none, slurmd waits" if timeout is None else f"{timeout:g}s"
+        print(f"  prolog_budget  {conf.prolog_budget:g}s (PrologEpilogTimeout: {limit}, "
+              f"margin {cfg.PROLOG_MARGIN:g}s)")
+        print(f"  source_user    {conf.source_user or 'root (default)'}")
         for t in conf.tiers.values():
             cap = f"{t.capacity:.0%} of the filesystem" if isinstance(t.capacity, float) else human(t.capacity)
             marks = f"{t.low_watermark:.0%}-{t.high_watermark:.0%}"
             print(f"  tier {t.name:<8} {t.path}  capacity {cap}  watermarks {marks}")
         print(f"  {len(conf.datasets)} dataset(s): {', '.join(sorted(conf.datasets)) or '-'}")
+        for p in problems:
+            if p.level == "note":
+                print(f"  note: {p.key}: {p.message}")
     _emit(args, data, text)
-    return 0
+    for p in errors:
+        print(f"dsstage: error: {conf.origin}: {p.key}: {p.message}", file=sys.stderr)
+    return cfg.ConfigError.exit_code if errors else 0
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

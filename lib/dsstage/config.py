@@ -19,10 +19,25 @@ import yaml
 
 from .errors import ConfigError
 from .units import parse_percent, parse_size
-from .warm import NAME_MAX, name_ok
+try:
+    from .nodefs import NAME_MAX, env_var, name_ok
+except ImportError:  # until the name rules' move from warm to nodefs is committed
+    from .warm import NAME_MAX, env_var, name_ok  # type: ignore[attr-defined,no-redef]
 
 DEFAULT_PATH = "/etc/dsstage/dsstage.yaml"
-GROUP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?$")
+# fullmatch, never match: "$" would let a name end in a newline
+GROUP_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?")
+USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]*\$?")
+USER_MAX = 256
+DEFAULT_SLURM_BIN = "/usr/bin"
+DEFAULT_PROLOG_BUDGET = 300.0
+#: seconds kept free between prolog_budget and slurm.conf's PrologEpilogTimeout: the Prolog
+#: starts, decides and writes its results around the budget it spends
+PROLOG_MARGIN = 30.0
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+#: PrologEpilogTimeout values that make slurmd wait for the Prolog forever (22.05: unset is
+#: NO_VAL16, and a zero timeout is a blocking wait)
+_NO_TIMEOUT = (0, 65534)
 VERIFY_MODES = ("quick", "full")
 FAILURE_POLICIES = ("fallback", "hold")
 
@@ -81,12 +96,20 @@ class Config:
     on_failure: str = "fallback"
     lock_timeout: float = 6 * 3600.0
     transfer: Transfer = field(default_factory=Transfer)
+    slurm_bin: str = DEFAULT_SLURM_BIN  # where scontrol and squeue are: hooks run with no search path
+    prolog_budget: float = DEFAULT_PROLOG_BUDGET  # seconds the Prolog may spend before it decides
+    source_user: str | None = None  # who reads mounted sources; None: root
+
+    def slurm_command(self, name: str) -> str:
+        """The full path of a Slurm client command (``scontrol``, ``squeue``)."""
+        return os.path.join(self.slurm_bin, name)
 
     def manifest_dir(self, name: str) -> str:
         return os.path.join(self.state_dir, "manifests", name)
 
 
-_TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer")
+_TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
+             "prolog_budget", "source_user")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark")
 _DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit")
@@ -145,6 +168,9 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     on_failure = v.choice(data.get("on_failure", "fallback"), "on_failure", FAILURE_POLICIES)
     lock_timeout = v.number(data.get("lock_timeout", 6 * 3600), "lock_timeout", minimum=1)
     transfer = v.transfer(data.get("transfer") or {})
+    slurm_bin = v.abs_path(data.get("slurm_bin", DEFAULT_SLURM_BIN), "slurm_bin")
+    prolog_budget = v.number(data.get("prolog_budget", DEFAULT_PROLOG_BUDGET), "prolog_budget", minimum=1)
+    source_user = v.user(data.get("source_user"), "source_user")
 
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
@@ -155,8 +181,98 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     if not isinstance(raw_datasets, dict):
         v.fail("datasets", "must be a mapping of dataset name to its description")
     datasets = {name: v.dataset(name, spec, tiers, on_failure) for name, spec in raw_datasets.items()}
+    v.distinct_env_vars(datasets)
     return Config(origin=origin, state_dir=state_dir, tiers=tiers, datasets=datasets,
-                  on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer)
+                  on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer,
+                  slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user)
+
+
+# -- what check-config adds: the configuration against this host's Slurm ----------------------
+
+@dataclass(frozen=True)
+class Problem:
+    """Something ``dsstage check-config`` reports: an ``error`` fails it, a ``note`` informs."""
+
+    level: str  # "error" | "note"
+    key: str
+    message: str
+
+
+_SLURM_PAIR = re.compile(r'([A-Za-z0-9_.]+)\s*=\s*(?:"([^"]*)"|(\S+))')
+_SLURM_NUMBER = re.compile(r"(0[xX][0-9a-fA-F]+)|(0[0-7]*)|([1-9][0-9]*)")
+
+
+def slurm_conf_path(environ: Mapping[str, str] = os.environ) -> str:
+    """Where Slurm's clients find slurm.conf: ``$SLURM_CONF``, else the default."""
+    return environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF
+
+
+def prolog_epilog_timeout(text: str) -> float | None:
+    """``PrologEpilogTimeout`` in slurm.conf ``text``, in seconds, as Slurm 22.05 reads it.
+
+    None: slurmd waits for the Prolog forever (the key absent, 0, or 65534). Keys are
+    case-insensitive, ``#`` starts a comment, the last setting wins. ``UNLIMITED`` and
+    ``INFINITE`` are stored as 65535, which slurmd takes as 65535 seconds. Raises
+    ValueError for a value Slurm itself would refuse. ``Include`` files are not read.
+    """
+    value = None
+    for line in text.replace("\\\n", "").splitlines():
+        line = re.sub(r"(?<!\\)#.*", "", line)
+        for m in _SLURM_PAIR.finditer(line):
+            if m.group(1).lower() == "prologepilogtimeout":
+                value = m.group(2) if m.group(2) is not None else m.group(3)
+    if value is None:
+        return None
+    if value.lower() in ("unlimited", "infinite"):
+        return 65535.0
+    number = _SLURM_NUMBER.fullmatch(value)  # strtoul(value, 0): hexadecimal, octal, decimal
+    if not number:
+        raise ValueError(f"PrologEpilogTimeout={value} is not a number of seconds")
+    seconds = int(value, 16 if number.group(1) else 8 if number.group(2) else 10)
+    if seconds > 65535:
+        raise ValueError(f"PrologEpilogTimeout={value} is greater than 65535")
+    return None if seconds in _NO_TIMEOUT else float(seconds)
+
+
+def budget_problem(budget: float, timeout: float | None, where: str) -> str | None:
+    """Why a Prolog that spends ``budget`` seconds would be killed by slurmd, or None."""
+    if timeout is None or budget + PROLOG_MARGIN < timeout:
+        return None
+    fix = f"raise PrologEpilogTimeout in {where} above {budget + PROLOG_MARGIN:g}"
+    if timeout - PROLOG_MARGIN > 1:
+        fix = f"lower prolog_budget below {timeout - PROLOG_MARGIN:g} or " + fix
+    return (f"{budget:g} s plus a safety margin of {PROLOG_MARGIN:g} s is not below PrologEpilogTimeout="
+            f"{timeout:g} in {where}: slurmd would kill a Prolog that used its budget and drain the node; {fix}")
+
+
+def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, Any], list[Problem]]:
+    """The configuration against this host's Slurm: what was found, and the problems."""
+    path = slurm_conf or slurm_conf_path()
+    found: dict[str, Any] = {"slurm_conf": path, "read": False, "prolog_epilog_timeout": None}
+    problems: list[Problem] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError as exc:
+        problems.append(Problem("note", "prolog_budget", f"cannot read {path} ({exc.strerror}): prolog_budget "
+                                "is not checked against PrologEpilogTimeout; run check-config where slurm.conf "
+                                "is, or point SLURM_CONF at it"))
+        text = None
+    if text is not None:
+        try:
+            timeout = prolog_epilog_timeout(text)
+        except ValueError as exc:
+            problems.append(Problem("note", "prolog_budget", f"{path}: {exc}; prolog_budget is not checked"))
+        else:
+            found.update(read=True, prolog_epilog_timeout=timeout)
+            problem = budget_problem(conf.prolog_budget, timeout, path)
+            if problem:
+                problems.append(Problem("error", "prolog_budget", problem))
+    scontrol = conf.slurm_command("scontrol")
+    if not os.access(scontrol, os.X_OK):
+        problems.append(Problem("note", "slurm_bin", f"{scontrol} is not an executable on this host; on the "
+                                "compute nodes it must be: set slurm_bin to the directory of Slurm's commands"))
+    return found, problems
 
 
 def check_name(name: Any, what: str = "dataset") -> str | None:
@@ -171,10 +287,24 @@ def check_name(name: Any, what: str = "dataset") -> str | None:
     return None
 
 
+def control_char(text: str) -> str | None:
+    """Why ``text`` cannot go into a file line or an environment line, or None when it can.
+
+    A newline in a path would add a line to what the TaskProlog prints (``export ...``)."""
+    for i, c in enumerate(text):
+        if ord(c) < 0x20 or ord(c) == 0x7F:
+            return (f"{text!r} contains a control character (U+{ord(c):04X} at position {i + 1}); "
+                    "write it on one line with printable characters only")
+    return None
+
+
 def parse_source(raw: str) -> Source:
     """Classify a source string; raises ValueError with the fix for a bad one."""
     if not isinstance(raw, str) or not raw.strip():
         raise ValueError("give a source: /mounted/path, host:/path or rsync://host/module/path")
+    problem = control_char(raw)
+    if problem:
+        raise ValueError(problem)
     if raw.startswith("rsync://"):
         rest = raw[len("rsync://"):]
         host, _, path = rest.partition("/")
@@ -208,12 +338,30 @@ class _Validator:
                 fix = f"did you mean {hint[0]!r}?" if hint else f"known keys: {', '.join(allowed)}"
                 self.fail(f"{prefix}{key}", f"unknown key; {fix}")
 
+    def text(self, value: Any, key: str) -> str:
+        """A string that may go into a file or an environment line: no control characters."""
+        if not isinstance(value, str):
+            self.fail(key, f"{value!r} is not a string")
+        problem = control_char(value)
+        if problem:
+            self.fail(key, problem)
+        return str(value)
+
     def abs_path(self, value: Any, key: str, required: bool = False) -> str:
         if value is None and required:
             self.fail(key, "missing; give an absolute path")
         if not isinstance(value, str) or not value.startswith("/"):
             self.fail(key, f"{value!r} is not an absolute path")
-        return os.path.normpath(value)
+        return os.path.normpath(self.text(value, key))
+
+    def user(self, value: Any, key: str) -> str | None:
+        """A Unix user name, by its shape only (it is looked up where it is used), or None."""
+        if value is None:
+            return None
+        if not isinstance(value, str) or len(value) > USER_MAX or not USER_RE.fullmatch(value):
+            self.fail(key, f"{value!r} is not a Unix user name (letters, digits, '_', '.', '@', '-', "
+                      "not starting with a digit or '-'); leave it out to read sources as root")
+        return str(value)
 
     def choice(self, value: Any, key: str, choices: tuple[str, ...]) -> str:
         if value not in choices:
@@ -233,6 +381,7 @@ class _Validator:
         rsh = spec.get("rsh", Transfer.rsh)
         if not isinstance(rsh, str) or not rsh.strip():
             self.fail("transfer.rsh", "give the remote shell command rsync should use, e.g. 'ssh -o BatchMode=yes'")
+        rsh = self.text(rsh, "transfer.rsh")
         timeout = self.number(spec.get("timeout", Transfer.timeout), "transfer.timeout", minimum=1)
         threads = int(self.number(spec.get("hash_threads", 0), "transfer.hash_threads", minimum=0))
         bwlimit = int(self.number(spec.get("bwlimit", 0), "transfer.bwlimit", minimum=0))
@@ -246,10 +395,8 @@ class _Validator:
         if not isinstance(spec, dict):
             self.fail(key, "must be a mapping with path and capacity")
         self.keys(spec, key + ".", _TIER_KEYS)
-        path = spec.get("path")
-        if not isinstance(path, str) or not path.startswith("/"):
-            self.fail(f"{key}.path", f"{path!r} is not an absolute path")
-        if path.rstrip("/") in ("", "/"):
+        path = self.abs_path(spec.get("path"), f"{key}.path")
+        if path == "/":
             self.fail(f"{key}.path", "refusing the filesystem root; give a directory dsstage owns")
         capacity: int | float
         raw_cap = spec.get("capacity", "90%")
@@ -262,7 +409,7 @@ class _Validator:
         if lw >= hw:
             self.fail(f"{key}.low_watermark", f"{lw:.0%} must be below high_watermark {hw:.0%}: "
                       "eviction runs from the high mark down to the low mark")
-        return Tier(name=name, path=os.path.normpath(path), capacity=capacity, high_watermark=hw, low_watermark=lw)
+        return Tier(name=name, path=path, capacity=capacity, high_watermark=hw, low_watermark=lw)
 
     def _percent(self, value: Any, key: str) -> float:
         try:
@@ -297,10 +444,21 @@ class _Validator:
             if isinstance(groups, str):
                 groups = [groups]
             if not isinstance(groups, list) or not groups or \
-                    not all(isinstance(g, str) and GROUP_RE.match(g) for g in groups):
+                    not all(isinstance(g, str) and GROUP_RE.fullmatch(g) for g in groups):
                 self.fail(f"{key}.groups", "must be a list of Unix group names; leave it out to allow everyone")
             groups = tuple(groups)
         verify = self.choice(spec.get("verify", "quick"), f"{key}.verify", VERIFY_MODES)
         policy = self.choice(spec.get("on_failure", on_failure), f"{key}.on_failure", FAILURE_POLICIES)
+        description = self.text(str(spec.get("description", "")), f"{key}.description")
         return Dataset(name=name, source=source, tier=str(tier), groups=groups, verify=verify,
-                       on_failure=policy, description=str(spec.get("description", "")))
+                       on_failure=policy, description=description)
+
+    def distinct_env_vars(self, datasets: Mapping[str, Dataset]) -> None:
+        """Two names that give one DSSTAGE_PATH_<NAME> would hand a job the wrong directory."""
+        seen: dict[str, str] = {}
+        for name in datasets:
+            var = env_var(name)
+            if var in seen:
+                self.fail(f"datasets.{name}", f"gives the same environment variable {var} as dataset "
+                          f"{seen[var]!r} ('.', '-' and '_' all become '_'): rename one of the two")
+            seen[var] = name

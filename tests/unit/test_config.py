@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -39,11 +40,21 @@ def test_valid_config():
     ds = c.datasets["imagenet22t"]
     assert ds.groups == ("ml",) and ds.verify == "quick" and ds.on_failure == "fallback"
     assert ds.source.kind == "local"
+    assert c.slurm_bin == "/usr/bin" and c.slurm_command("scontrol") == "/usr/bin/scontrol"
+    assert c.prolog_budget == 300.0 and c.source_user is None
+
+
+def test_slurm_bin_prolog_budget_and_source_user():
+    c = config.from_dict(base(slurm_bin="/opt/slurm/bin/", prolog_budget=120, source_user="dsstage-svc"))
+    assert c.slurm_command("squeue") == "/opt/slurm/bin/squeue"
+    assert c.prolog_budget == 120.0 and c.source_user == "dsstage-svc"
+    assert config.from_dict(base(source_user="svc.data@ad")).source_user == "svc.data@ad"
 
 
 def test_example_config_is_valid():
     c = config.from_dict(yaml.safe_load((ROOT / "conf" / "dsstage.yaml.example").read_text()))
     assert c.datasets and c.tiers
+    assert c.prolog_budget == 300 and c.slurm_bin == "/usr/bin" and c.source_user is None
 
 
 @pytest.mark.parametrize("data,needle", [
@@ -71,11 +82,142 @@ def test_example_config_is_valid():
     (base(on_failure="maybe"), "on_failure: 'maybe' is not one of fallback, hold"),
     (base(transfer={"streams": 0}), "transfer.streams: 0 is not a number >= 1"),
     ([1, 2], "the file must be a YAML mapping"),
+    (base(slurm_bin="bin"), "slurm_bin: 'bin' is not an absolute path"),
+    (base(prolog_budget=0), "prolog_budget: 0 is not a number >= 1"),
+    (base(prolog_budget="5m"), "prolog_budget: '5m' is not a number >= 1"),
+    (base(prologbudget=60), "prologbudget: unknown key; did you mean 'prolog_budget'?"),
+    (base(source_user="1000"), "source_user: '1000' is not a Unix user name"),
+    (base(source_user="-svc"), "leave it out to read sources as root"),
+    (base(source_user="svc data"), "source_user: 'svc data' is not a Unix user name"),
+    (base(source_user="svc\n"), "source_user: 'svc\\n' is not a Unix user name"),
+    (base(source_user=""), "source_user: '' is not a Unix user name"),
+    (dataset(groups=["ml\n"]), "datasets.x.groups: must be a list of Unix group names"),
 ])
 def test_config_errors_name_file_key_and_fix(data, needle):
     msg = error(data)
     assert msg.startswith("/etc/dsstage/dsstage.yaml: ")
     assert needle in msg
+
+
+INJECTED = "\nexport LD_PRELOAD=/tmp/evil.so"
+
+
+@pytest.mark.parametrize("data,key", [
+    (base(state_dir="/shared/dsstage" + INJECTED), "state_dir"),
+    (base(tiers={"nvme": {"path": "/local/nvme" + INJECTED, "capacity": "1TB"}}), "tiers.nvme.path"),
+    (dataset(source="/data/x" + INJECTED), "datasets.x.source"),
+    (dataset(source="fs01:/export/x" + INJECTED), "datasets.x.source"),
+    (dataset(source="rsync://fs01/datasets/x" + INJECTED), "datasets.x.source"),
+    (dataset(source="/data/x\r"), "datasets.x.source"),
+    (dataset(description="line one\nline two"), "datasets.x.description"),
+    (base(transfer={"rsh": "ssh\t-o BatchMode=yes"}), "transfer.rsh"),
+    (base(slurm_bin="/usr/bin\x7f"), "slurm_bin"),
+    (base(state_dir="/shared/\x1b[2Jdsstage"), "state_dir"),
+])
+def test_control_characters_are_refused_with_the_key(data, key):
+    msg = error(data)
+    assert msg.startswith(f"/etc/dsstage/dsstage.yaml: {key}: ")
+    assert "contains a control character" in msg and "printable characters only" in msg
+
+
+def test_control_character_message_says_where():
+    assert config.control_char("/ok/path") is None
+    assert "(U+000A at position 3)" in config.control_char("/a\nb")
+    assert "(U+007F at position 1)" in config.control_char("\x7f")
+
+
+def test_dataset_names_with_one_environment_variable_are_refused():
+    data = base(datasets={"a.b": {"source": "/d/1", "tier": "nvme"}, "a-c": {"source": "/d/2", "tier": "nvme"},
+                          "a-b": {"source": "/d/3", "tier": "nvme"}})
+    msg = error(data)
+    assert msg == ("/etc/dsstage/dsstage.yaml: datasets.a-b: gives the same environment variable DSSTAGE_PATH_A_B "
+                   "as dataset 'a.b' ('.', '-' and '_' all become '_'): rename one of the two")
+    del data["datasets"]["a.b"]
+    assert sorted(config.from_dict(data).datasets) == ["a-b", "a-c"]
+
+
+SLURM_CONF = """
+# PrologEpilogTimeout=5  (a comment)
+ClusterName=dev
+prologepilogtimeout=120
+PrologFlags=Alloc  PROLOGEPILOGTIMEOUT = 600   # the last one wins
+NodeName=n1 Port=17001  # PrologEpilogTimeout=7
+"""
+
+
+@pytest.mark.parametrize("text,seconds", [
+    (SLURM_CONF, 600.0),
+    ("ClusterName=dev\n", None),  # absent: slurmd waits forever
+    ("PrologEpilogTimeout=65534\n", None),  # NO_VAL16, what 22.05 stores when it is absent
+    ("PrologEpilogTimeout=0\n", None),  # a zero timeout is a blocking wait
+    ("PrologEpilogTimeout=UNLIMITED\n", 65535.0),  # INFINITE16: slurmd waits 65535 s
+    ("PrologEpilogTimeout=infinite\n", 65535.0),
+    ('PrologEpilogTimeout="90"\n', 90.0),
+    ("PrologEpilogTimeout=0x3c\n", 60.0),  # strtoul(value, 0)
+    ("PrologEpilogTimeout=010\n", 8.0),
+    ("Prolog=/x \\\n  PrologEpilogTimeout=45\n", 45.0),
+    ("#PrologEpilogTimeout=45\n", None),
+])
+def test_prolog_epilog_timeout_from_slurm_conf(text, seconds):
+    assert config.prolog_epilog_timeout(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["PrologEpilogTimeout=5min\n", "PrologEpilogTimeout=70000\n",
+                                  "PrologEpilogTimeout=-1\n"])
+def test_prolog_epilog_timeout_slurm_would_refuse(text):
+    with pytest.raises(ValueError, match="PrologEpilogTimeout="):
+        config.prolog_epilog_timeout(text)
+
+
+def test_prolog_budget_against_the_timeout():
+    where = "/etc/slurm/slurm.conf"
+    assert config.budget_problem(300, None, where) is None
+    assert config.budget_problem(300, 331, where) is None
+    msg = config.budget_problem(300, 330, where)
+    assert msg == ("300 s plus a safety margin of 30 s is not below PrologEpilogTimeout=330 in /etc/slurm/slurm.conf: "
+                   "slurmd would kill a Prolog that used its budget and drain the node; lower prolog_budget below "
+                   "300 or raise PrologEpilogTimeout in /etc/slurm/slurm.conf above 330")
+    assert "lower prolog_budget" not in config.budget_problem(60, 20, where)
+
+
+def test_check_host(tmp_path):
+    conf = config.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path)))
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text("PrologEpilogTimeout=600\n")
+    found, problems = config.check_host(conf, str(slurm_conf))
+    assert found == {"slurm_conf": str(slurm_conf), "read": True, "prolog_epilog_timeout": 600.0}
+    assert [(p.level, p.key) for p in problems] == [("error", "prolog_budget"), ("note", "slurm_bin")]
+    assert f"{tmp_path}/scontrol is not an executable" in problems[1].message
+    slurm_conf.write_text("PrologEpilogTimeout=900\n")
+    assert [p.level for p in config.check_host(conf, str(slurm_conf))[1]] == ["note"]
+    found, problems = config.check_host(conf, str(tmp_path / "none.conf"))
+    assert found["read"] is False
+    assert problems[0].level == "note" and "cannot read" in problems[0].message
+
+
+def test_slurm_conf_path():
+    assert config.slurm_conf_path({}) == "/etc/slurm/slurm.conf"
+    assert config.slurm_conf_path({"SLURM_CONF": "/x/slurm.conf"}) == "/x/slurm.conf"
+
+
+def test_check_config_command(tmp_path, monkeypatch, capsys):
+    from dsstage import cli
+    path = write(tmp_path, yaml.safe_dump(base(prolog_budget=600)))
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text("PrologEpilogTimeout=600\n")
+    monkeypatch.setenv("SLURM_CONF", str(slurm_conf))
+    assert cli.main(["--config", path, "check-config", "--json"]) == 78
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["ok"] is False and data["prolog_budget"] == 600.0 and data["slurm_bin"] == "/usr/bin"
+    assert data["source_user"] is None and data["slurm"]["prolog_epilog_timeout"] == 600.0
+    assert [p["level"] for p in data["problems"] if p["key"] == "prolog_budget"] == ["error"]
+    assert err.startswith(f"dsstage: error: {path}: prolog_budget: 600 s plus a safety margin")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent.conf"))
+    assert cli.main(["--config", path, "check-config"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{path}: OK\n") and "prolog_budget  600s (PrologEpilogTimeout: not read" in out
+    assert "note: prolog_budget: cannot read" in out and err == ""
 
 
 def test_tier_is_optional_with_one_tier():
