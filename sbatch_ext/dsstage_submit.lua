@@ -17,11 +17,18 @@ Call it from your site's job_submit.lua:
         return slurm.SUCCESS
     end
 
-check() rejects unknown datasets (with a suggestion), datasets the user's groups may not
+check() rejects unknown datasets (with a suggestion), restricted datasets the user may not
 use, and malformed or conflicting values; an accepted request is recorded in the job's
 admin_comment as "dsstage=NAME[,NAME...]", which users cannot edit and dsstage reads back
 from the queue. The catalog is re-read when its file changes, so `dsstage export-catalog`
 takes effect without restarting slurmctld.
+
+This runs inside slurmctld, for every submission: it must never wait. It starts no program
+and looks no user or group up (a slow directory service would stall every submission).
+Who may use a restricted dataset comes from the catalog: `dsstage export-catalog` resolves
+the dataset's groups into uids outside slurmctld, and a timer runs it again, so a group
+change reaches this check when the catalog is next written. The Prolog on the node checks
+the groups again with the node's own lookups and has the last word.
 ]]
 
 local M = {}
@@ -135,17 +142,24 @@ function M.parse(value)
 	return names
 end
 
--- The group names of uid, by asking the system (LDAP/sssd included) through id(1).
-function M.groups_of(uid)
-	local n = tonumber(uid)
-	if n == nil then return {} end
-	local p = io.popen("id -Gn -- " .. string.format("%d", n) .. " 2>/dev/null")
-	if p == nil then return {} end
-	local out = p:read("*a") or ""
-	p:close()
-	local set = {}
-	for g in string.gmatch(out, "%S+") do set[g] = true end
-	return set
+-- Whether uid may use ds: anyone for an unrestricted dataset; for a restricted one, root
+-- and the uids the catalog lists. nil and a message when the catalog has no list for it.
+local function may_use(name, ds, uid)
+	if ds.groups == nil or uid == 0 then return true end
+	if type(ds.uids) ~= "table" then
+		return nil, "dsstage: the dataset catalog " .. M.catalog_path .. " lists no users for '" .. name ..
+			"'; an admin must run `dsstage export-catalog`"
+	end
+	return ds.uids[uid] == true
+end
+
+-- Why a recent group change may not show yet.
+local function regenerated(cat)
+	local when = "a timer runs it"
+	if type(cat.generated) == "number" then
+		when = when .. "; this catalog is from " .. os.date("!%Y-%m-%d %H:%M UTC", cat.generated)
+	end
+	return "; group changes take effect when `dsstage export-catalog` regenerates the catalog (" .. when .. ")"
 end
 
 -- slurm.SUCCESS, or slurm.ERROR and a one-line message for the user.
@@ -157,23 +171,19 @@ function M.check(job_desc, submit_uid)
 	if names == nil then return slurm.ERROR, perr end
 	local cat, cerr = M.catalog()
 	if cat == nil then return slurm.ERROR, cerr end
-	local user_groups
+	local uid = tonumber(submit_uid)
 	for _, name in ipairs(names) do
 		local ds = cat.datasets[name]
 		if ds == nil then
 			return slurm.ERROR, "dsstage: unknown dataset '" .. name .. "'" .. suggest(name, cat.datasets) ..
 				"; `dsstage ls` lists the catalog"
 		end
-		if ds.groups ~= nil and tonumber(submit_uid) ~= 0 then
-			user_groups = user_groups or M.groups_of(submit_uid)
-			local ok = false
-			for _, g in ipairs(ds.groups) do
-				if user_groups[g] then ok = true end
-			end
-			if not ok then
-				return slurm.ERROR, "dsstage: dataset '" .. name .. "' is restricted to group(s) " ..
-					table.concat(ds.groups, ", ") .. "; you are in none of them: ask the dataset's owners for access"
-			end
+		local ok, aerr = may_use(name, ds, uid)
+		if aerr then return slurm.ERROR, aerr end
+		if not ok then
+			return slurm.ERROR, "dsstage: dataset '" .. name .. "' is restricted to group(s) " ..
+				table.concat(ds.groups, ", ") .. "; you are in none of them: ask the dataset's owners for access" ..
+				regenerated(cat)
 		end
 	end
 	M.record(job_desc, names)

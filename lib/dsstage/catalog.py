@@ -6,7 +6,9 @@ import difflib
 import grp
 import os
 import pwd
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .config import Config, Dataset, check_name
 from .errors import AccessDenied, UnknownDataset
@@ -81,6 +83,43 @@ def lookup(config: Config, name: str) -> Dataset:
 def may_use(dataset: Dataset, user: User) -> bool:
     """Whether ``user`` may use ``dataset`` (root always may)."""
     return dataset.groups is None or user.uid == 0 or bool(user.groups & set(dataset.groups))
+
+
+@dataclass(frozen=True)
+class Members:
+    """Who is in a set of groups, as uids, and what could not be resolved."""
+
+    uids: frozenset[int]
+    missing_groups: tuple[str, ...]  # no such group (or the directory service did not answer)
+    unknown_users: tuple[str, ...]  # listed as a group's member, unknown to passwd
+
+
+def group_members(groups: Iterable[str], passwd: Iterable[Any], *,
+                  getgrnam: Callable[[str], Any] = grp.getgrnam,
+                  getpwnam: Callable[[str], Any] = pwd.getpwnam) -> Members:
+    """The uids of everyone in any of ``groups``: each group's listed members, and every
+    ``passwd`` entry (``pwd.getpwall()``, read once by the caller) whose primary group it is.
+
+    Used where slurmctld must not look anyone up itself (job_submit.lua); the lookups are
+    arguments so that tests pass plain data."""
+    uids: set[int] = set()
+    gids: set[int] = set()
+    missing: list[str] = []
+    unknown: list[str] = []
+    for name in groups:
+        try:
+            group = getgrnam(name)
+        except KeyError:
+            missing.append(name)
+            continue
+        gids.add(group.gr_gid)
+        for member in group.gr_mem:
+            try:
+                uids.add(getpwnam(member).pw_uid)
+            except KeyError:
+                unknown.append(member)
+    uids.update(entry.pw_uid for entry in passwd if entry.pw_gid in gids)
+    return Members(frozenset(uids), tuple(missing), tuple(dict.fromkeys(unknown)))
 
 
 def authorize(dataset: Dataset, user: User) -> None:

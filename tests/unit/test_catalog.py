@@ -1,3 +1,6 @@
+import grp
+import pwd
+
 import pytest
 from dsstage import catalog, config
 from dsstage.catalog import User
@@ -41,3 +44,20 @@ def test_user_lookup():
     assert root.name == "root" and "root" in root.groups
     with pytest.raises(AccessDenied, match="unknown user"):
         User.lookup("no-such-user-dsstage")
+
+
+def test_group_members_are_listed_members_and_primary_groups():
+    groups = {"ml": grp.struct_group(("ml", "x", 2000, ["alice", "ghost", "ghost"])),
+              "vision": grp.struct_group(("vision", "x", 2001, ["alice"]))}
+    users = {n: pwd.struct_passwd((n, "x", uid, gid, "", "/", "/bin/sh"))
+             for n, uid, gid in [("alice", 1000, 1000), ("bob", 1001, 1001), ("carol", 1002, 2001)]}
+    members = catalog.group_members(["ml", "vision", "nosuch"], users.values(),
+                                    getgrnam=groups.__getitem__, getpwnam=users.__getitem__)
+    assert members.uids == {1000, 1002}
+    assert members.missing_groups == ("nosuch",) and members.unknown_users == ("ghost",)
+    assert catalog.group_members([], users.values()).uids == frozenset()
+
+
+def test_group_members_with_the_system_lookups():
+    root = catalog.group_members(["root"], pwd.getpwall())
+    assert 0 in root.uids and not root.missing_groups

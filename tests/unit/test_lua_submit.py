@@ -1,11 +1,15 @@
 """dsstage_submit.lua under a real Lua 5.1, with the catalog dsstage generates."""
 
+import grp
+import logging
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from dsstage import config, luacatalog
+from dsstage.errors import DsstageError
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = shutil.which("lua5.1")
@@ -14,6 +18,25 @@ pytestmark = pytest.mark.skipif(LUA is None, reason="lua5.1 is not installed (pa
 CONF = config.from_dict({
     "state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
     "datasets": {"imagenet22t": {"source": "/d/i", "groups": ["daemon", "ml"]}, "coco": {"source": "/d/c"}}})
+
+# the directory as plain data: alice is listed in ml, carol has ml as her primary group
+GROUPS = {"ml": grp.struct_group(("ml", "x", 2000, ["alice", "ghost"])),
+          "daemon": grp.struct_group(("daemon", "x", 1, []))}
+USERS = [pwd.struct_passwd((n, "x", uid, gid, "", "/", "/bin/sh"))
+         for n, uid, gid in [("daemon", 1, 1), ("alice", 1001, 1001), ("bob", 1002, 1002), ("carol", 1003, 2000)]]
+GENERATED = 1_700_000_000  # 2023-11-14 22:13:20 UTC
+
+
+def getpwnam(name):
+    for entry in USERS:
+        if entry.pw_name == name:
+            return entry
+    raise KeyError(name)
+
+
+def render(conf=CONF, groups=GROUPS):
+    return luacatalog.render(conf, getgrnam=groups.__getitem__, getpwnam=getpwnam, getpwall=lambda: USERS,
+                             now=lambda: GENERATED)
 
 HARNESS = """
 slurm = {{ SUCCESS = 0, ERROR = -1 }}
@@ -32,7 +55,7 @@ print(rc, msg or "", job.admin_comment or "")
 def check(tmp_path, env: list[str], uid: int = 0, admin: str = "") -> tuple[int, str, str]:
     catalog = tmp_path / "dsstage_catalog.lua"
     if not catalog.exists():
-        catalog.write_text(luacatalog.render(CONF))
+        catalog.write_text(render())
     script = HARNESS.format(sbatch_ext=ROOT / "sbatch_ext", catalog=catalog, env="|".join(env), uid=uid,
                             admin=admin)
     out = subprocess.run([LUA, "-e", script], capture_output=True, text=True, check=True).stdout
@@ -72,13 +95,65 @@ def test_conflicting_values_are_rejected(tmp_path):
     assert rc == -1 and "conflicting --dataset values" in msg
 
 
-def test_groups_are_checked_with_the_system(tmp_path):
-    rc, msg, _ = check(tmp_path, ["DSSTAGE_DATASETS=imagenet22t"], uid=65534)  # nobody
-    assert rc == -1
+@pytest.mark.parametrize("uid", [1001, 1003, 1])  # a listed member, a primary group, the other group
+def test_restricted_dataset_allowed_by_uid(tmp_path, uid):
+    env = ["DSSTAGE_DATASETS=coco,imagenet22t"]
+    assert check(tmp_path, env, uid=uid) == (0, "", "dsstage=coco,imagenet22t")
+
+
+def test_restricted_dataset_refused_with_the_catalog_age(tmp_path):
+    rc, msg, comment = check(tmp_path, ["DSSTAGE_DATASETS=coco,imagenet22t"], uid=1002)  # bob
+    assert (rc, comment) == (-1, "")
     assert msg == ("dsstage: dataset 'imagenet22t' is restricted to group(s) daemon, ml; you are in none of them: "
-                   "ask the dataset's owners for access")
-    assert check(tmp_path, ["DSSTAGE_DATASETS=imagenet22t"], uid=1)[0] == 0  # daemon
+                   "ask the dataset's owners for access; group changes take effect when `dsstage export-catalog` "
+                   "regenerates the catalog (a timer runs it; this catalog is from 2023-11-14 22:13 UTC)")
+    assert check(tmp_path, ["DSSTAGE_DATASETS=imagenet22t"], uid=65534)[0] == -1
+
+
+def test_root_may_use_every_dataset(tmp_path):
+    assert check(tmp_path, ["DSSTAGE_DATASETS=imagenet22t"], uid=0) == (0, "", "dsstage=imagenet22t")
+
+
+def test_unrestricted_dataset_has_no_uids_and_allows_everyone(tmp_path):
+    text = render()
+    assert '["coco"] = { groups = nil },' in text
+    assert check(tmp_path, ["DSSTAGE_DATASETS=coco"], uid=1002) == (0, "", "dsstage=coco")
     assert check(tmp_path, ["DSSTAGE_DATASETS=coco"], uid=65534)[0] == 0
+
+
+def test_catalog_without_uids_for_a_restricted_dataset_is_an_admin_message(tmp_path):
+    (tmp_path / "dsstage_catalog.lua").write_text(
+        'return { datasets = { ["imagenet22t"] = { groups = {"ml"} }, ["coco"] = { groups = nil } } }\n')
+    rc, msg, _ = check(tmp_path, ["DSSTAGE_DATASETS=imagenet22t"], uid=1001)
+    assert rc == -1 and "lists no users for 'imagenet22t'; an admin must run `dsstage export-catalog`" in msg
+    assert check(tmp_path, ["DSSTAGE_DATASETS=imagenet22t"], uid=0)[0] == 0
+    assert check(tmp_path, ["DSSTAGE_DATASETS=coco"], uid=1001)[0] == 0
+
+
+def test_the_lua_starts_no_program():
+    # slurmctld runs this for every submission: it must never wait on a command or a lookup
+    for path in (ROOT / "sbatch_ext").glob("*.lua"):
+        text = path.read_text()
+        for word in ("popen", "execute"):
+            assert word not in text, f"{path.name} mentions {word}"
+
+
+def test_catalog_lists_the_uids_of_the_groups(caplog):
+    with caplog.at_level(logging.WARNING, logger="dsstage"):
+        text = render()
+    assert "  generated = 1700000000,\n" in text
+    assert ('["imagenet22t"] = { groups = {"daemon", "ml"}, uids = {[1] = true, [1001] = true, [1003] = true} },'
+            in text)
+    assert "members ghost of its groups are unknown to passwd" in caplog.text
+
+
+def test_a_missing_group_is_a_warning_and_no_group_at_all_an_error(caplog):
+    with caplog.at_level(logging.WARNING, logger="dsstage"):
+        text = render(groups={"daemon": GROUPS["daemon"]})
+    assert '["imagenet22t"] = { groups = {"daemon", "ml"}, uids = {[1] = true} },' in text
+    assert "group ml (dataset imagenet22t) does not exist here" in caplog.text
+    with pytest.raises(DsstageError, match=r"no group of any restricted dataset resolves \(daemon, ml\)"):
+        render(groups={})
 
 
 def test_missing_or_damaged_catalog_is_an_admin_message(tmp_path):
@@ -88,10 +163,10 @@ def test_missing_or_damaged_catalog_is_an_admin_message(tmp_path):
 
 
 def test_generated_catalog_is_stamped_by_content():
-    text = luacatalog.render(CONF)
+    text = render()
     assert text.startswith("-- dsstage catalog ")
-    assert '["imagenet22t"] = { groups = {"daemon", "ml"} }' in text
-    assert '["coco"] = { groups = nil }' in text
     other = config.from_dict({**{"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}}},
                               "datasets": {"coco": {"source": "/d/c"}}})
-    assert luacatalog.render(other).splitlines()[0] != text.splitlines()[0]
+    assert render(other).splitlines()[0] != text.splitlines()[0]
+    fewer = {**GROUPS, "ml": grp.struct_group(("ml", "x", 2000, []))}
+    assert render(groups=fewer).splitlines()[0] != text.splitlines()[0]  # a membership change reloads it
