@@ -268,6 +268,9 @@ def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, A
             problem = budget_problem(conf.prolog_budget, timeout, path)
             if problem:
                 problems.append(Problem("error", "prolog_budget", problem))
+            if timeout is None and re.search(r"(?im)^\s*include\s", text):
+                problems.append(Problem("note", "prolog_budget", f"no PrologEpilogTimeout in {path}, and its "
+                                        "Include files are not read: check prolog_budget against any setting there"))
     scontrol = conf.slurm_command("scontrol")
     if not os.access(scontrol, os.X_OK):
         problems.append(Problem("note", "slurm_bin", f"{scontrol} is not an executable on this host; on the "

@@ -190,6 +190,9 @@ def test_check_host(tmp_path):
     assert f"{tmp_path}/scontrol is not an executable" in problems[1].message
     slurm_conf.write_text("PrologEpilogTimeout=900\n")
     assert [p.level for p in config.check_host(conf, str(slurm_conf))[1]] == ["note"]
+    slurm_conf.write_text("include /etc/slurm/timeouts.conf\n")
+    problems = config.check_host(conf, str(slurm_conf))[1]
+    assert problems[0].level == "note" and "Include files are not read" in problems[0].message
     found, problems = config.check_host(conf, str(tmp_path / "none.conf"))
     assert found["read"] is False
     assert problems[0].level == "note" and "cannot read" in problems[0].message
