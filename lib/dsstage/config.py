@@ -18,13 +18,10 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .nodefs import CONFIG_PATH, NAME_MAX, env_var, name_ok
 from .units import parse_percent, parse_size
-try:
-    from .nodefs import NAME_MAX, env_var, name_ok
-except ImportError:  # until the name rules' move from warm to nodefs is committed
-    from .warm import NAME_MAX, env_var, name_ok  # type: ignore[attr-defined,no-redef]
 
-DEFAULT_PATH = "/etc/dsstage/dsstage.yaml"
+DEFAULT_PATH = CONFIG_PATH
 # fullmatch, never match: "$" would let a name end in a newline
 GROUP_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?")
 USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]*\$?")

@@ -7,15 +7,26 @@ the hash matches the manifest: what lands is what was verified. Many files are i
 at once (threads; reads, writes and hashing release the GIL), which keeps a parallel
 filesystem or an NVMe queue busy where one rsync reads one file at a time.
 
-Each file is written under a temporary name, created read-only (root writes through its
-descriptor) with the manifest's mtime, and renamed into place only after its hash matched;
-so after a crash every file under its final name is whole and verified.
+Reading: every source file is opened below the source's directory descriptor without
+following a symbolic link at any component (a directory swapped for a link between the
+manifest build and the copy is refused, not followed), without blocking (a FIFO), as the
+configured ``source_user``; only a regular file is read, and never more than the size
+the manifest records (a file that grew shows as one byte too many). A failure to read
+the source is the source's (SourceError: fallback or hold, never a drain); a failure to
+write the staging area is the node's (StoreError; a full filesystem is NoSpace).
+
+Writing: each file goes to a fresh temporary name (O_EXCL, short whatever the file's own
+name), created read-only (root writes through its descriptor) with the manifest's mtime,
+and renamed into place only after its hash matched; so after a crash every file under
+its final name is whole and verified.
 rsync stays the transport for remote sources (ssh, rsync daemon).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -23,7 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 
+from . import nodefs
+from .errors import NoSpace, OutOfTime, SourceError, StoreError
+from .identity import Identity, acting_as
 from .manifest import Entry, Mismatch
+from .nodefs import Tree
 from .transfer import TransferStats
 
 CHUNK = 8 * 2**20
@@ -52,79 +67,146 @@ class RateLimit:
             time.sleep(ahead)
 
 
-def _copy_one(src: str, dest: str, e: Entry, limit: RateLimit) -> Mismatch | None:
+def open_source_root(path: str) -> int:
+    """The source directory (the admin's path; its last component is not followed)."""
+    try:
+        return os.open(path, nodefs.O_DIR)
+    except OSError as exc:
+        raise SourceError(f"source {path} is not reachable from this node ({exc.strerror}); "
+                          "check that it is mounted here and is a directory, not a symbolic link") from None
+
+
+def open_source_file(src_fd: int, rel: str, src_root: str) -> tuple[int | None, str]:
+    """(descriptor, "") of regular file ``rel`` of the source, or (None, why not) when it is
+    missing, a link, not regular or not readable by the source's reader; SourceError when
+    the source itself fails (EIO, ESTALE, ...)."""
+    try:
+        fd = nodefs.open_beneath(src_fd, rel, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
+            return None, "not a regular file (a symbolic link in its path)"
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return None, "not readable by the source's reader (permission denied)"
+        raise SourceError(f"reading {os.path.join(src_root, rel)!r} failed: {exc.strerror}; "
+                          "check the source's filesystem") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None, "not a regular file"
+    return fd, ""
+
+
+def _copy_one(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit,
+              reader: Identity | None) -> Mismatch | None:
     """Copy one file if it matches its entry; else the mismatch (and nothing written)."""
     def bad(found: str) -> Mismatch:
         return Mismatch(e.path, e.hash if not found.startswith("size ") else str(e.size), found)
+    with acting_as(reader):
+        fin, why = open_source_file(src_fd, e.path, src_root)
+    if fin is None:
+        return bad(why)
     try:
-        fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return bad("missing")
-    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.dsstage-tmp")
-    try:
-        h = blake3.blake3()
+        dfd, name = dest.split(e.path)
         if e.size < CHUNK:
-            data = _read_upto(fin, e.size + 1)  # one byte more: a file that grew shows
+            data = _read_source(fin, e.size + 1, src_root, e)  # one byte more: a file that grew shows
             limit.take(len(data))
             if len(data) != e.size:
                 return bad(f"size {len(data)}")
-            h.update(data)
-            if h.hexdigest() != e.hash:
-                return bad(h.hexdigest())
-            fout = _create(tmp)
+            digest = blake3.blake3(data).hexdigest()
+            if digest != e.hash:
+                return bad(digest)
+            _publish(dfd, name, e, [data])
+            return None
+        # large file: ask the kernel to read ahead the whole file while we hash and write
+        os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_WILLNEED)
+        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        tmp = nodefs.temp_name()
+        fout = _create(dfd, tmp)
+        size = 0
+        try:
             try:
-                _write_all(fout, data)
-            finally:
-                os.close(fout)
-        else:
-            # large file: ask the kernel to read ahead the whole file while we hash and write
-            os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_WILLNEED)
-            h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-            fout = _create(tmp)
-            size = 0
-            try:
-                while c := os.read(fin, CHUNK):
+                while size <= e.size:
+                    c = _read_source(fin, min(CHUNK, e.size + 1 - size), src_root, e)
+                    if not c:
+                        break
                     limit.take(len(c))
                     h.update(c)
-                    _write_all(fout, c)
                     size += len(c)
+                    if size <= e.size:
+                        _write(fout, c)
             finally:
                 os.close(fout)
             if size != e.size or h.hexdigest() != e.hash:
-                os.unlink(tmp)
+                nodefs.unlink_at(dfd, tmp)
                 return bad(f"size {size}" if size != e.size else h.hexdigest())
-        os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns))
-        os.replace(tmp, dest)
+            _finish(dfd, tmp, name, e)
+        except BaseException:
+            nodefs.unlink_at(dfd, tmp)
+            raise
         return None
     finally:
         os.close(fin)
 
 
-def _read_upto(fd: int, n: int) -> bytes:
+def _read_source(fd: int, n: int, src_root: str, e: Entry) -> bytes:
     """Up to ``n`` bytes (fewer only at end of file): reads can be short on network filesystems."""
-    data = os.read(fd, n)
-    while len(data) < n:
-        more = os.read(fd, n - len(data))
-        if not more:
-            break
-        data += more
+    try:
+        data = os.read(fd, n)
+        while data and len(data) < n:
+            more = os.read(fd, n - len(data))
+            if not more:
+                break
+            data += more
+    except OSError as exc:
+        raise SourceError(f"reading {os.path.join(src_root, e.path)!r} failed: {exc.strerror}; "
+                          "check the source's filesystem") from None
     return data
 
 
-def _create(path: str) -> int:
+def _local_error(exc: OSError, what: str) -> Exception:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpace(f"{what}: the tier's filesystem is full ({exc.strerror}); what was copied so far is kept "
+                       "and the next stage resumes: free space or lower the tier's capacity")
+    return StoreError(f"{what}: {exc.strerror}; check the local disk of this node")
+
+
+def _create(dfd: int, tmp: str) -> int:
     try:
-        os.unlink(path)  # a leftover of a crashed copy
-    except FileNotFoundError:
-        pass
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=dfd)
+    except OSError as exc:
+        raise _local_error(exc, f"creating a file in the staging area ({tmp})") from None
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+def _write(fd: int, data: bytes) -> None:
+    try:
+        nodefs.write_all(fd, data)
+    except OSError as exc:
+        raise _local_error(exc, "writing to the staging area") from None
+
+
+def _publish(dfd: int, name: str, e: Entry, chunks: Sequence[bytes]) -> None:
+    tmp = nodefs.temp_name()
+    fout = _create(dfd, tmp)
+    try:
+        try:
+            for c in chunks:
+                _write(fout, c)
+        finally:
+            os.close(fout)
+        _finish(dfd, tmp, name, e)
+    except BaseException:
+        nodefs.unlink_at(dfd, tmp)
+        raise
+
+
+def _finish(dfd: int, tmp: str, name: str, e: Entry) -> None:
+    try:
+        os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns), dir_fd=dfd, follow_symlinks=False)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except OSError as exc:
+        raise _local_error(exc, f"publishing {e.path!r} in the staging area") from None
 
 
 def batched(entries: Sequence[Entry], files: int = BATCH, nbytes: int = BATCH_BYTES) -> list[list[Entry]]:
@@ -144,29 +226,58 @@ def batched(entries: Sequence[Entry], files: int = BATCH, nbytes: int = BATCH_BY
     return out
 
 
-def copy_verified(src_root: str, dest_root: str, entries: Sequence[Entry], threads: int = THREADS,
-                  bwlimit: float = 0) -> tuple[TransferStats, list[Mismatch]]:
-    """Copy ``entries`` that are not yet in ``dest_root`` (at most ``bwlimit`` bytes/s if set);
-    return stats and the files that were missing or did not match the manifest (nothing is
-    written for those)."""
+def present(dest: Tree, rel: str) -> bool:
+    """Whether ``rel`` exists in ``dest`` (a link is never followed)."""
+    try:
+        dfd, name = dest.split(rel)
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads: int = THREADS,
+                  bwlimit: float = 0, *, deadline: float | None = None,
+                  reader: Identity | None = None) -> tuple[TransferStats, list[Mismatch]]:
+    """Copy ``entries`` that are not yet below ``dest_fd`` (at most ``bwlimit`` bytes/s if
+    set); return stats and the files that were missing or did not match the manifest
+    (nothing is written for those). Raises OutOfTime when ``deadline`` (monotonic) passes:
+    what was copied stays, the next call resumes."""
     limit = RateLimit(bwlimit)
-    todo = [e for e in entries if not os.path.lexists(os.path.join(dest_root, e.path))]
-    for d in sorted({os.path.dirname(e.path) for e in todo}):
-        if d:
-            os.makedirs(os.path.join(dest_root, d), exist_ok=True)
+    src_fd = open_source_root(src_root)
+    stop = threading.Event()
+    try:
+        with Tree(dest_fd, create=True) as dest:
+            try:
+                todo = [e for e in entries if not present(dest, e.path)]
+            except OSError as exc:
+                raise _local_error(exc, "reading the staging area") from None
 
-    def work(batch: Sequence[Entry]) -> list[tuple[Entry, Mismatch | None]]:
-        return [(e, _copy_one(os.path.join(src_root, e.path), os.path.join(dest_root, e.path), e, limit))
-                for e in batch]
+            def work(batch: Sequence[Entry]) -> list[tuple[Entry, Mismatch | None]]:
+                out = []
+                for e in batch:
+                    if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
+                        stop.set()
+                        break
+                    out.append((e, _copy_one(src_fd, src_root, dest, e, limit, reader)))
+                return out
 
-    stats, failures = TransferStats(), []
-    batches = batched(todo)
-    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="copy") as pool:
-        for results in pool.map(work, batches):
-            for e, failure in results:
-                if failure:
-                    failures.append(failure)
-                else:
-                    stats.files += 1
-                    stats.bytes += e.size
+            stats, failures = TransferStats(), []
+            with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="copy") as pool:
+                try:
+                    for results in pool.map(work, batched(todo)):
+                        for e, failure in results:
+                            if failure:
+                                failures.append(failure)
+                            else:
+                                stats.files += 1
+                                stats.bytes += e.size
+                except BaseException:
+                    stop.set()
+                    raise
+            if stop.is_set():
+                raise OutOfTime(f"copied {stats.files} of {len(todo)} files before the time budget ran out; "
+                                "the copy so far is kept and the next stage resumes")
+    finally:
+        os.close(src_fd)
     return stats, failures

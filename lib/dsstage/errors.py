@@ -13,8 +13,10 @@ class DsstageError(Exception):
     """Base of every error dsstage raises on purpose."""
 
     exit_code = 1
-    #: who is at fault: "user" (bad request), "source" (remote data), "node" (local disk),
-    #: "config" (the admin's configuration). The Prolog drains a node only for "node".
+    #: who is at fault: "user" (bad request), "config" (the admin's configuration), "source"
+    #: (the dataset's source), "site" (shared state directory, a full tier, an unsafe store
+    #: path, the time budget: not this node's hardware), "node" (the local store fails).
+    #: The Prolog drains a node only for "node" (see hooks.on_failure).
     blame = "user"
 
 
@@ -57,11 +59,32 @@ class VerifyError(SourceError):
     exit_code = 65
 
 
+class StateError(DsstageError):
+    """The shared state directory (manifests, CURRENT) cannot be read."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+    blame = "site"
+
+
 class StoreError(DsstageError):
-    """The node-local store cannot be used (unwritable, broken, full)."""
+    """The node-local store cannot be used (unwritable, broken)."""
 
     exit_code = 74  # EX_IOERR
     blame = "node"
+
+
+class UnsafeStore(StoreError):
+    """A store path a user could steer (planted symlink, wrong owner, writable by others)."""
+
+    # a user can plant it: draining would hand every user a way to drain nodes
+    blame = "site"
+
+
+class OutOfTime(DsstageError):
+    """Staging could not finish within the Prolog's time budget (it resumes next time)."""
+
+    exit_code = 75  # EX_TEMPFAIL
+    blame = "site"
 
 
 class NoSpace(StoreError):
@@ -69,14 +92,14 @@ class NoSpace(StoreError):
 
     exit_code = 75  # EX_TEMPFAIL
     # a full tier is a capacity problem, not a broken node: do not drain for it
-    blame = "source"
+    blame = "site"
 
 
 class LockTimeout(DsstageError):
     """Waited too long for another process that is staging the same dataset."""
 
     exit_code = 75
-    blame = "source"
+    blame = "site"
 
 
 class CommandError(DsstageError):

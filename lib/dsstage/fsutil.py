@@ -1,9 +1,9 @@
 """Small file helpers shared by the store, leases, locks and manifests.
 
-They live in warm.py, which must import nothing but the standard library's lightest
+They live in nodefs.py, which must import nothing but the standard library's lightest
 modules; this module is where the rest of dsstage imports them from.
 """
 
-from .warm import read_json, write_atomic, write_json
+from .nodefs import read_json, write_atomic, write_json
 
 __all__ = ["read_json", "write_atomic", "write_json"]

@@ -2,8 +2,11 @@
 
 A non-zero Prolog or Epilog exit drains the node, so the mapping is deliberate:
 only a broken local store (``blame == "node"``) drains. A user's mistake, a forged
-``--dataset`` value, a broken configuration, an unreachable source or a full tier never
-does: the job falls back to the source or is requeued and held with a readable reason.
+``--dataset`` value, a broken configuration, an unreachable or failing source, a failing
+shared state directory, a full tier, a store path a user could steer, or a stage that
+does not fit the Prolog's time budget never does: the job falls back to the source or is
+requeued and held with a readable reason. Every failure ends in one of these decisions,
+never in a job that runs without its data and without a word.
 
 The Prolog leaves the job's TaskProlog output in ``<run dir>/<node>/jobs/<job id>.task``;
 ``prolog/dsstage-taskprolog`` prints it for every task without starting Python.
@@ -21,9 +24,9 @@ from typing import TYPE_CHECKING
 
 from . import catalog as cat
 from . import config as cfg
-from . import warm
+from . import nodefs
 from .config import Config, Dataset
-from .errors import AccessDenied, DsstageError, UnknownDataset
+from .errors import AccessDenied, DsstageError, StoreError, UnknownDataset, UnsafeStore
 from .fsutil import write_json
 from .store import Store
 
@@ -32,7 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RUN_DIR = "/run/dsstage"
+#: seconds of the Prolog's budget kept for deciding, holding the job and writing files
+DECIDE_MARGIN = 10.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class JobContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> JobContext:
-        request = next((env[v] for v in warm.REQUEST_VARS if env.get(v)), None)
+        request = next((env[v] for v in nodefs.REQUEST_VARS if env.get(v)), None)
         return cls(job_id=env.get("SLURM_JOB_ID", ""), uid=int(env.get("SLURM_JOB_UID", "-1") or -1),
                    gid=int(env.get("SLURM_JOB_GID", "-1") or -1), user=env.get("SLURM_JOB_USER", ""),
                    node=env.get("SLURMD_NODENAME", ""), request=request)
@@ -68,9 +72,11 @@ def on_failure(name: str, ds: Dataset | None, error: DsstageError) -> Outcome:
     """What to do for a dataset that could not be staged."""
     if error.blame == "node":
         return Outcome(name, "drain", None, f"the local store of this node is broken: {error}")
-    if ds is None or isinstance(error, (UnknownDataset, AccessDenied)) or error.blame == "config":
+    if ds is None or isinstance(error, (UnknownDataset, AccessDenied)) or error.blame in ("config", "user"):
         # never fall back here: the user may not read the source, or there is none
         return Outcome(name, "hold", None, str(error))
+    # "source" and "site": the source, the shared state, a full tier, an unsafe store path,
+    # the time budget: never this node's fault, so never a drain
     if ds.on_failure == "fallback":
         if ds.source.kind == "local":
             return Outcome(name, "fallback", ds.source.path,
@@ -89,12 +95,12 @@ def job_action(outcomes: Sequence[Outcome]) -> str:
 
 def task_lines(outcomes: Sequence[Outcome]) -> list[str]:
     """TaskProlog output: the variables a task needs, and warnings for its output."""
-    lines = warm.export_lines([(o.dataset, o.path) for o in outcomes if o.path])
+    lines = nodefs.export_lines([(o.dataset, o.path) for o in outcomes if o.path])
     for o in outcomes:
         if o.action == "fallback":
             lines.append(f"print dsstage: warning: {_one_line(o.reason)}")
     if job_action(outcomes) != "run":
-        lines.append(warm.HOLD_MARK)
+        lines.append(nodefs.HOLD_MARK)
         lines += [f"print dsstage: error: {_one_line(o.reason)}" for o in outcomes if o.action in ("hold", "drain")]
     return lines
 
@@ -111,8 +117,9 @@ def _one_line(text: str) -> str:
 
 # -- the Prolog -------------------------------------------------------------------------
 
-def stage_all(ctx: JobContext, conf: Config, store: Store) -> list[Outcome]:
-    """Stage every requested dataset on this node; one Outcome per dataset."""
+def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | None = None) -> list[Outcome]:
+    """Stage every requested dataset on this node; one Outcome per dataset. ``deadline``
+    (time.monotonic()) is when staging must stop so that the Prolog can still decide."""
     try:
         names = cat.parse_request(ctx.request or "")
         user = cat.User.lookup(ctx.uid if ctx.uid >= 0 else ctx.user)
@@ -122,7 +129,8 @@ def stage_all(ctx: JobContext, conf: Config, store: Store) -> list[Outcome]:
     for name in names:
         ds = conf.datasets.get(name)
         try:
-            result = store.stage(name, user=user, job_id=ctx.job_id, on_staging=lambda: write_node_report(store))
+            result = store.stage(name, user=user, job_id=ctx.job_id, on_staging=lambda: write_node_report(store),
+                                 deadline=deadline)
         except DsstageError as exc:
             log.warning("job %s: %s: %s", ctx.job_id, name, exc)
             outcomes.append(on_failure(name, ds, exc))
@@ -133,7 +141,8 @@ def stage_all(ctx: JobContext, conf: Config, store: Store) -> list[Outcome]:
 
 
 def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient,
-           load_config: Callable[[], Config] = cfg.load) -> int:
+           load_config: Callable[[], Config] = cfg.load, started: float | None = None) -> int:
+    started = time.monotonic() if started is None else started
     ctx = JobContext.from_env(env)
     if not ctx.request:
         return 0
@@ -144,13 +153,29 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient,
         store = None
     else:
         store = Store(conf, ctx.node or None)
-        outcomes = stage_all(ctx, conf, store)
+        budget = float(getattr(conf, "prolog_budget", 300.0))
+        outcomes = stage_all(ctx, conf, store, deadline=started + max(1.0, budget - DECIDE_MARGIN))
         write_config_cache(run_dir, conf)
+    return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm, store=store)
+
+
+def decide(ctx: JobContext, outcomes: list[Outcome], *, run_dir: str, slurm: SlurmClient,
+           store: Store | None = None) -> int:
+    """Carry out the job's decision: the TaskProlog's file, the hold, the exit code."""
+    try:
+        write_task_file(run_dir, ctx, task_lines(outcomes))
+    except (OSError, DsstageError) as exc:
+        # without its file the job would run without its variables and without a word
+        blame = "the run directory is unsafe" if isinstance(exc, UnsafeStore) else "the run directory is broken"
+        log.error("job %s: cannot write the TaskProlog's file in %s (%s): %s", ctx.job_id, run_dir, blame, exc)
+        if isinstance(exc, UnsafeStore) or not isinstance(exc, (OSError, StoreError)):
+            outcomes = [*outcomes, Outcome(ctx.request or "", "hold", None, f"{blame} on {ctx.node}: {exc}")]
+        else:
+            outcomes = [*outcomes, Outcome(ctx.request or "", "drain", None, f"{blame} on {ctx.node}: {exc}")]
     action = job_action(outcomes)
-    write_task_file(run_dir, ctx, task_lines(outcomes))
     if store is not None:
         write_node_report(store)
-    if action == "hold":
+    if action == "hold":  # for a drain Slurm requeues and holds the job itself
         try:
             slurm.requeue_hold(ctx.job_id, hold_comment(outcomes))
         except DsstageError as exc:
@@ -178,9 +203,10 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
     store = Store(conf, ctx.node or None)
     try:
         released = store.release_job(ctx.job_id)
-    except OSError as exc:
-        log.error("job %s: releasing leases failed on the local store: %s", ctx.job_id, exc)
-        return 1
+    except DsstageError as exc:
+        # leases stay; `dsstage reclaim` removes them once the job is gone
+        log.error("job %s: releasing leases failed: %s", ctx.job_id, exc)
+        return 1 if exc.blame == "node" else 0
     log.info("job %s: released %s", ctx.job_id, ", ".join(x.dataset for x in released) or "nothing")
     write_node_report(store)
     return 0
@@ -189,37 +215,36 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
 # -- files ----------------------------------------------------------------------------
 
 def write_task_file(run_dir: str, ctx: JobContext, lines: Sequence[str]) -> None:
-    warm.write_task_file(warm.task_file(run_dir, ctx.node, ctx.job_id), lines, ctx.gid)
+    nodefs.write_task_file(run_dir, ctx.node, ctx.job_id, lines, ctx.gid)
 
 
 def remove_task_file(run_dir: str, ctx: JobContext) -> None:
     try:
-        os.unlink(warm.task_file(run_dir, ctx.node, ctx.job_id))
-    except OSError:
+        nodefs.remove_task_file(run_dir, ctx.node, ctx.job_id)
+    except (OSError, DsstageError):
         pass
 
 
 def write_config_cache(run_dir: str, conf: Config) -> None:
     """What the warm path needs of the configuration, keyed by the file's exact state."""
-    record = warm.cache_record(conf.origin, conf.state_dir, {
+    record = nodefs.cache_record(conf.origin, conf.state_dir, {
         name: {"root": conf.tiers[ds.tier].path, "verify": ds.verify,
                "groups": list(ds.groups) if ds.groups is not None else None}
         for name, ds in conf.datasets.items()})
-    path = os.path.join(run_dir, warm.CONFIG_CACHE)
-    if record["key"] is None or warm.read_json(path) == record:
+    if record["key"] is None:
         return
     try:
-        warm.write_json(path, record, fsync=False)
-    except OSError as exc:
-        log.warning("cannot write the configuration cache %s: %s", path, exc)
+        nodefs.write_cache(run_dir, record)
+    except (OSError, DsstageError) as exc:
+        log.warning("cannot write the configuration cache in %s: %s", run_dir, exc)
 
 
 def write_node_report(store: Store) -> None:
     """What this node holds, for `dsstage status` on a login node (best effort)."""
-    path = warm.node_report(store.config.state_dir, store.node)
+    path = nodefs.node_report(store.config.state_dir, store.node)
     try:
         write_json(path, {"node": store.node, "time": time.time(), "copies": store.inventory()}, fsync=False)
-    except OSError as exc:
+    except (OSError, DsstageError) as exc:
         log.warning("cannot write the node report %s: %s", path, exc)
 
 
@@ -227,19 +252,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="dsstage-%(process)d: %(levelname)s: %(message)s",
                         filename=os.environ.get("DSSTAGE_LOG") or None, force=True)
-    run_dir = os.environ.get("DSSTAGE_RUN_DIR", RUN_DIR)
+    run_dir = os.environ.get("DSSTAGE_RUN_DIR", nodefs.RUN_DIR)
     which = argv[0] if argv else ""
     try:
         if which == "prolog":
-            from .slurm import client as slurm_client
-            return prolog(os.environ, run_dir=run_dir, slurm=slurm_client())
+            return prolog(os.environ, run_dir=run_dir, slurm=_slurm())
         if which == "epilog":
             return epilog(os.environ, run_dir=run_dir)
-    except Exception:  # a bug must not drain the node: log it, let the job run
+    except Exception as exc:  # a bug must not drain the node, nor pass in silence: hold the job
         log.exception("dsstage %s failed unexpectedly for job %s", which, os.environ.get("SLURM_JOB_ID"))
+        if which == "prolog":
+            return on_bug(os.environ, run_dir, exc)
         return 0
     print("usage: python -m dsstage.hooks prolog|epilog", file=sys.stderr)
     return 2
+
+
+def _slurm() -> SlurmClient:
+    from .slurm import client as slurm_client
+    return slurm_client()
+
+
+def on_bug(env: Mapping[str, str], run_dir: str, exc: BaseException) -> int:
+    """The Prolog failed unexpectedly: the job is held with the reason (never a drain)."""
+    ctx = JobContext.from_env(env)
+    if not ctx.request:
+        return 0
+    reason = f"dsstage failed unexpectedly on {ctx.node} ({type(exc).__name__}: {exc}); an admin should check its log"
+    try:
+        decide(ctx, [Outcome(ctx.request, "hold", None, reason)], run_dir=run_dir, slurm=_slurm())
+    except Exception:  # noqa: BLE001 - the last resort: logged, the node stays up
+        log.exception("job %s: could not hold the job either", ctx.job_id)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,20 +2,19 @@
 
 A lease is a small JSON file ``<tier>/leases/<dataset>/<job id>.json``. A copy that has a
 lease is never evicted. A lease whose holder is gone (the job ended without its Epilog,
-the process that took it died) can be reclaimed.
+the process that took it died) can be reclaimed, and so can a damaged lease file.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from . import nodefs
 from .errors import StoreError
-from .fsutil import write_json
-from .warm import job_id_ok
+from .nodefs import RootDir, job_id_ok
 
 
 @dataclass(frozen=True)
@@ -46,57 +45,58 @@ def default_holder() -> tuple[str, int]:
     return f"pid-{socket.gethostname()}-{ppid}", ppid
 
 
+def _file(job_id: str) -> str:
+    return check_job_id(job_id) + ".json"
+
+
 class LeaseBook:
-    """The leases of one tier on one node."""
+    """The leases of one tier on one node (``tier``: the tier's RootDir)."""
 
-    def __init__(self, tier_root: str) -> None:
-        self.root = os.path.join(tier_root, "leases")
-
-    def _path(self, dataset: str, job_id: str) -> str:
-        return os.path.join(self.root, dataset, check_job_id(job_id) + ".json")
+    def __init__(self, tier: RootDir) -> None:
+        self.tier = tier
 
     def take(self, lease: Lease) -> None:
-        write_json(self._path(lease.dataset, lease.job_id), asdict(lease), fsync=False)
+        nodefs.write_json_at(self.tier.dir("leases", lease.dataset), _file(lease.job_id), asdict(lease), fsync=False)
 
     def release(self, dataset: str, job_id: str) -> bool:
-        try:
-            os.unlink(self._path(dataset, job_id))
-            return True
-        except FileNotFoundError:
-            return False
+        return nodefs.unlink_at(self.tier.has_dir("leases", dataset), _file(job_id))
+
+    def _read(self, dataset: str) -> tuple[list[Lease], list[str]]:
+        """The leases of ``dataset``, and the names of damaged lease files."""
+        fd = self.tier.has_dir("leases", dataset)
+        good: list[Lease] = []
+        damaged: list[str] = []
+        for n in self.tier.names("leases", dataset):
+            record = nodefs.read_json_at(fd, n) if n.endswith(".json") else {}
+            try:
+                lease = Lease(**record)
+                if lease.dataset != dataset or n != f"{lease.job_id}.json":
+                    raise TypeError
+                good.append(lease)
+            except TypeError:
+                damaged.append(n)
+        return good, damaged
 
     def of_dataset(self, dataset: str) -> list[Lease]:
-        d = os.path.join(self.root, dataset)
-        try:
-            names = os.listdir(d)
-        except FileNotFoundError:
-            return []
-        out = []
-        for n in names:
-            if not n.endswith(".json"):
-                continue
-            try:
-                with open(os.path.join(d, n)) as fh:
-                    out.append(Lease(**json.load(fh)))
-            except (OSError, ValueError, TypeError):
-                continue  # a damaged lease file is ignored; `reclaim` removes it
-        return out
+        # a damaged lease file is ignored here; `reclaim` removes it
+        return self._read(dataset)[0]
 
     def datasets(self) -> list[str]:
-        try:
-            return sorted(os.listdir(self.root))
-        except FileNotFoundError:
-            return []
+        return self.tier.names("leases")
 
     def of_job(self, job_id: str) -> list[Lease]:
         return [lease for ds in self.datasets() for lease in self.of_dataset(ds) if lease.job_id == job_id]
 
-    def reclaim(self, dataset: str, job_alive: Callable[[str], bool]) -> list[Lease]:
-        """Remove the leases whose holder is gone; return them."""
-        gone = [lease for lease in self.of_dataset(dataset) if not holder_alive(lease, job_alive)]
+    def reclaim(self, dataset: str, job_alive: Callable[[str], bool]) -> tuple[list[Lease], list[str]]:
+        """Remove the leases whose holder is gone, and damaged lease files; return both."""
+        good, damaged = self._read(dataset)
+        gone = [lease for lease in good if not holder_alive(lease, job_alive)]
+        fd = self.tier.has_dir("leases", dataset)
         for lease in gone:
             self.release(lease.dataset, lease.job_id)
-        return gone
+        for n in damaged:
+            nodefs.remove_at(fd, n)
+        return gone, damaged
 
 
 def holder_alive(lease: Lease, job_alive: Callable[[str], bool]) -> bool:

@@ -25,9 +25,11 @@ need, so an empty directory is not recorded.
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +37,8 @@ from typing import NamedTuple
 
 from .errors import ManifestError
 from .fsutil import write_atomic
-from .warm import read_current
+from .identity import Identity, acting_as
+from .nodefs import O_DIR, read_current
 
 MAGIC = "#dsstage-manifest 2 "
 MTIMES = "#mtimes\n"
@@ -70,13 +73,15 @@ class Mismatch:
 
     path: str
     expected: str
-    found: str  # "missing", "size N", or the hash found
+    found: str  # "missing", "size N", "not ..." (a link, not readable), or the hash found
 
     def describe(self) -> str:
         if self.found == "missing":
             return f"{self.path!r} is missing"
         if self.found.startswith("size "):
             return f"{self.path!r} has {self.found}, the manifest says size {self.expected}"
+        if self.found.startswith("not "):
+            return f"{self.path!r} is {self.found}"
         return f"{self.path!r} has blake3 {self.found[:16]}..., the manifest says {self.expected[:16]}..."
 
 
@@ -318,44 +323,74 @@ class Catalog:
 
 # -- building -------------------------------------------------------------------------
 
-def walk(root: str) -> Iterator[tuple[str, os.stat_result | None, str]]:
-    """Yield (relative path, stat, kind) for everything under ``root``; kind is
-    "file", or "symlink"/"special" for what a manifest skips (stat None)."""
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        try:
-            it = os.scandir(os.path.join(root, rel_dir) if rel_dir else root)
-        except OSError as exc:
-            raise ManifestError(f"cannot read {os.path.join(root, rel_dir)}: {exc.strerror}") from None
-        with it:
-            for de in it:
-                rel = f"{rel_dir}/{de.name}" if rel_dir else de.name
-                if de.is_symlink():
-                    yield rel, None, "symlink"
-                elif de.is_dir(follow_symlinks=False):
-                    stack.append(rel)
-                elif de.is_file(follow_symlinks=False):
-                    yield rel, de.stat(follow_symlinks=False), "file"
-                else:
-                    yield rel, None, "special"
+def walk(root_fd: int, shown: str = "") -> Iterator[tuple[str, os.stat_result | None, str]]:
+    """Yield (relative path, stat, kind) for everything below directory ``root_fd``; kind is
+    "file", or "symlink"/"special" for what a manifest skips (stat None). Directories are
+    opened relative to their parent without following links, so a directory swapped for a
+    link while walking is skipped, never followed."""
+    stack: list[tuple[str, int]] = [("", os.dup(root_fd))]
+    try:
+        while stack:
+            rel_dir, fd = stack.pop()
+            try:
+                with os.scandir(fd) as it:
+                    entries = list(it)
+                for de in entries:
+                    rel = f"{rel_dir}/{de.name}" if rel_dir else de.name
+                    st = de.stat(follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):
+                        yield rel, None, "symlink"
+                    elif stat.S_ISDIR(st.st_mode):
+                        try:
+                            stack.append((rel, os.open(de.name, O_DIR, dir_fd=fd)))
+                        except OSError as exc:
+                            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                                yield rel, None, "symlink"
+                                continue
+                            raise
+                    elif stat.S_ISREG(st.st_mode):
+                        yield rel, st, "file"
+                    else:
+                        yield rel, None, "special"
+            except OSError as exc:
+                raise ManifestError(f"cannot read {os.path.join(shown, rel_dir)}: {exc.strerror}") from None
+            finally:
+                os.close(fd)
+    finally:
+        for _, fd in stack:
+            os.close(fd)
 
 
 def build(name: str, root: str, *, source: str = "", previous: Manifest | None = None,
           threads: int = 0, progress: Callable[[int, int], None] | None = None,
-          clock: Callable[[], float] = time.time) -> BuildReport:
+          clock: Callable[[], float] = time.time, reader: Identity | None = None) -> BuildReport:
     """Walk ``root`` and describe every regular file; reuse hashes from ``previous``
-    for files whose size and mtime did not change.
+    for files whose size and mtime did not change. Files are listed and read below one
+    descriptor of ``root``, never through a symbolic link, as ``reader`` (source_user).
 
     ``progress(files_done_delta, files_to_hash)`` is called as files are hashed.
     """
-    if not os.path.isdir(root):
-        raise ManifestError(f"source {root!r} of dataset {name!r} is not a readable directory; "
-                            "check the path and that it is mounted here")
+    try:
+        with acting_as(reader):
+            root_fd = os.open(root, O_DIR)
+    except OSError as exc:
+        raise ManifestError(f"source {root!r} of dataset {name!r} is not a readable directory ({exc.strerror}); "
+                            "check the path and that it is mounted here") from None
+    try:
+        return _build(name, root, root_fd, source, previous, threads, progress, clock, reader)
+    finally:
+        os.close(root_fd)
+
+
+def _build(name: str, root: str, root_fd: int, source: str, previous: Manifest | None, threads: int,
+           progress: Callable[[int, int], None] | None, clock: Callable[[], float],
+           reader: Identity | None) -> BuildReport:
     old = {e.path: e for e in previous.entries} if previous else {}
     skipped: dict[str, list[str]] = {}
     found: list[tuple[str, int, int]] = []
-    for rel, st, kind in walk(root):
+    with acting_as(reader):
+        listing = list(walk(root_fd, root))
+    for rel, st, kind in listing:
         if st is None:
             skipped.setdefault(kind, []).append(rel)
             continue
@@ -377,13 +412,17 @@ def build(name: str, root: str, *, source: str = "", previous: Manifest | None =
             progress(n, len(todo))
 
     from . import hashing
-    hashes = hashing.hash_many([os.path.join(root, found[i][0]) for i in todo], threads,
-                               progress=tick if progress else None)
-    for i, digest in zip(todo, hashes):
+    hashes = hashing.hash_many(root_fd, [found[i][0] for i in todo], threads,
+                               progress=tick if progress else None, reader=reader)
+    for i, got in zip(todo, hashes):
         rel, size, mtime = found[i]
-        if digest is None:
-            raise ManifestError(f"cannot read {os.path.join(root, rel)!r} while building the manifest of {name!r}")
-        entries[i] = Entry(rel, size, mtime, digest)
+        if got is None:
+            raise ManifestError(f"cannot read {os.path.join(root, rel)!r} while building the manifest of {name!r} "
+                                "(missing, no longer a regular file, a symbolic link in its path, or unreadable)")
+        if got[0] != size:
+            raise ManifestError(f"{os.path.join(root, rel)!r} changed while the manifest of {name!r} was built; "
+                                "build it again once the source is quiet")
+        entries[i] = Entry(rel, size, mtime, got[1])
     final = [e for e in entries if e is not None]
     check_entries(final, f"source of {name!r}")
     digest = compute_digest(final)

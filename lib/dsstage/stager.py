@@ -1,25 +1,32 @@
-"""Making a directory hold exactly what a manifest describes.
+"""Making a staging area hold exactly what a manifest describes.
 
 ``fill`` reuses files from versions already on the node (hard links: published files are
 immutable, so sharing an inode is safe), copies the rest (a mounted source: the verifying
 copier; ssh and rsync daemons: rsync, then every file is hashed), removes anything the
 manifest does not list, fetches what is wrong once more, and raises VerifyError naming
 the file if it is still wrong.
+
+Everything here works below directory descriptors (nodefs.Tree, open_beneath): a link
+in a staging area or a published copy is never followed. rsync writes by path into the
+staging area, which is private to root (0700) inside a verified tier, and is run without
+``-l``, so it creates no links there.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import copier, hashing
+from . import copier, hashing, nodefs
 from .config import Source, Transfer
-from .errors import SourceError, VerifyError
+from .errors import OutOfTime, StoreError, VerifyError
+from .identity import Identity
 from .manifest import Entry, Manifest, Mismatch
+from .nodefs import Tree
 from .transfer import TransferStats, fetch
 
 log = logging.getLogger(__name__)
@@ -34,32 +41,23 @@ class FillReport:
     removed_extras: int = 0
 
 
-def check_tree(root: str, entries: Sequence[Entry], threads: int = 0,
+def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
                progress: Callable[[int], None] | None = None) -> list[Mismatch]:
-    """Every entry of ``entries`` that is missing or wrong under ``root``."""
+    """Every entry of ``entries`` that is missing or wrong below ``root_fd``."""
+    got = hashing.hash_many(root_fd, [e.path for e in entries], threads, progress)
     bad: list[Mismatch] = []
-    to_hash: list[Entry] = []
-    for e in entries:
-        try:
-            st = os.lstat(os.path.join(root, e.path))
-        except OSError:
+    for e, g in zip(entries, got):
+        if g is None:
             bad.append(Mismatch(e.path, str(e.size), "missing"))
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            bad.append(Mismatch(e.path, str(e.size), "missing"))
-        elif st.st_size != e.size:
-            bad.append(Mismatch(e.path, str(e.size), f"size {st.st_size}"))
-        else:
-            to_hash.append(e)
-    hashes = hashing.hash_many([os.path.join(root, e.path) for e in to_hash], threads, progress)
-    for e, h in zip(to_hash, hashes):
-        if h != e.hash:
-            bad.append(Mismatch(e.path, e.hash, h or "missing"))
+        elif g[0] != e.size:
+            bad.append(Mismatch(e.path, str(e.size), f"size {g[0]}"))
+        elif g[1] != e.hash:
+            bad.append(Mismatch(e.path, e.hash, g[1]))
     return bad
 
 
-def sweep_extras(root: str, entries: Sequence[Entry]) -> int:
-    """Remove everything under ``root`` that the manifest does not list; return the count."""
+def sweep_extras(root_fd: int, entries: Sequence[Entry]) -> int:
+    """Remove everything below ``root_fd`` that the manifest does not list; return the count."""
     wanted = {e.path for e in entries}
     dirs = {p.rsplit("/", 1)[0] for p in wanted if "/" in p}
     for d in list(dirs):
@@ -67,73 +65,87 @@ def sweep_extras(root: str, entries: Sequence[Entry]) -> int:
             d = d.rsplit("/", 1)[0]
             dirs.add(d)
     removed = 0
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as it:
-            for de in it:
-                rel = f"{rel_dir}/{de.name}" if rel_dir else de.name
-                if de.is_dir(follow_symlinks=False):
-                    if rel in dirs:
-                        stack.append(rel)
-                        continue
-                    shutil.rmtree(de.path)
-                    removed += 1
-                elif rel not in wanted or not de.is_file(follow_symlinks=False):
-                    os.unlink(de.path)
+    with Tree(root_fd) as tree:
+        for fd, found in tree.walk(descend=lambda rel: rel in dirs):
+            for name, rel, st in found:
+                keep = rel in dirs if stat.S_ISDIR(st.st_mode) else stat.S_ISREG(st.st_mode) and rel in wanted
+                if not keep:
+                    nodefs.remove_at(fd, name)
                     removed += 1
     return removed
 
 
-def link_reuse(dest: str, entries: Sequence[Entry], older: Sequence[tuple[str, Manifest]]) -> tuple[int, int]:
-    """Hard-link into ``dest`` the files that an older local version has with the same
-    content; return (files, bytes) linked."""
-    have: dict[tuple[str, int, str], str] = {}
-    for root, m in older:
+def link_reuse(dest: Tree, entries: Sequence[Entry],
+               older: Sequence[tuple[int, Manifest]]) -> dict[int, tuple[int, int]]:
+    """Hard-link into ``dest`` the files that an older local version (its descriptor and
+    manifest) has with the same content; return {older index: (files, bytes)} linked."""
+    have: dict[tuple[str, int, str], tuple[int, str]] = {}
+    for i, (_fd, m) in enumerate(older):
         for e in m.entries:
-            have.setdefault((e.path, e.size, e.hash), root)
-        # the same content under another name is worth reusing too
-        for e in m.entries:
-            have.setdefault(("", e.size, e.hash), os.path.join(root, e.path))
-    files = nbytes = 0
-    for e in entries:
-        target = os.path.join(dest, e.path)
-        if os.path.lexists(target):
-            continue
-        src = have.get((e.path, e.size, e.hash))
-        src = os.path.join(src, e.path) if src else have.get(("", e.size, e.hash))
-        if not src:
-            continue
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        try:
-            os.link(src, target)
-        except OSError:
-            continue  # another filesystem, or the old copy is gone: fetch it instead
-        files += 1
-        nbytes += e.size
-    return files, nbytes
+            have.setdefault((e.path, e.size, e.hash), (i, e.path))
+            # the same content under another name is worth reusing too
+            have.setdefault(("", e.size, e.hash), (i, e.path))
+    linked: dict[int, tuple[int, int]] = {}
+    trees = [Tree(fd) for fd, _m in older]
+    try:
+        for e in entries:
+            if copier.present(dest, e.path):
+                continue
+            src = have.get((e.path, e.size, e.hash)) or have.get(("", e.size, e.hash))
+            if not src:
+                continue
+            i, rel = src
+            try:
+                sfd, sname = trees[i].split(rel)
+                dfd, dname = dest.split(e.path)
+                os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue  # another filesystem, or the old copy is gone: fetch it instead
+            files, nbytes = linked.get(i, (0, 0))
+            linked[i] = (files + 1, nbytes + e.size)
+    finally:
+        for t in trees:
+            t.close()
+    return linked
 
 
-def fill(dest: str, manifest: Manifest, source: Source, transfer: Transfer,
-         older: Sequence[tuple[str, Manifest]] = ()) -> FillReport:
-    """Make ``dest`` hold exactly ``manifest``; raise VerifyError if the source cannot."""
+def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, transfer: Transfer,
+         older: Sequence[tuple[int, Manifest]] = (), *, deadline: float | None = None,
+         reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None) -> FillReport:
+    """Make the staging area ``dest_fd`` (at ``dest_path``) hold exactly ``manifest``; raise
+    VerifyError if the source cannot, OutOfTime when ``deadline`` passes (work is kept).
+    ``linked`` receives what was hard-linked from each older version."""
     report = FillReport()
-    resumed = [e for e in manifest.entries if os.path.lexists(os.path.join(dest, e.path))]
-    report.linked_files, report.linked_bytes = link_reuse(dest, manifest.entries, older)
-    copy = _copy_local if source.kind == "local" else _copy_rsync
+    with Tree(dest_fd, create=True) as dest:
+        resumed = [e for e in manifest.entries if copier.present(dest, e.path)]
+        reused = link_reuse(dest, manifest.entries, older)
+    if linked is not None:
+        linked.update(reused)
+    report.linked_files = sum(f for f, _b in reused.values())
+    report.linked_bytes = sum(b for _f, b in reused.values())
+
+    def copy(entries: Sequence[Entry]) -> tuple[TransferStats, list[Mismatch]]:
+        if source.kind == "local":
+            return copier.copy_verified(source.path, dest_fd, entries, threads=copier.THREADS,
+                                        bwlimit=transfer.bwlimit * 1024 * transfer.streams,
+                                        deadline=deadline, reader=reader)
+        stats = fetch(source, dest_path, entries, transfer, deadline=deadline)
+        _check_time(deadline)
+        return stats, check_tree(dest_fd, entries, transfer.hash_threads)
+
     if resumed and source.kind == "local":
         # left by an interrupted stage: renamed into place only once verified, but a crash
         # of the node may have lost what was not yet on disk
-        _remove(dest, check_tree(dest, resumed, transfer.hash_threads))
-    stats, bad = copy(dest, manifest.entries, source, transfer)
+        _remove(dest_fd, check_tree(dest_fd, resumed, transfer.hash_threads))
+    stats, bad = copy(manifest.entries)
     report.transferred = stats
-    report.removed_extras = sweep_extras(dest, manifest.entries)
+    report.removed_extras = sweep_extras(dest_fd, manifest.entries)
     if bad:
         log.info("%d file(s) of %s failed verification; fetching them again", len(bad), manifest.name)
-        _remove(dest, bad)
+        _remove(dest_fd, bad)
         by_path = {e.path: e for e in manifest.entries}
         again = [by_path[m.path] for m in bad]
-        stats, bad = copy(dest, again, source, transfer)
+        stats, bad = copy(again)
         report.transferred.add(stats)
         report.refetched = [e.path for e in again]
     if bad:
@@ -141,35 +153,27 @@ def fill(dest: str, manifest: Manifest, source: Source, transfer: Transfer,
     return report
 
 
-def _copy_local(dest: str, entries: Sequence[Entry], source: Source,
-                transfer: Transfer) -> tuple[TransferStats, list[Mismatch]]:
-    """Mounted source: copy what is missing, verifying each file as it is copied."""
-    if not os.path.isdir(source.path):
-        raise SourceError(f"source {source.raw} is not reachable from this node (not a directory); "
-                          "check that it is mounted, or ask the admins")
-    return copier.copy_verified(source.path, dest, entries, threads=copier.THREADS,
-                                bwlimit=transfer.bwlimit * 1024 * transfer.streams)
+def _check_time(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise OutOfTime("the transfer used up the time budget; what arrived is kept and the next stage resumes")
 
 
-def _copy_rsync(dest: str, entries: Sequence[Entry], source: Source,
-                transfer: Transfer) -> tuple[TransferStats, list[Mismatch]]:
-    """Remote source: rsync what is missing, then verify every file."""
-    stats = fetch(source, dest, entries, transfer)
-    return stats, check_tree(dest, entries, transfer.hash_threads)
-
-
-def _remove(dest: str, bad: Sequence[Mismatch]) -> None:
-    for m in bad:
-        try:
-            os.unlink(os.path.join(dest, m.path))
-        except FileNotFoundError:
-            pass
+def _remove(dest_fd: int, bad: Sequence[Mismatch]) -> None:
+    with Tree(dest_fd) as tree:
+        for m in bad:
+            try:
+                fd, name = tree.split(m.path)
+                nodefs.remove_at(fd, name)
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except OSError as exc:
+                raise StoreError(f"cannot remove {m.path!r} from the staging area: {exc.strerror}") from None
 
 
 def mismatch_message(name: str, bad: Sequence[Mismatch]) -> str:
     shown = "; ".join(m.describe() for m in bad[:3])
     more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
     cause = ("the source no longer has them" if all(m.found == "missing" for m in bad)
-             else "the source changed after its manifest was built")
+             else "the source changed after its manifest was built, or its reader may not read them")
     return (f"dataset {name!r}, even after fetching again: {shown}{more}; {cause}: nothing was published; "
             f"an admin should run `dsstage manifest build {name}`")

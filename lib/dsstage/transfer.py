@@ -13,13 +13,14 @@ import logging
 import os
 import re
 import tempfile
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import proc
 from .config import Source, Transfer
-from .errors import CommandError, SourceError
+from .errors import CommandError, NoSpace, OutOfTime, SourceError
 from .manifest import Entry
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 PARTIAL = (23, 24)
 #: rsync's own I/O timeout: a source that stops answering is given up after this long
 IO_TIMEOUT = 300
+#: what rsync says when the receiving side (our tier) is full
+NO_SPACE = "No space left on device"
 
 
 @dataclass
@@ -71,7 +74,8 @@ def parse_stats(output: str) -> TransferStats:
 
 
 def rsync_argv(source: Source, dest: str, list_file: str, transfer: Transfer) -> list[str]:
-    argv = ["rsync", "-lt", "--from0", f"--files-from={list_file}", "--stats",
+    # no -l: a link on the source is skipped, never recreated in the staging area
+    argv = ["rsync", "-t", "--from0", f"--files-from={list_file}", "--stats",
             # whole files arrive under their final name only when complete (see module doc)
             "--partial-dir=.dsstage-partial",
             # the BLAKE3 verification that follows is the real check, so rsync's
@@ -86,8 +90,10 @@ def rsync_argv(source: Source, dest: str, list_file: str, transfer: Transfer) ->
     return argv + [source.rsync_base(), dest.rstrip("/") + "/"]
 
 
-def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfer) -> TransferStats:
-    """Copy ``entries`` from ``source`` into ``dest`` with parallel rsync streams."""
+def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfer, *,
+          deadline: float | None = None) -> TransferStats:
+    """Copy ``entries`` from ``source`` into ``dest`` with parallel rsync streams; stop with
+    OutOfTime at ``deadline`` (monotonic; what arrived is kept)."""
     total = TransferStats()
     if not entries:
         return total
@@ -102,10 +108,19 @@ def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfe
 
         def one(list_file: str) -> TransferStats:
             argv = rsync_argv(source, dest, list_file, transfer)
+            timeout = transfer.timeout
+            if deadline is not None:
+                timeout = max(1.0, min(timeout, deadline - time.monotonic()))
             try:
-                res = proc.run(argv, timeout=transfer.timeout, check=False, die_with_parent=True)
+                res = proc.run(argv, timeout=timeout, check=False, die_with_parent=True)
             except CommandError as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise OutOfTime(f"copying from {source.raw} did not finish within the time budget; "
+                                    "what arrived is kept and the next stage resumes") from None
                 raise SourceError(f"copying from {source.raw} failed: {exc}; check that the source is up") from None
+            if res.returncode != 0 and NO_SPACE in res.stderr:
+                raise NoSpace(f"the tier's filesystem filled up while copying from {source.raw}; what arrived "
+                              "is kept and the next stage resumes: free space or lower the tier's capacity")
             if res.returncode not in (0, *PARTIAL):
                 tail = " | ".join(res.stderr.strip().splitlines()[-2:])
                 raise SourceError(f"cannot copy from {source.raw} (rsync exit {res.returncode}: {tail}); "

@@ -12,6 +12,14 @@ from dsstage import manifest as mf
 from helpers import Env, write_tree
 
 
+def copy(src, dest, entries, **kw):
+    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return copier.copy_verified(str(src), fd, entries, **kw)
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture(params=["whole", "streamed"])
 def chunk(request, monkeypatch):
     if request.param == "streamed":
@@ -24,13 +32,13 @@ def test_copies_verified_files_read_only_with_mtime(tmp_path, chunk):
     m = mf.build("ds", str(src)).manifest
     dest = tmp_path / "dest"
     dest.mkdir()
-    stats, bad = copier.copy_verified(str(src), str(dest), m.entries)
+    stats, bad = copy(src, dest, m.entries)
     assert bad == [] and stats.files == 3 and stats.bytes == 5010
     for e in m.entries:
         st = os.lstat(dest / e.path)
         assert (dest / e.path).read_bytes() == (src / e.path).read_bytes()
         assert stat.S_IMODE(st.st_mode) == 0o444 and st.st_mtime_ns == e.mtime_ns
-    assert copier.copy_verified(str(src), str(dest), m.entries)[0].files == 0  # present files are kept
+    assert copy(src, dest, m.entries)[0].files == 0  # present files are kept
 
 
 def test_mismatches_write_nothing(tmp_path, chunk):
@@ -41,7 +49,7 @@ def test_mismatches_write_nothing(tmp_path, chunk):
     (src / "gone").unlink()
     dest = tmp_path / "dest"
     dest.mkdir()
-    stats, bad = copier.copy_verified(str(src), str(dest), m.entries)
+    stats, bad = copy(src, dest, m.entries)
     found = {b.path: b.found for b in bad}
     assert found["gone"] == "missing" and found["grew"] == "size 3001" and len(found["same-size"]) == 64
     assert stats.files == 0 and sorted(os.listdir(dest)) == []
@@ -52,7 +60,7 @@ def test_rate_limit_slows_the_copy(tmp_path):
     m = mf.build("ds", str(src)).manifest
     (tmp_path / "dest").mkdir()
     t = time.monotonic()
-    copier.copy_verified(str(src), str(tmp_path / "dest"), m.entries, bwlimit=2_000_000)
+    copy(src, tmp_path / "dest", m.entries, bwlimit=2_000_000)
     assert time.monotonic() - t >= 0.4  # 1 MB at 2 MB/s
 
 
@@ -79,3 +87,67 @@ def test_batches_spread_large_files():
     batches = copier.batched(entries, files=64, nbytes=32 * 2**20)
     assert [len(b) for b in batches] == [64, 36, 1, 1, 1]
     assert [e for b in batches for e in b] == entries
+
+
+def test_a_source_swapped_for_links_fifos_or_devices_is_never_followed_nor_blocks(tmp_path, chunk):
+    """Between the manifest build and the copy, the data owner swaps a directory for a link
+    to a root-only directory, a file for a FIFO, and a directory for a link to /dev: the
+    copier reads none of them, never blocks, and writes nothing for them."""
+    secret = tmp_path / "root-only"
+    write_tree(secret, {"key": b"k" * 10, "zero": b"z" * 4000})
+    os.chmod(secret, 0o700)
+    src = write_tree(tmp_path / "src", {"d/key": b"k" * 10, "fifo": b"f" * 10, "dev/zero": b"z" * 4000,
+                                        "ok": b"fine"})
+    m = mf.build("ds", str(src)).manifest
+    for p in ("d/key", "dev/zero", "fifo"):
+        (src / p).unlink()
+    (src / "d").rmdir()
+    (src / "d").symlink_to(secret)
+    (src / "dev").rmdir()
+    (src / "dev").symlink_to("/dev")
+    os.mkfifo(src / "fifo")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    t = time.monotonic()
+    stats, bad = copy(src, dest, m.entries)
+    assert time.monotonic() - t < 10
+    found = {b.path: b.found for b in bad}
+    assert found == {"d/key": "not a regular file (a symbolic link in its path)",
+                     "dev/zero": "not a regular file (a symbolic link in its path)",
+                     "fifo": "not a regular file"}
+    assert stats.files == 1 and sorted(p.name for p in dest.rglob("*") if p.is_file()) == ["ok"]
+
+
+def test_names_of_255_bytes_fit_the_temporary_names(tmp_path, chunk):
+    long = "n" * 255
+    src = write_tree(tmp_path / "src", {long: os.urandom(3000), f"d/{'é' * 127}": b"x"})
+    m = mf.build("ds", str(src)).manifest
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    stats, bad = copy(src, dest, m.entries)
+    assert bad == [] and stats.files == 2 and (dest / long).read_bytes() == (src / long).read_bytes()
+
+
+def test_a_source_read_error_is_the_sources_fault_and_a_full_tier_is_no_space(tmp_path, monkeypatch):
+    import errno
+
+    from dsstage.errors import NoSpace, SourceError
+    src = write_tree(tmp_path / "src", {"a": b"1" * 100})
+    m = mf.build("ds", str(src)).manifest
+    (tmp_path / "dest").mkdir()
+    real_read = os.read
+
+    def eio(fd, n):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(copier.os, "read", eio)
+    with pytest.raises(SourceError, match="Input/output error") as err:
+        copy(src, tmp_path / "dest", m.entries)
+    assert err.value.blame == "source"
+    monkeypatch.setattr(copier.os, "read", real_read)
+
+    def enospc(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(copier.nodefs, "write_all", enospc)
+    with pytest.raises(NoSpace, match="full") as err2:
+        copy(src, tmp_path / "dest", m.entries)
+    assert err2.value.blame == "site" and os.listdir(tmp_path / "dest") == []  # no temporary file left

@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, fields
 
 import pytest
-from dsstage import hooks, warm
+from dsstage import hooks, nodefs, warm
 from dsstage.lease import Lease, LeaseBook
 from dsstage.slurm import FakeSlurm
 from helpers import Env
@@ -37,7 +37,8 @@ def ready(env: Env):
 def test_warm_path_leases_and_exports(env: Env, ready):
     rc = warm.prolog(prolog_env(env, "coco"), str(ready), str(env.config_path))
     assert rc == 0
-    lease = LeaseBook(str(env.tier_root())).of_dataset("coco")
+    with nodefs.RootDir(str(env.tier_root())) as tier:
+        lease = LeaseBook(tier).of_dataset("coco")
     assert "77" in {x.job_id for x in lease}
     task = (ready / env.node / "jobs" / "77.task").read_text().splitlines()
     full = (ready / env.node / "jobs" / "2.task").read_text().splitlines()
@@ -67,16 +68,17 @@ def test_warm_path_defers_to_the_full_prolog(env: Env, ready, case):
         env.write()
         hooks.write_config_cache(str(ready), env.config())
     assert warm.prolog(prolog_env(env, request, uid=uid, user=user), str(ready), str(env.config_path)) is None
-    assert "77" not in {x.job_id for x in LeaseBook(str(env.tier_root())).of_dataset("coco")}
+    with nodefs.RootDir(str(env.tier_root())) as tier:
+        assert "77" not in {x.job_id for x in LeaseBook(tier).of_dataset("coco")}
 
 
 def test_a_cache_not_written_by_root_is_ignored(env: Env, ready):
-    os.chmod(ready / warm.CONFIG_CACHE, 0o666)
+    os.chmod(ready / nodefs.CONFIG_CACHE, 0o666)
     assert warm.prolog(prolog_env(env, "coco"), str(ready), str(env.config_path)) is None
 
 
 def test_lease_record_is_what_lease_reads():
-    record = warm.lease_record("coco", "d" * 64, "5", "alice", "n1", taken=1.0, host="h", pid=0)
+    record = nodefs.lease_record("coco", "d" * 64, "5", "alice", "n1", taken=1.0, host="h", pid=0)
     assert set(record) == {f.name for f in fields(Lease)}
     assert asdict(Lease(**record)) == record
 
@@ -91,5 +93,5 @@ def test_main_falls_through_to_the_full_prolog(env: Env, tmp_path, monkeypatch):
     assert "coco staged" in (tmp_path / "log").read_text()
     assert warm.main(["prolog"]) == 0  # now warm
     assert "(warm path)" in (tmp_path / "log").read_text().splitlines()[-1]
-    cache = json.loads((tmp_path / "run" / warm.CONFIG_CACHE).read_text())
+    cache = json.loads((tmp_path / "run" / nodefs.CONFIG_CACHE).read_text())
     assert cache["origin"] == str(env.config_path)

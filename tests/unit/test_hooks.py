@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from dsstage import config, hooks, warm
+from dsstage import config, hooks, nodefs
 from dsstage.errors import (
     AccessDenied,
     ConfigError,
@@ -63,7 +63,7 @@ def test_job_action_and_task_lines():
     held = Outcome("strict", "hold", None, "source down")
     assert hooks.job_action([local, held]) == "hold"
     lines = hooks.task_lines([local, held])
-    assert warm.HOLD_MARK in lines and "print dsstage: error: source down" in lines
+    assert nodefs.HOLD_MARK in lines and "print dsstage: error: source down" in lines
     assert hooks.job_action([held, Outcome("x", "drain", None, "disk")]) == "drain"
 
 
@@ -90,7 +90,7 @@ def test_prolog_with_broken_config_holds_and_does_not_drain(tmp_path):
     assert hooks.prolog(env_for(), run_dir=str(tmp_path), slurm=slurm, load_config=broken) == 0
     assert "misconfigured" in slurm.held["42"]
     task = (tmp_path / "n1" / "jobs" / "42.task").read_text()
-    assert warm.HOLD_MARK in task
+    assert nodefs.HOLD_MARK in task
 
 
 def test_prolog_with_forged_value_holds(tmp_path):

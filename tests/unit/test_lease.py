@@ -4,6 +4,15 @@ import subprocess
 import pytest
 from dsstage.errors import StoreError
 from dsstage.lease import Lease, LeaseBook, holder_alive
+from dsstage.nodefs import RootDir
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
+
+
+@pytest.fixture
+def book(tmp_path):
+    with RootDir(str(tmp_path / "tier")) as tier:
+        yield LeaseBook(tier)
 
 
 def lease(job, **kw):
@@ -11,8 +20,7 @@ def lease(job, **kw):
     return Lease(dataset=kw.pop("dataset", "coco"), job_id=job, user="alice", node="n1", taken=1.0, **kw)
 
 
-def test_take_release_and_list(tmp_path):
-    book = LeaseBook(str(tmp_path))
+def test_take_release_and_list(book):
     book.take(lease("101"))
     book.take(lease("102"))
     book.take(lease("101", dataset="imagenet"))
@@ -23,21 +31,20 @@ def test_take_release_and_list(tmp_path):
     assert [x.job_id for x in book.of_dataset("coco")] == ["102"]
 
 
-def test_job_ids_cannot_escape(tmp_path):
+def test_job_ids_cannot_escape(book):
     with pytest.raises(StoreError, match="job id '../x' is not valid"):
-        LeaseBook(str(tmp_path)).take(lease("../x"))
+        book.take(lease("../x"))
 
 
-def test_reclaim_stale_job_and_process_leases(tmp_path):
-    book = LeaseBook(str(tmp_path))
+def test_reclaim_stale_job_and_process_leases(book):
     dead = subprocess.Popen(["true"])
     dead.wait()
     book.take(lease("101"))
     book.take(lease("102"))
     book.take(lease("pid-here-1", pid=dead.pid, host=os.uname().nodename))
     book.take(lease("pid-here-2", pid=os.getpid(), host=os.uname().nodename))
-    gone = book.reclaim("coco", job_alive=lambda job: job == "102")
-    assert sorted(x.job_id for x in gone) == ["101", "pid-here-1"]
+    gone, damaged = book.reclaim("coco", job_alive=lambda job: job == "102")
+    assert sorted(x.job_id for x in gone) == ["101", "pid-here-1"] and damaged == []
     assert sorted(x.job_id for x in book.of_dataset("coco")) == ["102", "pid-here-2"]
 
 
@@ -45,8 +52,13 @@ def test_process_lease_on_another_host_counts_as_alive():
     assert holder_alive(lease("pid-x", pid=1, host="elsewhere.invalid"), job_alive=lambda _j: False)
 
 
-def test_damaged_lease_file_is_ignored(tmp_path):
-    book = LeaseBook(str(tmp_path))
+def test_damaged_lease_file_is_ignored_and_reclaim_removes_it(book, tmp_path):
     book.take(lease("101"))
-    (tmp_path / "leases" / "coco" / "bad.json").write_text("{not json")
+    leases = tmp_path / "tier" / "leases" / "coco"
+    (leases / "bad.json").write_text("{not json")
+    (leases / "202.json").write_text('{"dataset": "other", "job_id": "202"}')  # not what its name says
+    (leases / "303.json").mkdir()
     assert [x.job_id for x in book.of_dataset("coco")] == ["101"]
+    gone, damaged = book.reclaim("coco", job_alive=lambda job: True)
+    assert gone == [] and sorted(damaged) == ["202.json", "303.json", "bad.json"]
+    assert sorted(p.name for p in leases.iterdir()) == ["101.json"]

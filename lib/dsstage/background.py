@@ -1,0 +1,74 @@
+"""Work the Prolog and Epilog hand to detached processes, so that a job does not wait:
+flushing a new copy to disk, and deleting evicted copies from a tier's trash.
+
+Each runs as ``python -I -m dsstage.background ...`` in its own session (it outlives the
+hook that started it), isolated from the current directory and the environment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+
+from . import nodefs
+from .nodefs import Layout, RootDir
+
+
+def _detach(*args: str) -> None:
+    subprocess.Popen([sys.executable, "-I", "-m", "dsstage.background", *args], cwd="/",
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
+def flush_later(layout: Layout, name: str, digest: str) -> None:
+    """Flush the tier's filesystem in a detached process, then mark the copy durable.
+
+    The job need not wait for the disk; but until the flush is done, a crash of the node
+    could leave files short or empty under a valid-looking mark. A mark that is not
+    durable is trusted only during the boot that wrote it (see nodefs.not_ready)."""
+    _detach("flush", layout.root, name, digest)
+
+
+def purge_later(layout: Layout) -> None:
+    """Delete the tier's trash in a detached process."""
+    _detach("purge", layout.root)
+
+
+def flush(root: str, name: str, digest: str) -> bool:
+    """syncfs() the filesystem of ``root``, then set ``durable`` in the copy's ready mark
+    (under the dataset lock: an eviction may have removed it meanwhile)."""
+    from .lock import DatasetLock
+    layout = Layout(root)
+    with RootDir(root, create=False) as tier:
+        if ctypes.CDLL(None, use_errno=True).syncfs(tier.fd) != 0:
+            os.sync()
+        with DatasetLock(layout.lock(name), timeout=3600, what=f"dataset {name!r}"):
+            mark = nodefs.read_mark(tier, name, digest)
+            if not mark or mark.get("digest") != digest:
+                return False
+            mark["durable"] = True
+            nodefs.write_json_at(tier.dir("ready", name), nodefs.mark_name(digest), mark)
+    return True
+
+
+def purge(root: str) -> int:
+    """Delete every entry of the tier's trash (without following links), and the space
+    record of each; return how many."""
+    from . import space
+    done = 0
+    with RootDir(root, create=False) as tier:
+        trash = tier.dir("trash")
+        for entry in tier.names("trash"):
+            nodefs.remove_at(trash, entry)
+            space.forget(tier, space.trash_record(entry))
+            done += 1
+    return done
+
+
+if __name__ == "__main__":  # pragma: no cover - run by flush_later() and purge_later()
+    if sys.argv[1:2] == ["flush"]:
+        flush(*sys.argv[2:5])
+    elif sys.argv[1:2] == ["purge"]:
+        purge(sys.argv[2])
