@@ -1,7 +1,10 @@
+import subprocess
 from pathlib import Path
 
+import pytest
 from dsstage import slurm, status
-from dsstage.slurm import Job
+from dsstage.errors import CommandError
+from dsstage.slurm import FakeSlurm, Job
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -37,3 +40,198 @@ def test_demand_counts_pending_and_running():
     assert status.demand(jobs) == [
         {"dataset": "coco", "pending": 1, "running": 1, "jobs": ["1", "2"]},
         {"dataset": "in22k", "pending": 0, "running": 1, "jobs": ["2"]}]
+
+
+# -- holding a job ------------------------------------------------------------------------
+
+def saved_squeue() -> dict[str, str]:
+    """Real ``squeue -h -t all -j ID -O JOB_FORMAT`` outputs (Slurm 22.05.8), by job id."""
+    out: dict[str, str] = {}
+    for section in (DATA / "squeue-job-records.txt").read_text().split("## ")[1:]:
+        command, _, text = section.partition("\n")
+        assert command.endswith(slurm.JOB_FORMAT)
+        out[command.split(" -j ")[1].split()[0]] = text
+    return out
+
+
+def test_parse_job_records_on_saved_squeue_output():
+    saved = saved_squeue()
+    # a held batch job whose name and comment forge scontrol fields and records (see below)
+    held = slurm.parse_job_records(saved["25"])["25"]
+    assert (held.state, held.batch, held.requeue, held.datasets) == ("PENDING", True, True, ("sample",))
+    assert held.admin_comment == ("dsstage=sample\nsecond line| dsstage held this job: source /x is gone"
+                                  " -- once that is fixed: scontrol release 25")
+    no_requeue = slurm.parse_job_records(saved["26"])["26"]
+    assert (no_requeue.batch, no_requeue.requeue) == (True, False)
+    assert no_requeue.admin_comment == "site=a|b x=y dsstage=sample"
+    alloc = slurm.parse_job_records(saved["27"])["27"]
+    assert (alloc.state, alloc.batch, alloc.admin_comment) == ("RUNNING", False, "")  # "(null)"
+    array = slurm.parse_job_records(saved["28"])  # the first task's id lists the whole array
+    assert sorted(array) == ["28", "29", "30"] and array["28"].state == "PENDING"
+    assert slurm.parse_job_records(saved["31"])["31"].state == "CANCELLED"
+    assert slurm.parse_job_records("") == {}
+
+
+def test_scontrol_show_job_can_be_forged_by_the_user():
+    # job 25 above, as scontrol prints it: name and comment hold line breaks and fields
+    text = (DATA / "scontrol-show-job-forged.txt").read_text()
+    assert "AdminComment=evil BatchFlag=0" in text and "\n1|0|0|RUNNING|evil|" in text
+    assert slurm.parse_show_job(text)[0].state == ""  # why decisions use parse_job_records
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("source /x is gone", "source /x is gone"),
+    ("two\nlines\r\n\tand  tabs", "two lines and tabs"),
+    ("red \x1b[31malert\x1b[0m bell\x07 c1\x9b", "red [31malert[0m bell c1"),
+    ("bidi \u202egnp.exe\u202c zero\u200bwidth", "bidi gnp.exe zerowidth"),
+    ("tag dsstage=imagenet forged", "tag dsstage:imagenet forged"),
+    ("keeps x-dsstage=1 and ünïcode", "keeps x-dsstage=1 and ünïcode"),
+])
+def test_hold_reason_is_one_clean_line(text, expected):
+    assert slurm.hold_reason(text) == expected
+
+
+def test_hold_reason_is_bounded():
+    long = slurm.hold_reason("word " * 1000)
+    assert len(long) == slurm.MAX_REASON and long.endswith("...")
+    assert slurm.hold_reason("abcdef", limit=5) == "ab..."
+
+
+def test_hold_message_says_what_was_done():
+    assert slurm.hold_message(Job("7", "u", "RUNNING", ()), "gone") == \
+        "dsstage held this job: gone -- once that is fixed: scontrol release 7"
+    assert slurm.hold_message(Job("7", "u", "RUNNING", (), batch=False), "gone") == \
+        "dsstage cancelled this job: gone (an interactive allocation cannot be requeued)"
+    assert slurm.hold_message(Job("7", "u", "RUNNING", (), requeue=False), "gone") == \
+        "dsstage stopped this job: gone (it was submitted with --no-requeue)"
+
+
+def test_merge_admin_comment_keeps_what_is_there_and_replaces_its_own_part():
+    assert slurm.merge_admin_comment("", "dsstage held this job: a") == "dsstage held this job: a"
+    merged = slurm.merge_admin_comment("site=a|b x=y dsstage=coco", "dsstage held this job: a")
+    assert merged == "site=a|b x=y dsstage=coco dsstage held this job: a"
+    assert slurm.datasets_of(merged) == ("coco",)
+    again = slurm.merge_admin_comment(merged, "dsstage cancelled this job: b")
+    assert again == "site=a|b x=y dsstage=coco dsstage cancelled this job: b"
+    assert slurm.merge_admin_comment("dsstage=coco\n dsstage stopped this job: x", "dsstage held this job: y") == \
+        "dsstage=coco dsstage held this job: y"
+
+
+class Recorder:
+    """proc.run for CliSlurm: the saved squeue answer for the job, success for the rest."""
+
+    def __init__(self, squeue: str, squeue_rc: int = 0, squeue_err: str = "") -> None:
+        self.calls: list[list[str]] = []
+        self.squeue = (squeue, squeue_rc, squeue_err)
+
+    def __call__(self, argv, *, timeout=None, check=True, **kw):
+        argv = list(argv)
+        self.calls.append(argv)
+        out, rc, err = self.squeue if argv[0].endswith("/squeue") else ("", 0, "")
+        if check and rc:
+            raise CommandError(argv, rc, out, err)
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+
+def cli_with(monkeypatch, squeue: str, **kw) -> tuple[slurm.CliSlurm, Recorder]:
+    rec = Recorder(squeue, **kw)
+    monkeypatch.setattr(slurm.proc, "run", rec)
+    return slurm.CliSlurm(bin_dir="/opt/slurm/bin", timeout=5), rec
+
+
+def running(job_id: str, *, batch: str = "1", requeue: str = "1", admin: str = "dsstage=coco") -> str:
+    return f"{job_id}|{batch}|{requeue}|RUNNING|{admin}|\n"
+
+
+def test_cli_hold_requeues_and_holds_a_batch_job(monkeypatch):
+    cli, rec = cli_with(monkeypatch, running("42", admin="site=x dsstage=coco"))
+    assert cli.hold("42", "source /x is\ngone") == slurm.HELD
+    assert rec.calls == [
+        ["/opt/slurm/bin/squeue", "-h", "-t", "all", "-j", "42", "-O", slurm.JOB_FORMAT],
+        ["/opt/slurm/bin/scontrol", "update", "JobId=42", "AdminComment=site=x dsstage=coco dsstage held this job: "
+         "source /x is gone -- once that is fixed: scontrol release 42"],
+        ["/opt/slurm/bin/scontrol", "requeuehold", "Incomplete", "42"]]
+    assert not any("Comment=" in a and not a.startswith("AdminComment=") for c in rec.calls for a in c)
+
+
+def test_cli_hold_leaves_a_job_another_node_requeued(monkeypatch):
+    cli, rec = cli_with(monkeypatch, "42|1|1|COMPLETING|dsstage=coco|\n")
+    assert cli.hold("42", "gone") == slurm.ALREADY_HELD
+    assert rec.calls[-1][1:] == ["requeuehold", "Incomplete", "42"]  # a no-op for Slurm: seen
+
+
+def test_cli_hold_cancels_an_allocation_after_telling_its_terminal(monkeypatch):
+    cli, rec = cli_with(monkeypatch, saved_squeue()["27"])  # salloc, running
+    assert cli.hold("27", "gone") == slurm.CANCELLED
+    message = "dsstage cancelled this job: gone (an interactive allocation cannot be requeued)"
+    assert rec.calls[1:] == [["/opt/slurm/bin/scontrol", "update", "JobId=27", f"AdminComment={message}"],
+                             ["/opt/slurm/bin/scontrol", "notify", "27", message],
+                             ["/opt/slurm/bin/scancel", "27"]]
+
+
+def test_cli_hold_leaves_a_no_requeue_batch_job_to_its_taskprolog(monkeypatch):
+    cli, rec = cli_with(monkeypatch, saved_squeue()["26"])
+    assert cli.hold("26", "gone") == slurm.NOT_REQUEUED
+    assert [c[1] for c in rec.calls[1:]] == ["update"]
+    assert rec.calls[1][3] == ("AdminComment=site=a|b x=y dsstage=sample "
+                               "dsstage stopped this job: gone (it was submitted with --no-requeue)")
+
+
+def test_cli_hold_of_a_gone_job_does_nothing(monkeypatch):
+    cli, rec = cli_with(monkeypatch, "", squeue_rc=1, squeue_err="slurm_load_jobs error: Invalid job id specified")
+    assert cli.hold("9", "gone") == slurm.GONE and len(rec.calls) == 1
+    cli, rec = cli_with(monkeypatch, saved_squeue()["31"])  # cancelled meanwhile
+    assert cli.hold("31", "gone") == slurm.GONE and len(rec.calls) == 1
+
+
+def test_cli_hold_raises_when_slurm_cannot_be_asked(monkeypatch):
+    cli, _ = cli_with(monkeypatch, "", squeue_rc=1, squeue_err="Unable to contact slurm controller")
+    with pytest.raises(CommandError):
+        cli.hold("42", "gone")
+
+
+def test_cli_job_alive_is_not_fooled_by_a_forged_job_name(monkeypatch):
+    cli, rec = cli_with(monkeypatch, saved_squeue()["25"])
+    assert cli.job_alive("25")
+    assert rec.calls == [["/opt/slurm/bin/squeue", "-h", "-t", "all", "-j", "25", "-O", slurm.JOB_FORMAT]]
+    cli, _ = cli_with(monkeypatch, saved_squeue()["31"])
+    assert not cli.job_alive("31")
+    cli, _ = cli_with(monkeypatch, "", squeue_rc=1, squeue_err="slurm_load_jobs error: Invalid job id specified")
+    assert not cli.job_alive("9")
+    cli, _ = cli_with(monkeypatch, "", squeue_rc=1, squeue_err="Unable to contact slurm controller")
+    assert cli.job_alive("9")  # cannot tell: keep the lease
+
+
+def test_cli_slurm_calls_clients_by_absolute_path_only():
+    with pytest.raises(ValueError):
+        slurm.CliSlurm(bin_dir="bin")
+    c = slurm.client(bin_dir="/opt/slurm/bin")
+    assert isinstance(c, slurm.CliSlurm) and c.bin_dir == "/opt/slurm/bin"
+    assert slurm.client().bin_dir == "/usr/bin"  # type: ignore[attr-defined]
+
+
+def test_fake_hold_follows_the_same_rules():
+    s = FakeSlurm()
+    s.submit(Job("1", "a", "RUNNING", ("coco",), admin_comment="dsstage=coco"))
+    s.submit(Job("2", "a", "RUNNING", ("coco",), batch=False))
+    s.submit(Job("3", "a", "RUNNING", ("coco",), requeue=False))
+    s.submit(Job("4", "a", "COMPLETED", ("coco",)))
+    assert s.hold("1", "source\ngone") == slurm.HELD
+    assert s.queue["1"].state == "PENDING" and s.held == {"1": "source gone"}
+    assert s.queue["1"].admin_comment == \
+        "dsstage=coco dsstage held this job: source gone -- once that is fixed: scontrol release 1"
+    assert s.hold("1", "still gone") == slurm.ALREADY_HELD
+    assert s.queue["1"].admin_comment.endswith("still gone -- once that is fixed: scontrol release 1")
+    assert s.hold("2", "gone") == slurm.CANCELLED
+    assert s.queue["2"].state == "CANCELLED" and s.cancelled == {"2": "gone"}
+    assert s.notified["2"].startswith("dsstage cancelled this job: gone")
+    assert s.hold("3", "gone") == slurm.NOT_REQUEUED and s.queue["3"].state == "RUNNING"
+    assert "3" not in s.held and "3" not in s.cancelled
+    assert s.hold("4", "gone") == slurm.GONE
+    assert s.hold("99", "never submitted") == slurm.HELD and s.held["99"] == "never submitted"
+
+
+def test_requeue_hold_stays_until_hooks_call_hold():
+    s = FakeSlurm()
+    s.requeue_hold("5", "dsstage held this job: x is gone -- fix it, then `scontrol release <job id>`")
+    assert s.held == {"5": "x is gone"}
