@@ -1,0 +1,206 @@
+"""Faults injected where they happen: every one ends in a decision (local, fallback, hold,
+drain), only a failing local store drains, and no job runs with an empty path in silence."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from pathlib import Path
+
+import pytest
+from dsstage import hooks, nodefs
+from dsstage.errors import OutOfTime, StateError, UnsafeStore
+from dsstage.slurm import FakeSlurm
+from helpers import Env
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
+
+
+def job_env(env: Env, request: str = "coco", job: str = "42") -> dict[str, str]:
+    return {"SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+            "SLURMD_NODENAME": env.node, "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": request}
+
+
+def task_lines(run: Path, env: Env, job: str = "42") -> list[str]:
+    return (run / env.node / "jobs" / f"{job}.task").read_text().splitlines()
+
+
+@pytest.fixture
+def coco(env: Env) -> Path:
+    src = env.add("coco", {"a": b"1" * 1000, "d/b": b"2" * 3000})
+    env.cli("manifest", "build", "coco")
+    return src
+
+
+def prolog(env: Env, run: Path, slurm: FakeSlurm | None = None, **kw) -> int:
+    return hooks.prolog(job_env(env, **{k: kw.pop(k) for k in ("request", "job") if k in kw}), run_dir=str(run),
+                        slurm=slurm or FakeSlurm(), load_config=env.config, **kw)
+
+
+def test_estale_on_the_state_directory_falls_back_with_a_warning(env: Env, coco: Path, tmp_path, monkeypatch):
+    from dsstage import manifest
+
+    def stale(state_dir: str, name: str) -> str:
+        raise OSError(errno.ESTALE, "Stale file handle")
+    monkeypatch.setattr(manifest, "read_current", stale)
+    run = tmp_path / "run"
+    assert prolog(env, run) == 0  # never a drain
+    lines = task_lines(run, env)
+    assert f"export DSSTAGE_DATASET_DIR={coco}" in lines  # the source, never an empty path
+    assert any(line.startswith("print dsstage: warning:") and "Stale file handle" in line for line in lines)
+
+
+def test_state_directory_error_is_the_sites(env: Env, coco: Path, monkeypatch):
+    from dsstage import manifest
+    monkeypatch.setattr(manifest, "read_current", lambda *_a: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    from dsstage.catalog import User
+    with pytest.raises(StateError, match="shared state directory") as err:
+        env.store().stage("coco", user=User.lookup(0), job_id="1")
+    assert err.value.blame == "site"
+
+
+def test_eio_reading_the_source_falls_back_or_holds_never_drains(env: Env, coco: Path, tmp_path, monkeypatch):
+    from dsstage import copier
+    real = os.read
+
+    def eio(fd: int, n: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(coco)):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, n)
+    monkeypatch.setattr(copier.os, "read", eio)
+    run, slurm = tmp_path / "run", FakeSlurm()
+    assert prolog(env, run, slurm) == 0
+    assert f"export DSSTAGE_DATASET_DIR={coco}" in task_lines(run, env) and slurm.held == {}
+    env.add("strict", {"x": b"x"}, on_failure="hold")
+    env.cli("manifest", "build", "strict")
+    monkeypatch.setattr(copier.os, "read", lambda fd, n: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    assert prolog(env, run, slurm, request="strict", job="43") == 0
+    assert "I/O" in slurm.held["43"] and nodefs.HOLD_MARK in task_lines(run, env, "43")
+
+
+def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: Env, tmp_path):
+    src = env.add("big", {f"f{i:03d}": os.urandom(20_000) for i in range(200)})
+    env.cli("manifest", "build", "big")
+    store = env.store()
+    from dsstage import copier
+    from dsstage.catalog import User
+    real = copier._copy_one
+    copied = []
+
+    def slow(*args, **kw):
+        time.sleep(0.01)
+        copied.append(1)
+        return real(*args, **kw)
+    copier._copy_one, saved = slow, copier._copy_one
+    try:
+        with pytest.raises(OutOfTime, match="next stage resumes"):
+            store.stage("big", user=User.lookup(0), job_id="1", deadline=time.monotonic() + 0.3)
+    finally:
+        copier._copy_one = saved
+    staging = env.tier_root() / "staging"
+    kept = [p for p in staging.rglob("*") if p.is_file()]
+    assert 0 < len(kept) < 200 and not (env.tier_root() / "ready" / "big").exists()
+    # the Prolog with a budget already spent: decides at once, per policy, and keeps the work
+    run = tmp_path / "run"
+    t = time.monotonic()
+    assert prolog(env, run, request="big", started=time.monotonic() - 10_000) == 0
+    assert time.monotonic() - t < 5
+    assert f"export DSSTAGE_DATASET_DIR={src}" in task_lines(run, env)
+    # the next stage resumes: it copies only what is missing
+    again = env.cli_json("stage", "big", "--job-id", "2")
+    assert again["action"] == "staged" and again["transferred_files"] <= 200 - len(kept)
+
+
+def test_a_full_tier_mid_copy_is_no_space_and_the_left_staging_area_is_counted(env: Env, coco: Path, tmp_path,
+                                                                                 monkeypatch):
+    from dsstage import copier
+    real = nodefs.write_all
+    staging = str(env.tier_root() / "staging")
+
+    def enospc(fd: int, data: bytes) -> None:  # the tier's filesystem is full, nothing else
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(staging):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+    monkeypatch.setattr(copier.nodefs, "write_all", enospc)
+    run, slurm = tmp_path / "run", FakeSlurm()
+    assert prolog(env, run, slurm) == 0 and slurm.held == {}
+    assert any("filesystem is full" in line for line in task_lines(run, env))
+    reserved = os.listdir(env.tier_root() / "reserved")
+    assert reserved and all(r.startswith("stage-coco.") for r in reserved)  # counted until resumed or removed
+    monkeypatch.undo()
+    assert env.cli_json("stage", "coco", "--job-id", "2")["action"] == "staged"
+    assert os.listdir(env.tier_root() / "reserved") == []  # the mark counts it now
+    evicted = env.cli_json("evict", "coco")
+    assert [e["action"] for e in evicted] == ["kept"]
+
+
+def test_superseded_staging_areas_are_removed_and_shown(env: Env, coco: Path):
+    left = env.tier_root() / "staging" / "coco.0123456789abcdef"
+    env.cli("stage", "coco", "--job-id", "1")
+    left.mkdir(mode=0o700)
+    (left / "partial").write_bytes(b"p")
+    rows = env.store().inventory()
+    assert {"dataset": "coco", "version": "0123456789abcdef", "state": "interrupted"}.items() <= \
+        next(r for r in rows if r["version"] == "0123456789abcdef").items()
+    (coco / "new").write_bytes(b"n")
+    env.cli("manifest", "build", "coco")
+    env.cli("stage", "coco", "--job-id", "2")  # a new version: the left area of another is removed
+    assert not left.exists()
+
+
+def test_broken_run_directory_still_holds_an_unknown_dataset(env: Env, coco: Path, tmp_path):
+    run = tmp_path / "run"
+    run.write_text("not a directory")
+    slurm = FakeSlurm()
+    assert prolog(env, run, slurm, request="cocoa") == 0
+    assert "unknown dataset 'cocoa'" in slurm.held["42"] and "run directory" in slurm.held["42"]
+
+
+def test_a_store_directory_replaced_by_a_file_ends_in_a_decision(env: Env, coco: Path, tmp_path):
+    env.cli("stage", "coco", "--job-id", "1")
+    leases = env.tier_root() / "leases" / "coco"
+    for p in leases.iterdir():
+        p.unlink()
+    leases.rmdir()
+    leases.write_text("x")
+    run, slurm = tmp_path / "run", FakeSlurm()
+    assert prolog(env, run, slurm) == 0
+    lines = task_lines(run, env)
+    assert f"export DSSTAGE_DATASET_DIR={coco}" in lines  # fell back, with the reason
+    assert any("leases/coco" in line and "not a directory" in line for line in lines)
+
+
+def test_an_unexpected_error_holds_the_job(env: Env, coco: Path, tmp_path, monkeypatch):
+    slurm = FakeSlurm()
+    monkeypatch.setattr(hooks, "_slurm", lambda: slurm)
+    monkeypatch.setattr(hooks, "prolog", lambda *a, **k: 1 / 0)
+    for k, v in {**job_env(env), "DSSTAGE_RUN_DIR": str(tmp_path / "run"), "DSSTAGE_CONFIG": str(env.config_path),
+                 "DSSTAGE_LOG": str(tmp_path / "log")}.items():
+        monkeypatch.setenv(k, v)
+    assert hooks.main(["prolog"]) == 0
+    assert "ZeroDivisionError" in slurm.held["42"] and nodefs.HOLD_MARK in task_lines(tmp_path / "run", env)
+
+
+def test_verify_full_that_cannot_repair_leaves_no_ready_copy(env: Env, coco: Path):
+    path = Path(env.cli_json("stage", "coco", "--job-id", "1")["path"])
+    victim = path / "a"
+    os.chmod(victim, 0o644)
+    victim.write_bytes(b"X" * 1000)
+    (coco / "a").write_bytes(b"Y" * 1000)  # the source cannot repair it either
+    res = env.cli("verify", "coco", "--full", check=False)
+    assert res.returncode == 65 and "flagged bad" in res.stderr
+    quick = env.cli("verify", "coco", "--json", check=False)
+    assert quick.returncode == 1 and '"ok": false' in quick.stdout and "known to be damaged" in quick.stdout
+    assert env.cli("stage", "coco", "--job-id", "2", check=False).returncode == 65
+
+
+def test_unsafe_tier_is_refused_with_the_path_and_never_drains(env: Env, coco: Path, tmp_path):
+    tier = env.tier_root()
+    tier.mkdir(parents=True)
+    os.chmod(tier, 0o777)
+    res = env.cli("stage", "coco", "--job-id", "1", check=False)
+    assert res.returncode == UnsafeStore.exit_code and f"{tier} is writable by group or others" in res.stderr
+    assert res.stderr.count("\n") == 1
+    run, slurm = tmp_path / "run", FakeSlurm()
+    assert prolog(env, run, slurm) == 0 and f"export DSSTAGE_DATASET_DIR={coco}" in task_lines(run, env)
