@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +20,16 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-DEVCLUSTER = ROOT / "packaging" / "devcluster"
 
 
 class Cluster:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, top: Path = ROOT) -> None:
         self.dir = directory
         self.etc = directory / "etc"
         self.jobs = directory / "jobs"
         self.env = dict(os.environ, SLURM_CONF=str(self.etc / "slurm.conf"),
                         DSSTAGE_CONFIG=str(self.etc / "dsstage.yaml"))
-        self.venv_bin = ROOT / ".venv" / "bin"
+        self.venv_bin = top / ".venv" / "bin"
 
     # -- commands ------------------------------------------------------------------
 
@@ -103,19 +104,39 @@ class Cluster:
         return src
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def skip_without_cluster() -> None:
     if os.environ.get("DSSTAGE_SKIP_CLUSTER"):
         pytest.skip("DSSTAGE_SKIP_CLUSTER is set")
     if os.geteuid() != 0:
         pytest.skip("the cluster runs its daemons as root")
-    directory = Path(f"/var/tmp/dsstage-cluster-test-{os.getpid()}")
-    env = dict(os.environ, DEVCLUSTER_DIR=str(directory), DEVCLUSTER_PORT="26817",
-               DEVCLUSTER_SAMPLE_FILES="300")
-    up = subprocess.run([str(DEVCLUSTER), "up"], env=env, text=True, capture_output=True, timeout=1800)
+
+
+@contextmanager
+def devcluster(name: str, port: int, *, top: Path = ROOT, sample_files: int = 300) -> Iterator[Cluster]:
+    """`packaging/devcluster up` of checkout TOP in /var/tmp/NAME-<pid> on PORT; down and
+    removed at the end."""
+    directory = Path(f"/var/tmp/{name}-{os.getpid()}")
+    env = dict(os.environ, DEVCLUSTER_DIR=str(directory), DEVCLUSTER_PORT=str(port),
+               DEVCLUSTER_SAMPLE_FILES=str(sample_files))
+    script = str(top / "packaging" / "devcluster")
+    up = subprocess.run([script, "up"], env=env, text=True, capture_output=True, timeout=1800)
     try:
         assert up.returncode == 0, f"devcluster up failed:\n{up.stdout}\n{up.stderr}"
-        yield Cluster(directory)
+        yield Cluster(directory, top)
     finally:
-        subprocess.run([str(DEVCLUSTER), "down"], env=env, timeout=120)
+        subprocess.run([script, "down"], env=env, timeout=120)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    skip_without_cluster()
+    with devcluster("dsstage-cluster-test", 26817) as c:
+        yield c
+
+
+@pytest.fixture
+def another_devcluster() -> Any:
+    """devcluster() itself, for a test that needs a cluster of its own."""
+    skip_without_cluster()
+    return devcluster
