@@ -2,11 +2,12 @@
 
 sbatch loads the SPANK plugin as the submitting user and slurmstepd runs the TaskProlog as
 the job's user, so a checkout only root can enter (say under /root, mode 0700) must still
-give a working cluster.
+give a working cluster; and the TaskProlog must take no path from the job's environment.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
@@ -62,3 +63,34 @@ def test_devcluster_from_a_checkout_only_root_can_enter(another_devcluster, tmp_
         assert out[0].startswith(f"DIR={cluster.dir}/nvme/") and "/datasets/sample/" in out[0]
         assert out[1:] == ["nobody", "n00000000 class 0"]
 
+
+def test_taskprolog_ignores_paths_in_the_jobs_environment(cluster, tmp_path):
+    """A user sets DSSTAGE_RUN_DIR / DSSTAGE_DEFAULTS for the job (sbatch --export): the
+    installed TaskProlog still reads the run directory the cluster configured, so the hold
+    mark still stops the task and the user's own task file is never printed."""
+    job_id = "990001"
+    task = cluster.dir / "dsstage-run" / "n1" / "jobs" / f"{job_id}.task"
+    task.parent.mkdir(parents=True, exist_ok=True)
+    task.write_text("print dsstage: error: held for the test\n# dsstage: hold\n")
+    task.chmod(0o444)
+    evil = cluster.jobs / f"evil-{os.getpid()}"
+    (evil / "n1" / "jobs").mkdir(parents=True)
+    (evil / "n1" / "jobs" / f"{job_id}.task").write_text("export LD_PRELOAD=/tmp/evil.so\n")
+    (evil / "defaults").write_text(f"DSSTAGE_RUN_DIR={evil}\n")
+    for p in [evil, *evil.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    taskprolog = cluster.dir / "hooks" / "dsstage-taskprolog"
+    try:
+        for attack in ([f"DSSTAGE_RUN_DIR={evil}"], [f"DSSTAGE_DEFAULTS={evil}/defaults"],
+                       [f"DSSTAGE_RUN_DIR={evil}", f"DSSTAGE_DEFAULTS={evil}/defaults"]):
+            res = cluster.run("env", f"SLURM_JOB_ID={job_id}", "SLURMD_NODENAME=n1", *attack, str(taskprolog),
+                              user="nobody", check=False)
+            assert res.returncode == 1, (attack, res)
+            assert res.stdout == task.read_text(), attack
+        for bad in ("SLURM_JOB_ID=../../jobs/990001", "SLURMD_NODENAME=../n1"):
+            res = cluster.run("env", f"SLURM_JOB_ID={job_id}", "SLURMD_NODENAME=n1", bad, str(taskprolog),
+                              user="nobody", check=False)
+            assert res.returncode == 1 and "no task started" in res.stdout and "LD_PRELOAD" not in res.stdout
+    finally:
+        task.unlink()
+        shutil.rmtree(evil)

@@ -1,0 +1,167 @@
+"""The Prolog, Epilog and TaskProlog scripts (prolog/, epilog/), run for real.
+
+Root runs the Prolog and Epilog from slurmd's working directory: Python must start
+isolated, so that nothing planted there (or named by PYTHON* variables) is imported. The
+TaskProlog runs as the job's user with the job's environment: it takes no path from it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOP = Path(__file__).resolve().parents[2]
+PROLOG = TOP / "prolog" / "dsstage-prolog"
+EPILOG = TOP / "epilog" / "dsstage-epilog"
+TASKPROLOG = TOP / "prolog" / "dsstage-taskprolog"
+HOOKS = (PROLOG, EPILOG, TASKPROLOG)
+SAFE_PATH = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+EVIL = 'open({marker!r}, "w").write("imported from " + __file__)\n'
+
+
+@pytest.mark.parametrize("script", HOOKS, ids=lambda p: p.name)
+def test_hook_scripts_set_their_own_path_first(script):
+    commands = [line for line in script.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert commands[0] == SAFE_PATH
+
+
+def job_env(tmp_path: Path) -> dict[str, str]:
+    """What slurmd gives the Prolog, and a defaults file naming this test's Python and
+    configuration (a dataset without a manifest: the Prolog falls back to the source at once)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_text("a")
+    (tmp_path / "dsstage.yaml").write_text(
+        f"state_dir: {tmp_path}/state\non_failure: fallback\n"
+        f"tiers:\n  nvme:\n    path: {tmp_path}/nvme/{{node}}\n    capacity: 1GB\n"
+        f"datasets:\n  sample:\n    source: {tmp_path}/src\n")
+    (tmp_path / "defaults").write_text(
+        f"DSSTAGE_PYTHON={sys.executable}\nDSSTAGE_CONFIG={tmp_path}/dsstage.yaml\n"
+        f"DSSTAGE_RUN_DIR={tmp_path}/run\nDSSTAGE_LOG={tmp_path}/hooks.log\n")
+    return {"DSSTAGE_DEFAULTS": str(tmp_path / "defaults"), "SPANK_DSSTAGE_DATASETS": "sample",
+            "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": str(os.getuid()),
+            "SLURM_JOB_GID": str(os.getgid()), "SLURM_JOB_USER": "root", "SLURM_CONF": "/nonexistent"}
+
+
+def plant(where: Path, kind: str, marker: Path) -> None:
+    code = EVIL.format(marker=str(marker))
+    if kind == "module":
+        (where / "dsstage.py").write_text(code)
+    else:
+        for sub in ("", "hooks", "warm"):
+            (where / "dsstage" / f"{sub or '__init__'}.py").parent.mkdir(parents=True, exist_ok=True)
+            (where / "dsstage" / f"{sub or '__init__'}.py").write_text(code)
+
+
+@pytest.mark.parametrize("vector", ["cwd", "PYTHONPATH"])
+@pytest.mark.parametrize("kind", ["module", "package"])
+@pytest.mark.parametrize("script", [PROLOG, EPILOG], ids=lambda p: p.name)
+def test_root_python_imports_nothing_from_cwd_or_pythonpath(tmp_path, script, kind, vector):
+    env = job_env(tmp_path)
+    cwd, planted, marker = tmp_path / "cwd", tmp_path / "planted", tmp_path / "marker"
+    cwd.mkdir()
+    if vector == "cwd":
+        planted = cwd
+    else:
+        planted.mkdir()
+        env["PYTHONPATH"] = str(planted)
+    plant(planted, kind, marker)
+
+    # the plant works: a Python started as the scripts used to start it picks it up
+    res = subprocess.run([sys.executable, "-m", "dsstage.warm", "prolog"], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert marker.exists(), res.stderr
+    marker.unlink()
+
+    res = subprocess.run([str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert not marker.exists(), marker.read_text()
+    assert res.returncode == 0, res.stderr + (tmp_path / "hooks.log").read_text()
+    if script == PROLOG and os.geteuid() == 0:  # the real dsstage ran: it left the job's TaskProlog lines
+        task = (tmp_path / "run" / "n1" / "jobs" / "7.task").read_text()
+        assert f"export DSSTAGE_DATASET_DIR={tmp_path}/src\n" in task
+
+
+# -- the TaskProlog, installed the way sites and the devcluster install it ----------------------
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Path:
+    """install-hooks into tmp_path/hooks, reading tmp_path/etc/defaults (run dir tmp_path/run)."""
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "defaults").write_text(f"DSSTAGE_RUN_DIR={tmp_path}/run\n")
+    subprocess.run(["make", "-s", "-C", str(TOP / "sbatch_ext"), "install-hooks", f"HOOK_DIR={tmp_path}/hooks",
+                    f"DEFAULTS={tmp_path}/etc/defaults"], check=True, capture_output=True)
+    return tmp_path / "hooks" / "dsstage-taskprolog"
+
+
+def task_file(root: Path, job: str, text: str, node: str = "n1") -> Path:
+    path = root / "run" / node / "jobs" / f"{job}.task"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def taskprolog(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    env = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n1", **env}
+    return subprocess.run([str(script)], env=env, cwd="/", capture_output=True, text=True, timeout=30)
+
+
+HELD = "export DSSTAGE_DATASET_DIR=/data/x\nprint dsstage: error: source down\n# dsstage: hold\n"
+
+
+def test_installed_taskprolog_names_its_defaults_file(installed, tmp_path):
+    assert f"\ndefaults={tmp_path}/etc/defaults\n" in installed.read_text()
+    assert os.access(installed, os.X_OK)
+
+
+def test_taskprolog_prints_the_task_file_and_stops_a_held_job(installed, tmp_path):
+    task_file(tmp_path, "42", "export DSSTAGE_DATASET_DIR=/data/x")  # no final newline
+    res = taskprolog(installed)
+    assert (res.returncode, res.stdout) == (0, "export DSSTAGE_DATASET_DIR=/data/x\n")
+    task_file(tmp_path, "42", HELD)
+    res = taskprolog(installed)
+    assert (res.returncode, res.stdout) == (1, HELD)
+    res = taskprolog(installed, SLURM_JOB_ID="43")
+    assert (res.returncode, res.stdout) == (0, "")
+
+
+def test_taskprolog_ignores_run_dir_and_defaults_from_the_jobs_environment(installed, tmp_path):
+    task_file(tmp_path, "42", HELD)
+    evil = tmp_path / "evil"
+    task_file(evil, "42", "export LD_PRELOAD=/tmp/evil.so\n")
+    (evil / "defaults").write_text(f"DSSTAGE_RUN_DIR={evil}/run\necho export FROM_DEFAULTS=1\n")
+    (evil / "empty").mkdir()
+    for attack in ({"DSSTAGE_RUN_DIR": str(evil / "empty")},  # no task file there: the hold mark unseen
+                   {"DSSTAGE_RUN_DIR": str(evil / "run")},
+                   {"DSSTAGE_DEFAULTS": str(evil / "defaults")},
+                   {"DSSTAGE_DEFAULTS": str(evil / "defaults"), "DSSTAGE_RUN_DIR": str(evil / "run")}):
+        res = taskprolog(installed, **attack)
+        assert (res.returncode, res.stdout) == (1, HELD), attack
+
+
+@pytest.mark.parametrize("job", ["", "../42", "42/../../42", "4 2", "$(id)", "42\n", "-42", "42.task"])
+def test_taskprolog_refuses_a_job_id_that_is_not_one(installed, tmp_path, job):
+    task_file(tmp_path, "42", "export DSSTAGE_DATASET_DIR=/data/x\n")
+    res = taskprolog(installed, SLURM_JOB_ID=job)
+    assert res.returncode == 1 and "is not a job id; no task started" in res.stdout
+    assert "DSSTAGE_DATASET_DIR" not in res.stdout
+
+
+@pytest.mark.parametrize("node", ["..", ".", "../n1", "n1/..", "n1/x", "n 1", ".hidden", "n1\n"])
+def test_taskprolog_refuses_a_node_name_that_is_not_one(installed, tmp_path, node):
+    task_file(tmp_path, "42", HELD, node="n1")
+    res = taskprolog(installed, SLURMD_NODENAME=node)
+    assert res.returncode == 1 and "is not a node name; no task started" in res.stdout
+    assert "# dsstage: hold" not in res.stdout
+
+
+@pytest.mark.parametrize("job,node", [("42_7", "n1"), ("42+1", "gpu-01.cluster_a"), ("42", "")])
+def test_taskprolog_accepts_array_and_het_ids_and_dotted_node_names(installed, tmp_path, job, node):
+    task_file(tmp_path, job, HELD, node=node or "node")
+    res = taskprolog(installed, SLURM_JOB_ID=job, SLURMD_NODENAME=node)
+    assert (res.returncode, res.stdout) == (1, HELD)
