@@ -294,7 +294,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
 def cmd_reclaim(args: argparse.Namespace) -> int:
     from . import slurm
     conf = _config(args)
-    gone = Store(conf, args.node).reclaim(slurm.client().job_alive)
+    gone = Store(conf, args.node).reclaim(slurm.client(conf.slurm_bin).job_alive)
     _emit(args, [asdict(x) for x in gone],
           lambda: print("\n".join(f"{x.dataset}: lease of job {x.job_id} reclaimed (job gone)" for x in gone)
                         or "no stale lease on this node"))
@@ -313,7 +313,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     conf = _config(args)
     from . import slurm, status
     from .ui import console
-    st = status.collect(conf, None if args.no_queue else slurm.client())
+    st = status.collect(conf, None if args.no_queue else slurm.client(conf.slurm_bin))
 
     def text() -> None:
         from rich.table import Table

@@ -105,10 +105,10 @@ def task_lines(outcomes: Sequence[Outcome]) -> list[str]:
     return lines
 
 
-def hold_comment(outcomes: Sequence[Outcome]) -> str:
+def hold_reason(outcomes: Sequence[Outcome]) -> str:
+    """The one-line reason Slurm shows for a held job (slurm.hold bounds and cleans it)."""
     bad = [o for o in outcomes if o.action == "hold"]
-    text = "; ".join(_one_line(o.reason) for o in bad)
-    return _one_line(f"dsstage held this job: {text} -- fix it, then `scontrol release <job id>`")[:900]
+    return _one_line("; ".join(_one_line(o.reason) for o in bad))
 
 
 def _one_line(text: str) -> str:
@@ -140,8 +140,10 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
     return outcomes
 
 
-def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient,
+def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = None,
            load_config: Callable[[], Config] = cfg.load, started: float | None = None) -> int:
+    """The Prolog for one job on this node; ``slurm`` defaults to the command-line client
+    in the configuration's ``slurm_bin``."""
     started = time.monotonic() if started is None else started
     ctx = JobContext.from_env(env)
     if not ctx.request:
@@ -151,7 +153,9 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient,
     except DsstageError as exc:
         outcomes = [Outcome(ctx.request, "hold", None, f"dsstage is misconfigured on {ctx.node}: {exc}")]
         store = None
+        slurm = slurm or _slurm()
     else:
+        slurm = slurm or _slurm(conf.slurm_bin)
         store = Store(conf, ctx.node or None)
         budget = float(getattr(conf, "prolog_budget", 300.0))
         outcomes = stage_all(ctx, conf, store, deadline=started + max(1.0, budget - DECIDE_MARGIN))
@@ -177,10 +181,11 @@ def decide(ctx: JobContext, outcomes: list[Outcome], *, run_dir: str, slurm: Slu
         write_node_report(store)
     if action == "hold":  # for a drain Slurm requeues and holds the job itself
         try:
-            slurm.requeue_hold(ctx.job_id, hold_comment(outcomes))
+            done = slurm.hold(ctx.job_id, hold_reason(outcomes))
+            log.info("job %s: %s", ctx.job_id, done)
         except DsstageError as exc:
             # the task file's hold mark still stops the job's tasks (see dsstage-taskprolog)
-            log.error("job %s: could not requeue and hold: %s", ctx.job_id, exc)
+            log.error("job %s: could not hold it in Slurm: %s", ctx.job_id, exc)
     if action == "drain":
         log.error("job %s: draining %s: %s", ctx.job_id, ctx.node,
                   "; ".join(o.reason for o in outcomes if o.action == "drain"))
@@ -256,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     which = argv[0] if argv else ""
     try:
         if which == "prolog":
-            return prolog(os.environ, run_dir=run_dir, slurm=_slurm())
+            return prolog(os.environ, run_dir=run_dir)
         if which == "epilog":
             return epilog(os.environ, run_dir=run_dir)
     except Exception as exc:  # a bug must not drain the node, nor pass in silence: hold the job
@@ -268,9 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _slurm() -> SlurmClient:
-    from .slurm import client as slurm_client
-    return slurm_client()
+def _slurm(bin_dir: str | None = None) -> SlurmClient:
+    from .slurm import BIN_DIR, client
+    return client(bin_dir or BIN_DIR)
 
 
 def on_bug(env: Mapping[str, str], run_dir: str, exc: BaseException) -> int:
