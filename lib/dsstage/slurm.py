@@ -58,7 +58,6 @@ class SlurmClient(Protocol):
     def jobs(self) -> list[Job]: ...
     def job_alive(self, job_id: str) -> bool: ...
     def hold(self, job_id: str, reason: str) -> str: ...
-    def requeue_hold(self, job_id: str, comment: str) -> None: ...  # until hooks.py calls hold
 
 
 # -- holding a job: what is done and what the user reads (pure) ---------------------------
@@ -247,16 +246,6 @@ class CliSlurm:
         if res.returncode != 0:  # "Job has already finished": another node's Prolog cancelled it
             log.warning("job %s: cannot record the hold reason: %s", job.job_id, res.stderr.strip())
 
-    def requeue_hold(self, job_id: str, comment: str) -> None:
-        """Deprecated: what hooks.py calls until it calls ``hold``."""
-        self.hold(job_id, _legacy_reason(comment))
-
-
-def _legacy_reason(comment: str) -> str:
-    """The cause in hooks.hold_comment's text, without its own framing."""
-    comment = comment.removeprefix("dsstage held this job: ")
-    return re.sub(r"\s*-- fix it, then `scontrol release <job id>`$", "", comment)
-
 
 @dataclass
 class FakeSlurm:
@@ -307,10 +296,6 @@ class FakeSlurm:
         if job.job_id in self.queue:
             self.queue[job.job_id] = replace(job, state=state, reason=reason,
                                              admin_comment=merge_admin_comment(job.admin_comment, message))
-
-    def requeue_hold(self, job_id: str, comment: str) -> None:
-        """Deprecated: what hooks.py calls until it calls ``hold``."""
-        self.hold(job_id, _legacy_reason(comment))
 
 
 def client(bin_dir: str = BIN_DIR) -> SlurmClient:

@@ -230,8 +230,3 @@ def test_fake_hold_follows_the_same_rules():
     assert s.hold("4", "gone") == slurm.GONE
     assert s.hold("99", "never submitted") == slurm.HELD and s.held["99"] == "never submitted"
 
-
-def test_requeue_hold_stays_until_hooks_call_hold():
-    s = FakeSlurm()
-    s.requeue_hold("5", "dsstage held this job: x is gone -- fix it, then `scontrol release <job id>`")
-    assert s.held == {"5": "x is gone"}
