@@ -228,7 +228,7 @@ def cmd_manifest_build(args: argparse.Namespace) -> int:
             log.warning("previous manifest unusable, hashing everything: %s", exc)
     from .ui import progress_bar
     with progress_bar(f"hashing {ds.name}", enabled=not args.json) as advance:
-        report = mf.build(ds.name, root, source=ds.source.raw, previous=previous,
+        report = mf.build(ds.name, root, source=ds.source.raw, previous=previous, reader=_reader(conf),
                           threads=conf.transfer.hash_threads, progress=advance)
     path = manifests.publish(report.manifest)
     m = report.manifest
@@ -350,6 +350,14 @@ def cmd_export_catalog(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _reader(conf: cfg.Config) -> Any:
+    """Who reads sources: the configured source_user (as root), else whoever runs this."""
+    if not conf.source_user:
+        return None
+    from . import identity
+    return identity.lookup(conf.source_user)
 
 
 def _user(args: argparse.Namespace) -> cat.User:

@@ -67,13 +67,15 @@ class RateLimit:
             time.sleep(ahead)
 
 
-def open_source_root(path: str) -> int:
-    """The source directory (the admin's path; its last component is not followed)."""
+def open_source_root(path: str, reader: Identity | None = None) -> int:
+    """The source directory, reached without following a link at any component."""
     try:
-        return os.open(path, nodefs.O_DIR)
+        with acting_as(reader):
+            return nodefs.open_source_dir(path)
     except OSError as exc:
         raise SourceError(f"source {path} is not reachable from this node ({exc.strerror}); "
-                          "check that it is mounted here and is a directory, not a symbolic link") from None
+                          "check that it is mounted here and that its path holds no symbolic link "
+                          "(configure the real path)") from None
 
 
 def open_source_file(src_fd: int, rel: str, src_root: str) -> tuple[int | None, str]:
@@ -244,7 +246,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
     (nothing is written for those). Raises OutOfTime when ``deadline`` (monotonic) passes:
     what was copied stays, the next call resumes."""
     limit = RateLimit(bwlimit)
-    src_fd = open_source_root(src_root)
+    src_fd = open_source_root(src_root, reader)
     stop = threading.Event()
     try:
         with Tree(dest_fd, create=True) as dest:

@@ -38,7 +38,7 @@ from typing import NamedTuple
 from .errors import ManifestError
 from .fsutil import write_atomic
 from .identity import Identity, acting_as
-from .nodefs import O_DIR, read_current
+from .nodefs import O_DIR, open_source_dir, read_current
 
 MAGIC = "#dsstage-manifest 2 "
 MTIMES = "#mtimes\n"
@@ -372,10 +372,11 @@ def build(name: str, root: str, *, source: str = "", previous: Manifest | None =
     """
     try:
         with acting_as(reader):
-            root_fd = os.open(root, O_DIR)
+            root_fd = open_source_dir(os.path.abspath(root))
     except OSError as exc:
         raise ManifestError(f"source {root!r} of dataset {name!r} is not a readable directory ({exc.strerror}); "
-                            "check the path and that it is mounted here") from None
+                            "check the path, that it is mounted here and that it holds no symbolic link "
+                            "(give the real path)") from None
     try:
         return _build(name, root, root_fd, source, previous, threads, progress, clock, reader)
     finally:

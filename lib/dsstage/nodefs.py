@@ -18,9 +18,10 @@ a path a user could have steered:
   ``O_EXCL``; files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked to be regular.
 
 Locks: the per-dataset lock is an flock(2) on ``locks/<name>.lock`` through filelock.
-filelock opens its path with ``O_CREAT | O_TRUNC`` and follows symbolic links; that is
-safe here because ``locks/`` and every directory above it have been verified root-owned
-and not writable by anyone else, so only root can create an entry there.
+filelock 3.12 opens its path with ``O_CREAT | O_TRUNC`` and follows symbolic links (newer
+releases add O_NOFOLLOW); either is safe here because ``locks/`` and every directory
+above it have been verified root-owned and not writable by anyone else, so only root can
+create an entry there.
 
 This module imports only the standard library (and dsstage.errors, which imports nothing):
 the warm Prolog uses it too.
@@ -658,6 +659,21 @@ def open_beneath(dir_fd: int, rel: str, flags: int, mode: int = 0) -> int:
     finally:
         if parent != dir_fd:
             os.close(parent)
+
+
+def open_source_dir(path: str) -> int:
+    """A descriptor of a source directory, reached from ``/`` without following a symbolic
+    link at any component: a data owner who controls an ancestor (a directory of theirs in
+    a sticky /scratch) cannot redirect root to another tree. ELOOP/ENOTDIR if a component
+    is a link; configure the real path."""
+    if not path.startswith("/"):
+        raise OSError(errno.EINVAL, "not an absolute path", path)
+    top = os.open("/", O_DIR)
+    try:
+        rel = path.strip("/")
+        return os.dup(top) if not rel else open_beneath(top, rel, os.O_RDONLY | os.O_DIRECTORY)
+    finally:
+        os.close(top)
 
 
 class Tree:
