@@ -15,6 +15,8 @@ import sys
 from . import nodefs
 from .nodefs import Layout, RootDir
 
+PURGE_LOCK = ".purge"
+
 
 def _detach(*args: str) -> None:
     subprocess.Popen([sys.executable, "-I", "-m", "dsstage.background", *args], cwd="/",
@@ -57,13 +59,20 @@ def purge(root: str) -> int:
     """Delete every entry of the tier's trash (without following links), and the space
     record of each; return how many."""
     from . import space
+    from .lock import DatasetLock
     done = 0
     with RootDir(root, create=False) as tier:
         trash = tier.dir("trash")
-        for entry in tier.names("trash"):
-            nodefs.remove_at(trash, entry)
-            space.forget(tier, space.trash_record(entry))
-            done += 1
+        # one purge at a time; each lists the trash afresh, so what a later eviction put
+        # there is deleted by the purge that eviction started, if not by this one
+        with DatasetLock(Layout(root).lock(PURGE_LOCK), timeout=3600, what=f"the trash of {root}"):
+            for entry in tier.names("trash"):
+                try:
+                    nodefs.remove_at(trash, entry)
+                except FileNotFoundError:
+                    pass  # gone already
+                space.forget(tier, space.trash_record(entry))
+                done += 1
     return done
 
 

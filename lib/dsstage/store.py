@@ -243,7 +243,6 @@ class Store:
         staging = nodefs.staging_name(name, digest)
         self._remove_staging(tier, name, keep=staging)
         publish.take_back(tier, name, digest)
-        sfd = tier.dir("staging", staging, mode=0o700)
         older = self._older_versions(tier, name, digest)
         reusable = {(e.size, e.hash) for _, m in older for e in m.entries}
         needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
@@ -251,6 +250,7 @@ class Store:
         linked: dict[int, tuple[int, int]] = {}
         with space.reservation(tier, tier_conf.name, tier_conf.capacity, space.stage_record(staging), needed,
                                f"dataset {name!r}", self.node):
+            sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
             report = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, self.config.transfer,
                                  [(fd, m) for fd, m in older], deadline=deadline, reader=self.reader(),
                                  linked=linked)
@@ -315,25 +315,30 @@ class Store:
             with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, what=f"dataset {name!r}"):
                 book = LeaseBook(tier)
                 for version in tier.names("datasets", name):
-                    mark = publish.unmark(tier, name, version)
-                    size = int(str(mark.get("bytes") or 0))
-                    holders = sorted(x.job_id for x in book.of_dataset(name) if version_id(x.digest) == version)
-                    if holders:
-                        if mark:
-                            nodefs.write_json_at(tier.dir("ready", name), nodefs.mark_name(version), mark)
-                        out.append(Eviction(name, version, "kept", f"in use by job(s) {', '.join(holders)}", size))
-                        continue
-                    entry = f"{name}.{version}.{time.time_ns()}"
-                    space.hold(tier, space.trash_record(entry), size, f"evicted {name} {version}")
-                    tier.forget("datasets", name, version)
-                    os.rename(version, entry, src_dir_fd=tier.dir("datasets", name), dst_dir_fd=tier.dir("trash"))
-                    out.append(Eviction(name, version, "evicted", "no job holds a lease on it", size))
+                    # under the tier's space lock: while its mark is away the copy must still
+                    # count (in the trash record, or by its mark put back)
+                    with space.tier_lock(tier):  # type: ignore[attr-defined]
+                        out.append(self._evict_version(tier, book, name, version))
                 for entry in self._remove_staging(tier, name):
                     out.append(Eviction(name, entry.rpartition(".")[2], "removed staging",
                                         "left by an interrupted stage", 0))
         if any(e.action != "kept" for e in out):
             background.purge_later(layout)
         return out
+
+    def _evict_version(self, tier: RootDir, book: LeaseBook, name: str, version: str) -> Eviction:
+        mark = publish.unmark(tier, name, version)
+        size = int(str(mark.get("bytes") or 0))
+        holders = sorted(x.job_id for x in book.of_dataset(name) if version_id(x.digest) == version)
+        if holders:
+            if mark:
+                nodefs.write_json_at(tier.dir("ready", name), nodefs.mark_name(version), mark)
+            return Eviction(name, version, "kept", f"in use by job(s) {', '.join(holders)}", size)
+        entry = f"{name}.{version}.{time.time_ns()}"
+        space.hold(tier, space.trash_record(entry), size, f"evicted {name} {version}")
+        tier.forget("datasets", name, version)
+        os.rename(version, entry, src_dir_fd=tier.dir("datasets", name), dst_dir_fd=tier.dir("trash"))
+        return Eviction(name, version, "evicted", "no job holds a lease on it", size)
 
     # -- release, verify -------------------------------------------------------
 

@@ -476,11 +476,6 @@ def test_storm_is_hundreds_of_operations_that_all_end_as_they_may(storm: Storm):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "Store.evict takes a copy's ready mark away (publish.unmark) before it writes the copy's trash "
-    "record (space.hold), or before it puts the mark back for a leased copy, without the tier lock: "
-    "a stage of another dataset reserving space meanwhile does not count the copy and overfills the "
-    "tier (pinned by test_a_stage_cannot_take_the_space_of_a_copy_being_evicted)"))
 def test_storm_never_exceeds_the_tier_capacity(storm: Storm):
     assert not storm.overshoots, f"{len(storm.overshoots)} looks over the capacity, the first:\n" + \
         "\n".join(storm.overshoots[:3])
@@ -522,10 +517,6 @@ def one_file_dataset(env: Env, name: str, size: int) -> None:
     env.add(name, {"data.bin": os.urandom(size)})
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "Store.evict removes the ready mark, reads the leases, then writes the trash record or puts the "
-    "mark back, without the tier lock: meanwhile the copy is counted nowhere, and a stage of another "
-    "dataset reserves its space (fix: do evict's unmark..hold/re-mark under space.tier_lock)"))
 def test_a_stage_cannot_take_the_space_of_a_copy_being_evicted(env: Env, monkeypatch: pytest.MonkeyPatch):
     for name in ("a", "b", "c"):
         one_file_dataset(env, name, 1_000_000)
@@ -559,11 +550,6 @@ def test_a_stage_cannot_take_the_space_of_a_copy_being_evicted(env: Env, monkeyp
         f"({accounting(root)})"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "background.purge is started once per eviction with no lock, and nodefs.remove_at (shutil.rmtree) "
-    "raises FileNotFoundError when another purge removes the same trash entry: the purge that loses "
-    "dies, and a copy evicted after the winner listed the trash stays there, with its space reserved, "
-    "until some later eviction (fix: a purge skips an entry that vanishes under it)"))
 def test_a_purge_racing_another_purge_still_deletes_what_was_evicted_later(env: Env, monkeypatch: pytest.MonkeyPatch):
     for name in ("x", "y"):
         one_file_dataset(env, name, 10_000)
@@ -604,10 +590,6 @@ def test_a_purge_racing_another_purge_still_deletes_what_was_evicted_later(env: 
         f"the purge ended with {crashed!r}; y's copy is still in the trash ({y_left}) and counted ({y_records})"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "Store._stage_locked creates staging/<name>.<version> before space.reservation refuses the "
-    "stage: the empty area stays (the inventory, hence `dsstage status`, reports an 'interrupted' "
-    "stage) until the dataset's next stage or eviction"))
 def test_a_stage_refused_for_space_leaves_no_staging_area(env: Env):
     one_file_dataset(env, "ds", 5000)
     small_tier(env, "4KiB")
