@@ -157,7 +157,7 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
     else:
         slurm = slurm or _slurm(conf.slurm_bin)
         store = Store(conf, ctx.node or None)
-        budget = float(getattr(conf, "prolog_budget", 300.0))
+        budget = conf.prolog_budget
         outcomes = stage_all(ctx, conf, store, deadline=started + max(1.0, budget - DECIDE_MARGIN))
         write_config_cache(run_dir, conf)
     return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm, store=store)

@@ -159,7 +159,7 @@ class Store:
     def reader(self) -> Identity | None:
         """Who reads mounted sources: the configured source_user, else root."""
         if self._reader is False:
-            user = getattr(self.config, "source_user", None)
+            user = self.config.source_user
             from . import identity
             self._reader = identity.lookup(user) if user else None
         return self._reader  # type: ignore[return-value]
