@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import blake3
 
 from . import nodefs
-from .errors import NoSpace, OutOfTime, SourceError, StoreError
+from .errors import OutOfTime, SourceError, local_error
 from .identity import Identity, acting_as
 from .manifest import Entry, Mismatch
 from .nodefs import Tree
@@ -167,25 +167,18 @@ def _read_source(fd: int, n: int, src_root: str, e: Entry) -> bytes:
     return data
 
 
-def _local_error(exc: OSError, what: str) -> Exception:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return NoSpace(f"{what}: the tier's filesystem is full ({exc.strerror}); what was copied so far is kept "
-                       "and the next stage resumes: free space or lower the tier's capacity")
-    return StoreError(f"{what}: {exc.strerror}; check the local disk of this node")
-
-
 def _create(dfd: int, tmp: str) -> int:
     try:
         return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=dfd)
     except OSError as exc:
-        raise _local_error(exc, f"creating a file in the staging area ({tmp})") from None
+        raise local_error(exc, f"creating a file in the staging area ({tmp})") from None
 
 
 def _write(fd: int, data: bytes) -> None:
     try:
         nodefs.write_all(fd, data)
     except OSError as exc:
-        raise _local_error(exc, "writing to the staging area") from None
+        raise local_error(exc, "writing to the staging area") from None
 
 
 def _publish(dfd: int, name: str, e: Entry, chunks: Sequence[bytes]) -> None:
@@ -208,7 +201,7 @@ def _finish(dfd: int, tmp: str, name: str, e: Entry) -> None:
         os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns), dir_fd=dfd, follow_symlinks=False)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except OSError as exc:
-        raise _local_error(exc, f"publishing {e.path!r} in the staging area") from None
+        raise local_error(exc, f"publishing {e.path!r} in the staging area") from None
 
 
 def batched(entries: Sequence[Entry], files: int = BATCH, nbytes: int = BATCH_BYTES) -> list[list[Entry]]:
@@ -253,7 +246,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
             try:
                 todo = [e for e in entries if not present(dest, e.path)]
             except OSError as exc:
-                raise _local_error(exc, "reading the staging area") from None
+                raise local_error(exc, "reading the staging area") from None
 
             def work(batch: Sequence[Entry]) -> list[tuple[Entry, Mismatch | None]]:
                 out = []

@@ -8,6 +8,8 @@ failure is the user's or the source's (never drain the node) or the node's own
 
 from __future__ import annotations
 
+import errno
+
 
 class DsstageError(Exception):
     """Base of every error dsstage raises on purpose."""
@@ -117,3 +119,12 @@ class CommandError(DsstageError):
         what = message or (f"{argv[0]} exited with {returncode}" if returncode is not None
                            else f"{argv[0]} timed out")
         super().__init__(what + (": " + " | ".join(tail) if tail else ""))
+
+
+def local_error(exc: OSError, what: str) -> StoreError:
+    """An OSError of the node's own store as dsstage's error: a full filesystem is NoSpace
+    (never a drain; what was staged so far is kept), anything else the node's StoreError."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpace(f"{what}: the tier's filesystem is full ({exc.strerror}); what was staged so far is kept: "
+                       "free space or lower the tier's capacity")
+    return StoreError(f"{what}: {exc.strerror or exc}; check the local disk of this node")

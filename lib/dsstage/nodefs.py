@@ -271,11 +271,16 @@ def read_json_at(dir_fd: int | None, name: str) -> dict[str, Any]:
     if fd is None:
         return {}
     try:
+        return _read_json_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_json_fd(fd: int) -> dict[str, Any]:
+    try:
         data = os.read(fd, JSON_MAX + 1)
     except OSError:
         return {}
-    finally:
-        os.close(fd)
     try:
         obj = json.loads(data) if len(data) <= JSON_MAX else None
     except ValueError:
@@ -380,8 +385,8 @@ def boot_id() -> str:
 # -- the tier's layout -----------------------------------------------------------------------
 
 class Layout:
-    """Paths of one tier on one node, as shown to people and jobs (the store reaches
-    them through a RootDir, see ``Layout.open``)."""
+    """Paths of one tier on one node, as shown to people and jobs, and the lock files
+    (the store reaches everything else through a RootDir)."""
 
     __slots__ = ("root",)
 
@@ -397,26 +402,12 @@ class Layout:
     def __repr__(self) -> str:
         return f"Layout({self.root!r})"
 
-    def open(self, *, create: bool = True) -> RootDir:
-        return RootDir(self.root, create=create)
-
-    def dataset_dir(self, name: str) -> str:
-        return os.path.join(self.root, "datasets", name)
-
     def version_dir(self, name: str, digest: str) -> str:
         return os.path.join(self.root, "datasets", name, version_id(digest))
-
-    def mark(self, name: str, digest: str) -> str:
-        return os.path.join(self.root, "ready", name, version_id(digest) + ".json")
-
-    def staging(self, name: str, digest: str) -> str:
-        return os.path.join(self.root, "staging", staging_name(name, digest))
 
     def lock(self, name: str) -> str:
         return os.path.join(self.root, "locks", name + ".lock")
 
-    def lease(self, name: str, job_id: str) -> str:
-        return os.path.join(self.root, "leases", name, job_id + ".json")
 
 
 def staging_name(name: str, digest: str) -> str:
@@ -573,11 +564,11 @@ def load_cache(run_dir: str, config_path: str) -> dict[str, Any] | None:
                 return None
             try:
                 st = os.fstat(fd)
+                if st.st_uid != 0 or st.st_mode & 0o022:
+                    return None
+                cache = _read_json_fd(fd)
             finally:
                 os.close(fd)
-            if st.st_uid != 0 or st.st_mode & 0o022:
-                return None
-            cache = read_json_at(run.fd, CONFIG_CACHE)
     except (OSError, UnsafeStore):
         return None
     key = config_key(config_path)

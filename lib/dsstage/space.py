@@ -103,14 +103,13 @@ def reservation(tier: RootDir, tier_name: str, tier_capacity: int | float, recor
             raise NoSpace(f"tier {tier_name!r} on {node}: the filesystem of {tier.root} has {human(free)} free "
                           f"({human(use.reserved)} of it promised), {what} needs {human(needed)}: "
                           "free space or lower the tier's capacity")
-        nodefs.write_json_at(tier.dir("reserved"), record, {"bytes": needed, "pid": os.getpid(), "since": time.time(),
-                                                            "what": what}, fsync=False)
+        hold(tier, record, needed, what)
     yield
     forget(tier, record)
 
 
 def hold(tier: RootDir, record: str, nbytes: int, what: str) -> None:
-    """Count ``nbytes`` as used until ``forget(record)`` (an evicted copy in the trash)."""
+    """Count ``nbytes`` as used until ``forget(record)`` (a stage, an evicted copy in the trash)."""
     nodefs.write_json_at(tier.dir("reserved"), record, {"bytes": nbytes, "pid": os.getpid(), "since": time.time(),
                                                         "what": what}, fsync=False)
 

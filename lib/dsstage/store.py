@@ -31,7 +31,6 @@ directory StateError, the source SourceError: none of those drains.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import socket
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING
 from . import access, background, nodefs, publish, space
 from . import catalog as cat
 from .config import Config, Dataset, Tier
-from .errors import DsstageError, NoSpace, OutOfTime, StateError, StoreError, VerifyError
+from .errors import DsstageError, OutOfTime, StateError, VerifyError, local_error
 from .lease import Lease, LeaseBook, check_job_id
 from .manifest import Catalog, Manifest
 from .nodefs import Layout, RootDir, version_id
@@ -67,10 +66,7 @@ def local_errors(what: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise NoSpace(f"{what}: the tier's filesystem is full ({exc.strerror}); free space or lower the "
-                          "tier's capacity") from None
-        raise StoreError(f"{what}: {exc.strerror or exc}; check the local disk of this node") from None
+        raise local_error(exc, what) from None
 
 
 def open_tier(layout: Layout, *, create: bool = True) -> RootDir:
