@@ -18,7 +18,6 @@ import os
 import re
 import subprocess
 import unicodedata
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -308,35 +307,18 @@ def client(bin_dir: str = BIN_DIR) -> SlurmClient:
 
 
 def expand_nodes(nodelist: str) -> list[str]:
-    """``n[1-3,5],gpu01`` -> [n1, n2, n3, n5, gpu01] (one level of brackets, as Slurm prints)."""
-    out: list[str] = []
-    for part in _split_top(nodelist):
-        m = re.match(r"^(.*?)\[([^\]]+)\](.*)$", part)
-        if not m:
-            if part:
-                out.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for r in ranges.split(","):
-            if "-" in r:
-                lo, hi = r.split("-", 1)
-                out.extend(f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi) + 1))
-            else:
-                out.append(f"{prefix}{r}{suffix}")
-    return out
+    """The node names of a Slurm hostlist: ``n[1-3,5],gpu01`` -> [gpu01, n1, n2, n3, n5].
 
+    ClusterShell's NodeSet does it (any bracket depth and padding, as Slurm prints them);
+    the names come sorted and once each. Raises ValueError for text that is no hostlist, and
+    for NodeSet's own syntax (``@group``, ``!``, ``&``, ``^``), which Slurm never prints.
+    """
+    # imported here: the Prolog, which only holds jobs, does not depend on ClusterShell
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
-def _split_top(text: str) -> Iterable[str]:
-    depth, cur = 0, ""
-    for c in text:
-        if c == "[":
-            depth += 1
-        elif c == "]":
-            depth -= 1
-        if c == "," and depth == 0:
-            yield cur
-            cur = ""
-        else:
-            cur += c
-    if cur:
-        yield cur
+    if any(c in nodelist for c in "@!&^"):
+        raise ValueError(f"not a Slurm hostlist: {nodelist!r}")
+    try:
+        return list(NodeSet(nodelist, resolver=RESOLVER_NOGROUP))
+    except NodeSetException as exc:
+        raise ValueError(f"not a Slurm hostlist: {nodelist!r}: {exc}") from None

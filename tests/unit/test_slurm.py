@@ -28,10 +28,15 @@ def test_datasets_of_admin_comment():
     assert slurm.datasets_of("nodsstage=x") == ()
 
 
-def test_expand_nodes():
-    assert slurm.expand_nodes("n[1-3,5],gpu01") == ["n1", "n2", "n3", "n5", "gpu01"]
+def test_expand_nodes_with_nodeset():
+    assert slurm.expand_nodes("n[1-3,5],gpu01") == ["gpu01", "n1", "n2", "n3", "n5"]
     assert slurm.expand_nodes("c[08-10]") == ["c08", "c09", "c10"]
+    assert slurm.expand_nodes("rack[1-2]-n[01-02]") == ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]
+    assert slurm.expand_nodes("n3,n1,n3") == ["n1", "n3"]
     assert slurm.expand_nodes("") == []
+    for bad in ("n[1-", "n[3-1]", "@gpus", "n[1-4]!n2", "n1&n2", "n1^n2"):
+        with pytest.raises(ValueError):
+            slurm.expand_nodes(bad)
 
 
 def test_demand_counts_pending_and_running():
