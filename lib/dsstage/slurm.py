@@ -175,6 +175,22 @@ def _fields(line: str) -> dict[str, str]:
     return out
 
 
+#: what Slurm's clients read from the environment that would change what they print, what
+#: they act on or which cluster they ask (seen: SQUEUE_USERS filters squeue's jobs,
+#: SQUEUE_ARRAY splits arrays, SLURM_TIME_FORMAT changes dates; SCANCEL_* filter scancel,
+#: SLURM_CLUSTERS picks another cluster). None of it may come from whoever runs dsstage.
+_CLIENT_ENV_DROP = ("SQUEUE_", "SCONTROL_", "SCANCEL_", "SLURM_CLUSTERS", "SLURM_TIME_FORMAT")
+
+
+def client_env() -> dict[str, str]:
+    """The environment of Slurm's clients: ours, less _CLIENT_ENV_DROP, with times printed as
+    epoch seconds (``%s``): squeue otherwise prints local time without a zone, which a
+    daylight-saving change makes ambiguous, and follows ``TZ``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_CLIENT_ENV_DROP)}
+    env["SLURM_TIME_FORMAT"] = "%s"
+    return env
+
+
 class CliSlurm:
     """Slurm through its command-line clients, called by absolute path in ``bin_dir``."""
 
@@ -188,7 +204,7 @@ class CliSlurm:
         return os.path.join(self.bin_dir, name)
 
     def _run(self, name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return proc.run([self._cmd(name), *args], timeout=self.timeout, check=check)
+        return proc.run([self._cmd(name), *args], timeout=self.timeout, check=check, env=client_env())
 
     def jobs(self) -> list[Job]:
         return parse_show_job(self._run("scontrol", "show", "job", "-o").stdout)

@@ -127,11 +127,13 @@ class Recorder:
 
     def __init__(self, squeue: str, squeue_rc: int = 0, squeue_err: str = "") -> None:
         self.calls: list[list[str]] = []
+        self.envs: list[dict[str, str]] = []
         self.squeue = (squeue, squeue_rc, squeue_err)
 
-    def __call__(self, argv, *, timeout=None, check=True, **kw):
+    def __call__(self, argv, *, timeout=None, check=True, env=None, **kw):
         argv = list(argv)
         self.calls.append(argv)
+        self.envs.append(dict(env or {}))
         out, rc, err = self.squeue if argv[0].endswith("/squeue") else ("", 0, "")
         if check and rc:
             raise CommandError(argv, rc, out, err)
@@ -205,6 +207,20 @@ def test_cli_job_alive_is_not_fooled_by_a_forged_job_name(monkeypatch):
     assert not cli.job_alive("9")
     cli, _ = cli_with(monkeypatch, "", squeue_rc=1, squeue_err="Unable to contact slurm controller")
     assert cli.job_alive("9")  # cannot tell: keep the lease
+
+
+def test_cli_runs_slurm_clients_with_a_fixed_environment(monkeypatch):
+    monkeypatch.setenv("SQUEUE_USERS", "nobody")  # seen: filters what squeue lists
+    monkeypatch.setenv("SCANCEL_USER", "nobody")
+    monkeypatch.setenv("SLURM_TIME_FORMAT", "relative")
+    monkeypatch.setenv("SLURM_CLUSTERS", "other")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/test.conf")
+    cli, rec = cli_with(monkeypatch, running("42"))
+    assert cli.hold("42", "gone") == slurm.HELD
+    assert len(rec.envs) == 3
+    for env in rec.envs:
+        assert env["SLURM_TIME_FORMAT"] == "%s" and env["SLURM_CONF"] == "/etc/slurm/test.conf"
+        assert not {"SQUEUE_USERS", "SCANCEL_USER", "SLURM_CLUSTERS"} & set(env)
 
 
 def test_cli_slurm_calls_clients_by_absolute_path_only():
