@@ -11,7 +11,7 @@ import difflib
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ import yaml
 
 from .errors import ConfigError
 from .nodefs import CONFIG_PATH, NAME_MAX, env_var, name_ok
-from .units import parse_percent, parse_size
+from .units import parse_duration, parse_percent, parse_size
 
 DEFAULT_PATH = CONFIG_PATH
 # fullmatch, never match: "$" would let a name end in a newline
@@ -85,6 +85,17 @@ class Transfer:
 
 
 @dataclass(frozen=True)
+class Retention:
+    """How long copies stay, and how fresh the queue's demand must be to act on it."""
+
+    min_keep: float = 600.0  # seconds: a copy used this recently is not evicted for space
+    max_idle: float = 0.0  # seconds: evict a copy unused this long that no job wants (0: never)
+    demand_max_age: float = 300.0  # seconds: an older demand snapshot is stale
+    poll_interval: float = 30.0  # seconds between two demand snapshots (dsstage demand-poller)
+    manifest_keep: float = 7 * 86400.0  # seconds an old manifest version is kept when no node holds it
+
+
+@dataclass(frozen=True)
 class Config:
     origin: str
     state_dir: str
@@ -96,6 +107,7 @@ class Config:
     slurm_bin: str = DEFAULT_SLURM_BIN  # where scontrol and squeue are: hooks run with no search path
     prolog_budget: float = DEFAULT_PROLOG_BUDGET  # seconds the Prolog may spend before it decides
     source_user: str | None = None  # who reads mounted sources; None: root
+    retention: Retention = field(default_factory=Retention)
 
     def slurm_command(self, name: str) -> str:
         """The full path of a Slurm client command (``scontrol``, ``squeue``)."""
@@ -106,10 +118,11 @@ class Config:
 
 
 _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
-             "prolog_budget", "source_user")
+             "prolog_budget", "source_user", "retention")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark")
 _DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit")
+_RETENTION_KEYS = ("min_keep", "max_idle", "demand_max_age", "poll_interval", "manifest_keep")
 
 
 def config_path(explicit: str | None = None) -> str:
@@ -168,6 +181,7 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     slurm_bin = v.abs_path(data.get("slurm_bin", DEFAULT_SLURM_BIN), "slurm_bin")
     prolog_budget = v.number(data.get("prolog_budget", DEFAULT_PROLOG_BUDGET), "prolog_budget", minimum=1)
     source_user = v.user(data.get("source_user"), "source_user")
+    retention = v.retention({} if data.get("retention") is None else data["retention"])
 
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
@@ -181,7 +195,8 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     v.distinct_env_vars(datasets)
     return Config(origin=origin, state_dir=state_dir, tiers=tiers, datasets=datasets,
                   on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer,
-                  slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user)
+                  slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user,
+                  retention=retention)
 
 
 # -- what check-config adds: the configuration against this host's Slurm ----------------------
@@ -387,6 +402,22 @@ class _Validator:
         bwlimit = int(self.number(spec.get("bwlimit", 0), "transfer.bwlimit", minimum=0))
         return Transfer(streams=streams, rsh=rsh, timeout=timeout, hash_threads=threads, bwlimit=bwlimit)
 
+    def retention(self, spec: Any) -> Retention:
+        if not isinstance(spec, dict):
+            self.fail("retention", "must be a mapping (" + ", ".join(_RETENTION_KEYS) + ")")
+        self.keys(spec, "retention.", _RETENTION_KEYS)
+        d = Retention()
+        values = {k: self.duration(spec.get(k, getattr(d, k)), f"retention.{k}") for k in _RETENTION_KEYS}
+        if values["poll_interval"] < 1:
+            self.fail("retention.poll_interval", "must be at least 1s")
+        if values["demand_max_age"] < 2 * values["poll_interval"]:
+            self.fail("retention.demand_max_age", f"{values['demand_max_age']:g}s is less than two poll intervals "
+                      f"({2 * values['poll_interval']:g}s): every snapshot would turn stale before the next one")
+        return Retention(**values)
+
+    def duration(self, value: Any, key: str) -> float:
+        return self._parsed(parse_duration, value, key)
+
     def tier(self, name: Any, spec: Any) -> Tier:
         key = f"tiers.{name}"
         problem = check_name(name, "tier")
@@ -412,8 +443,11 @@ class _Validator:
         return Tier(name=name, path=path, capacity=capacity, high_watermark=hw, low_watermark=lw)
 
     def _percent(self, value: Any, key: str) -> float:
+        return self._parsed(parse_percent, value, key)
+
+    def _parsed(self, parse: Callable[[Any], float], value: Any, key: str) -> float:
         try:
-            return parse_percent(value)
+            return parse(value)
         except ValueError as exc:
             self.fail(key, str(exc))
         raise AssertionError  # pragma: no cover

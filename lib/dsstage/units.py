@@ -40,6 +40,24 @@ def parse_percent(text: str | float) -> float:
     return value
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$", re.I)
+_SECONDS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Seconds from ``90``, ``90s``, ``10m``, ``1.5h``, ``3d`` or ``1w``. Raises ValueError."""
+    if isinstance(text, bool):
+        raise ValueError("expected a duration such as 90s, 10m, 1h or 3d")
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(text)
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a duration: write e.g. 90s, 10m, 1h, 3d or a number of seconds")
+    return float(m.group(1)) * _SECONDS[(m.group(2) or "").lower()]
+
+
 def human(n: float) -> str:
     """``1.5 GiB`` style rendering of a byte count."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

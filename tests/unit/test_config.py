@@ -51,6 +51,15 @@ def test_slurm_bin_prolog_budget_and_source_user():
     assert config.from_dict(base(source_user="svc.data@ad")).source_user == "svc.data@ad"
 
 
+def test_retention_defaults_and_durations():
+    r = config.from_dict(base()).retention
+    assert (r.min_keep, r.max_idle, r.demand_max_age, r.poll_interval) == (600, 0, 300, 30)
+    r = config.from_dict(base(retention={"min_keep": "1h", "max_idle": "3d", "demand_max_age": "10m",
+                                         "poll_interval": 60, "manifest_keep": "2w"})).retention
+    assert (r.min_keep, r.max_idle, r.demand_max_age, r.poll_interval, r.manifest_keep) == \
+        (3600, 3 * 86400, 600, 60, 14 * 86400)
+
+
 def test_example_config_is_valid():
     c = config.from_dict(yaml.safe_load((ROOT / "conf" / "dsstage.yaml.example").read_text()))
     assert c.datasets and c.tiers
@@ -92,6 +101,12 @@ def test_example_config_is_valid():
     (base(source_user="svc\n"), "source_user: 'svc\\n' is not a Unix user name"),
     (base(source_user=""), "source_user: '' is not a Unix user name"),
     (dataset(groups=["ml\n"]), "datasets.x.groups: must be a list of Unix group names"),
+    (base(retention={"min_keep": "soon"}), "retention.min_keep: 'soon' is not a duration: write e.g. 90s"),
+    (base(retention={"minkeep": "1h"}), "retention.minkeep: unknown key; did you mean 'min_keep'?"),
+    (base(retention={"poll_interval": "0.5"}), "retention.poll_interval: must be at least 1s"),
+    (base(retention={"poll_interval": "1m", "demand_max_age": "90s"}),
+     "retention.demand_max_age: 90s is less than two poll intervals (120s)"),
+    (base(retention=[]), "retention: must be a mapping"),
 ])
 def test_config_errors_name_file_key_and_fix(data, needle):
     msg = error(data)

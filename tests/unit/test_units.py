@@ -1,5 +1,5 @@
 import pytest
-from dsstage.units import human, parse_percent, parse_size
+from dsstage.units import human, parse_duration, parse_percent, parse_size
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -28,3 +28,16 @@ def test_human():
     assert human(512) == "512 B"
     assert human(1536) == "1.5 KiB"
     assert human(3 * 2**40) == "3.0 TiB"
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("90", 90), (90, 90), ("90s", 90), ("10m", 600), ("10 min", 600), ("1.5h", 5400), ("3d", 259200), ("1w", 604800),
+])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "-5", "5 years", True, -1])
+def test_parse_duration_rejects(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)

@@ -1,0 +1,318 @@
+"""Retention: which copies a node keeps, and which it evicts, with a reason for each.
+
+``plan`` is a pure function (like borg's prune): the node's copies, what the queue wants
+(the demand snapshot), the tier's capacity and watermarks and the clock go in; a Decision
+per copy comes out. It does no I/O: the Epilog, the Prolog (making room before a stage),
+``dsstage evict`` and the simulator all call it, and the store carries the decisions out.
+
+The rules, in order:
+
+1. A copy with a lease is kept ("leased by job 123"). Nothing else overrides this.
+2. A copy that can never be used again is evicted without pressure: one flagged bad, and
+   a superseded version once the current version is ready in the same tier ("old
+   version ..., no lease"). A superseded version whose current one is not here yet is
+   kept while there is room: the next stage reuses its unchanged files.
+3. With ``max_idle`` set, a copy unused that long that nothing in the queue wants is
+   evicted ("idle 3 d, no demand"); never on a stale snapshot.
+4. Pressure. When the tier's usage (copies, reservations, plus the bytes a stage about to
+   start needs) is above the high watermark, unleased copies are evicted in order of
+   ``value`` (lowest first) until usage is below the low watermark; if that cannot be
+   reached, until it is below the high watermark, then below the capacity. A copy used
+   within ``min_keep`` is not evicted for space. Usage is recomputed as copies go:
+   bytes that two versions share (hard links) are freed only when both are gone.
+
+``value`` weighs demand (each pending job that wants the dataset, more if the backfill
+plan put it on this node, more the sooner it is expected to start), running jobs on
+other nodes (the dataset is in use in the cluster), and recency. Superseded versions come
+first. Ties: the least recently used, then the larger copy (fewer evictions for the room).
+A stale snapshot (``Demand.stale``) carries no demand: copies are then ranked by recency
+alone, and the reasons say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+#: weight of a pending job by where the backfill plan put it
+HERE, UNPLANNED, ELSEWHERE = 1.0, 0.5, 0.1
+#: weight of a job running on another node (the dataset is in use in the cluster)
+RUNNING_ELSEWHERE = 0.2
+#: seconds over which a pending job's weight halves as its expected start recedes
+SOON = 3600.0
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One version of a dataset in one tier of this node."""
+
+    dataset: str
+    version: str  # the first 16 hex digits of the manifest digest
+    bytes: int  # all its files' bytes
+    last_used: float  # epoch seconds: the last lease taken or released, or when it was staged
+    tier: str = ""
+    leases: tuple[str, ...] = ()  # job ids (or lease ids) that hold it
+    current: bool = True  # the dataset's current version
+    ready: bool = True  # False: flagged bad (no job may get it)
+    #: bytes it hard-links from older versions of the same dataset on the node, by version
+    shared: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.dataset, self.version)
+
+
+@dataclass(frozen=True)
+class Want:
+    """A job's need of a dataset, from the demand snapshot."""
+
+    job_id: str
+    state: str  # "pending" | "running"
+    partition: str = ""
+    priority: int = 0
+    start: float | None = None  # expected start (pending), epoch seconds; None: unknown
+    nodes: tuple[str, ...] = ()  # running: its nodes; pending: the backfill plan's, () unknown
+    user: str = ""
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What the queue wants, by dataset; ``stale``: the snapshot is too old to act on
+    (``age`` says how old), and its demand counts for nothing."""
+
+    wants: Mapping[str, Sequence[Want]] = field(default_factory=dict)
+    stale: bool = False
+    age: float = 0.0
+
+
+@dataclass(frozen=True)
+class Space:
+    """A tier: capacity in bytes, watermarks as fractions, bytes reserved beside the copies
+    (stages in progress, the trash), and bytes a stage about to start needs."""
+
+    capacity: int
+    high: float = 0.9
+    low: float = 0.75
+    reserved: int = 0
+    need: int = 0
+
+
+@dataclass(frozen=True)
+class Policy:
+    min_keep: float = 600.0  # seconds: a copy used this recently is not evicted for space
+    max_idle: float = 0.0  # seconds: evict an unwanted copy unused this long (0: never)
+
+
+@dataclass(frozen=True)
+class Decision:
+    copy: Copy
+    evict: bool
+    reason: str
+
+    @property
+    def action(self) -> str:
+        return "evict" if self.evict else "keep"
+
+
+@dataclass(frozen=True)
+class Plan:
+    decisions: tuple[Decision, ...]
+    usage_before: int
+    usage_after: int  # copies + reserved + need, once the evictions are done
+    space: Space
+    fits: bool  # usage_after is within the capacity (for a stage: its bytes fit)
+
+    def evictions(self) -> list[Decision]:
+        return [d for d in self.decisions if d.evict]
+
+    def holding(self) -> str:
+        """What holds the tier's space (for the message of a stage that does not fit)."""
+        kept = sorted((d for d in self.decisions if not d.evict), key=lambda d: -d.copy.bytes)
+        parts = [f"{d.copy.dataset} {d.copy.version} ({_size(d.copy.bytes)}: {d.reason})" for d in kept[:4]]
+        if len(kept) > 4:
+            parts.append(f"{len(kept) - 4} more")
+        if self.space.reserved:
+            parts.append(f"{_size(self.space.reserved)} reserved by stages in progress and the trash")
+        return "; ".join(parts) or "nothing"
+
+
+# -- the planner ------------------------------------------------------------------------
+
+def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
+         policy: Policy = Policy(), node: str = "", protect: Iterable[str] = (),
+         evict: Iterable[str] = (), force: bool = False) -> Plan:
+    """Keep or evict each of ``copies`` (one tier of node ``node``), with reasons.
+
+    ``protect``: datasets whose copies stay whatever the pressure (the one a stage is about
+    to stage again reuses their files). ``evict``: datasets an admin asked to evict
+    (``dsstage evict NAME``): their unleased copies go, but not one the queue wants unless
+    ``force``."""
+    protected = set(protect)
+    asked = set(evict)
+    ready_current = {c.dataset for c in copies if c.current and c.ready}
+    decided: dict[tuple[str, str], Decision] = {}
+    candidates: list[Copy] = []
+    for c in copies:
+        d = _rule(c, demand, now, policy, node, ready_current, protected)
+        if c.dataset in asked and (d is None or not d.evict) and not c.leases:
+            wanted = _demand_text(c.dataset, demand, node, now)
+            if wanted and not force:
+                d = Decision(c, False, f"{wanted}: not evicted without --force")
+            else:
+                d = Decision(c, True, "asked to evict" + (f" (with --force, although {wanted})" if wanted else ""))
+        if d is not None:
+            decided[c.key] = d
+        else:
+            candidates.append(c)
+
+    remaining = {c.key: c for c in copies if not (c.key in decided and decided[c.key].evict)}
+    before = used(copies) + space.reserved + space.need
+    total = used(remaining.values()) + space.reserved + space.need
+    pressured: list[Copy] = []
+    if total > space.high * space.capacity:
+        order = sorted(candidates, key=lambda c: eviction_key(c, demand, node, now))
+        fits_room = (c for c in order if now - c.last_used >= policy.min_keep or not c.current)
+        pressured = _shortest_prefix(list(fits_room), remaining, space)
+    for c in candidates:
+        if c in pressured:
+            decided[c.key] = Decision(c, True, _pressure_reason(c, demand, node, space, now))
+        else:
+            decided[c.key] = Decision(c, False, _keep_reason(c, demand, node, now, policy, ready_current))
+    for c in pressured:
+        remaining.pop(c.key, None)
+    after = used(remaining.values()) + space.reserved + space.need
+    return Plan(tuple(decided[c.key] for c in copies), before, after, space, after <= space.capacity)
+
+
+def _rule(c: Copy, demand: Demand, now: float, policy: Policy, node: str, ready_current: set[str],
+          protected: set[str]) -> Decision | None:
+    """The decision the rules make without looking at space; None: it depends on space."""
+    if c.leases:
+        return Decision(c, False, leased(c.leases))
+    if c.dataset in protected:
+        return Decision(c, False, "its files are reused by the stage in progress")
+    if not c.ready:
+        return Decision(c, True, "flagged bad, no lease: no job can get it")
+    if not c.current and c.dataset in ready_current:
+        return Decision(c, True, "old version (the current one is ready here), no lease")
+    idle = now - c.last_used
+    if policy.max_idle and not demand.stale and idle >= policy.max_idle and not demand.wants.get(c.dataset):
+        return Decision(c, True, f"idle {_duration(idle)}, no demand")
+    return None
+
+
+def leased(holders: Sequence[str]) -> str:
+    return f"leased by job{'s' if len(holders) > 1 else ''} {', '.join(holders)}"
+
+
+def used(copies: Iterable[Copy]) -> int:
+    """Bytes ``copies`` take together, as space.copies_usage counts the marks: a copy's
+    ``shared`` bytes are not counted while the version it links them from is there."""
+    copies = list(copies)
+    present = {c.key for c in copies}
+    return sum(c.bytes - sum(b for v, b in c.shared.items() if (c.dataset, v) in present) for c in copies)
+
+
+def _shortest_prefix(order: list[Copy], remaining: dict[tuple[str, str], Copy], space: Space) -> list[Copy]:
+    """The fewest copies from the front of ``order`` that bring usage below the low
+    watermark; else below the high one; else below the capacity; else all of them. For a
+    stage (``space.need``): below the high watermark, else the capacity, else none: the
+    Epilog brings the tier down to the low watermark, a job waiting for its data need not."""
+    rest = dict(remaining)
+    totals = []
+    for c in order:
+        rest.pop(c.key, None)
+        totals.append(used(rest.values()) + space.reserved + space.need)
+    limits = (space.high, 1.0) if space.need else (space.low, space.high, 1.0)
+    for limit in (f * space.capacity for f in limits):
+        for i, t in enumerate(totals):
+            if t <= limit:
+                return order[:i + 1]
+    return order if space.need == 0 else []  # a stage that cannot fit evicts nothing
+
+
+def demand_score(dataset: str, demand: Demand, node: str, now: float) -> float:
+    """How much the queue wants ``dataset`` on ``node`` (0 on a stale snapshot)."""
+    if demand.stale:
+        return 0.0
+    score = 0.0
+    for w in demand.wants.get(dataset, ()):
+        if w.state == "running":
+            score += 0.0 if node in w.nodes else RUNNING_ELSEWHERE
+            continue
+        where = UNPLANNED if not w.nodes else HERE if node in w.nodes else ELSEWHERE
+        score += where * soonness(w, now)
+    return score
+
+
+def soonness(w: Want, now: float) -> float:
+    """1 for a job expected to start now, 1/2 one SOON later, and so on; 1/2 if unknown."""
+    if w.start is None:
+        return 0.5
+    return 1.0 / (1.0 + max(0.0, w.start - now) / SOON)
+
+
+def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, float, float, int]:
+    """Lowest first: superseded versions, then by demand, then least recently used, then
+    the larger copy."""
+    return (1 if c.current else 0, demand_score(c.dataset, demand, node, now), c.last_used, -c.bytes)
+
+
+# -- reasons -------------------------------------------------------------------------
+
+def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: float) -> str:
+    why = "over high watermark" if space.need == 0 else "room for the stage in progress"
+    what = "old version" if not c.current else _demand_text(c.dataset, demand, node, now) or "no demand"
+    return f"{why} ({space.high:.0%} of {_size(space.capacity)}); {what}, idle {_duration(now - c.last_used)}"
+
+
+def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy, ready_current: set[str]) -> str:
+    if not c.current:
+        return "old version, kept while there is room: staging the current one reuses its files"
+    wanted = _demand_text(c.dataset, demand, node, now)
+    if wanted:
+        return wanted
+    idle = now - c.last_used
+    if idle < policy.min_keep:
+        return f"used {_duration(idle)} ago (min_keep {_duration(policy.min_keep)})"
+    if demand.stale:
+        return (f"demand unknown (snapshot {_duration(demand.age)} old), idle {_duration(idle)}: "
+                "kept while there is room")
+    return f"no demand, idle {_duration(idle)}: kept while there is room"
+
+
+def _demand_text(dataset: str, demand: Demand, node: str, now: float) -> str:
+    if demand.stale:
+        return ""
+    wants = demand.wants.get(dataset, ())
+    pending = [w for w in wants if w.state == "pending"]
+    if pending:
+        best = min(pending, key=lambda w: (0 if node in w.nodes else 1, w.start if w.start is not None else 1e300))
+        parts = [f"partition {best.partition}"] if best.partition else []
+        if best.start is not None:
+            parts.append(f"expected in {_duration(max(0.0, best.start - now))}")
+        parts.append("planned on this node" if node in best.nodes else
+                     "planned elsewhere" if best.nodes else "not placed yet")
+        more = f" and {len(pending) - 1} more" if len(pending) > 1 else ""
+        return f"wanted by pending job {best.job_id}{more} ({', '.join(parts)})"
+    running = [w for w in wants if w.state == "running"]
+    if running:
+        return f"in use by running job {running[0].job_id}" + (f" and {len(running) - 1} more" if len(running) > 1
+                                                                else "") + " on other nodes"
+    return ""
+
+
+def _duration(seconds: float) -> str:
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s / 3600:.1f} h".replace(".0 h", " h")
+    return f"{s / 86400:.1f} d".replace(".0 d", " d")
+
+
+def _size(n: int) -> str:
+    from .units import human
+    return human(n)

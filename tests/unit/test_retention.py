@@ -1,0 +1,197 @@
+"""The retention planner: a table of cases, each asserting the decision and its reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsstage.retention import Copy, Demand, Plan, Policy, Space, Want, plan, used
+
+NOW = 1_800_000_000.0
+GB = 10**9
+HOUR = 3600.0
+DAY = 86400.0
+
+
+def copy(name: str, size_gb: float = 10, *, idle: float = DAY, version: str = "", **kw: object) -> Copy:
+    return Copy(dataset=name, version=version or f"{name[:4]:0<4}".encode().hex()[:8] + "00000000",
+                bytes=int(size_gb * GB), last_used=NOW - idle, tier="nvme", **kw)  # type: ignore[arg-type]
+
+
+def pending(job: str, *, start_in: float | None = 600, nodes: tuple[str, ...] = ("n1",),
+            partition: str = "gpu") -> Want:
+    return Want(job_id=job, state="pending", partition=partition, start=None if start_in is None else NOW + start_in,
+                nodes=nodes)
+
+
+def decide(copies: list[Copy], *, capacity_gb: float = 100, wants: dict[str, list[Want]] | None = None,
+           stale: bool = False, need_gb: float = 0, policy: Policy = Policy(), **kw: object) -> tuple[Plan, dict]:
+    p = plan(copies, Demand(wants=wants or {}, stale=stale, age=7200 if stale else 10),
+             Space(capacity=int(capacity_gb * GB), high=0.9, low=0.75, need=int(need_gb * GB)), NOW,
+             policy=policy, node="n1", **kw)  # type: ignore[arg-type]
+    return p, {d.copy.dataset + ("" if d.copy.current else "@old"): (d.action, d.reason) for d in p.decisions}
+
+
+# -- without pressure ---------------------------------------------------------------------
+
+CASES = [
+    # (what, copies, wants, expected action of "a", a fragment of its reason)
+    ("leased", [copy("a", leases=("123",))], {}, "keep", "leased by job 123"),
+    ("leased by several", [copy("a", leases=("1", "2"))], {}, "keep", "leased by jobs 1, 2"),
+    ("wanted soon here", [copy("a")], {"a": [pending("456", start_in=20 * 60)]}, "keep",
+     "wanted by pending job 456 (partition gpu, expected in 20 min, planned on this node)"),
+    ("wanted elsewhere", [copy("a")], {"a": [pending("456", nodes=("n7",))]}, "keep", "planned elsewhere"),
+    ("wanted, not placed", [copy("a")], {"a": [pending("456", nodes=(), start_in=None)]}, "keep",
+     "wanted by pending job 456 (partition gpu, not placed yet)"),
+    ("running elsewhere", [copy("a")], {"a": [Want("9", "running", nodes=("n2",))]}, "keep",
+     "in use by running job 9 on other nodes"),
+    ("idle, no demand, room", [copy("a", idle=3 * DAY)], {}, "keep", "no demand, idle 3 d: kept while there is room"),
+    ("recently used", [copy("a", idle=60)], {}, "keep", "used 1 min ago (min_keep 10 min)"),
+    ("flagged bad", [copy("a", ready=False)], {}, "evict", "flagged bad, no lease"),
+]
+
+
+@pytest.mark.parametrize("what,copies,wants,action,reason", CASES, ids=[c[0] for c in CASES])
+def test_without_pressure(what, copies, wants, action, reason):
+    _p, d = decide(copies, wants=wants)
+    assert d["a"][0] == action and reason in d["a"][1], d["a"]
+
+
+def test_old_version_goes_once_the_current_one_is_ready():
+    _p, d = decide([copy("a", version="1111"), copy("a", version="0000", current=False)])
+    assert d["a@old"] == ("evict", "old version (the current one is ready here), no lease")
+    assert d["a"][0] == "keep"
+
+
+def test_old_version_stays_while_the_current_one_is_not_here():
+    _p, d = decide([copy("a", version="0000", current=False)])
+    assert d["a@old"][0] == "keep" and "reuses its files" in d["a@old"][1]
+
+
+def test_old_version_with_a_lease_stays():
+    _p, d = decide([copy("a", version="1111"), copy("a", version="0000", current=False, leases=("7",))])
+    assert d["a@old"] == ("keep", "leased by job 7")
+
+
+def test_max_idle_evicts_an_unwanted_idle_copy_but_not_a_wanted_one():
+    policy = Policy(max_idle=2 * DAY)
+    _p, d = decide([copy("a", idle=3 * DAY), copy("b", idle=3 * DAY)], wants={"b": [pending("5")]}, policy=policy)
+    assert d["a"] == ("evict", "idle 3 d, no demand")
+    assert d["b"][0] == "keep"
+
+
+def test_max_idle_does_nothing_on_a_stale_snapshot():
+    _p, d = decide([copy("a", idle=3 * DAY)], stale=True, policy=Policy(max_idle=DAY))
+    assert d["a"][0] == "keep" and "demand unknown (snapshot 2 h old)" in d["a"][1]
+
+
+# -- under pressure --------------------------------------------------------------------
+
+def test_over_high_watermark_evicts_down_to_the_low_one_unwanted_first():
+    # 95 GB of 100: evict until <= 75 GB; "w" is wanted, "x", "y" are not
+    copies = [copy("w", 30, idle=5 * DAY), copy("x", 30, idle=2 * DAY), copy("y", 35, idle=3 * DAY)]
+    p, d = decide(copies, wants={"w": [pending("456")]})
+    assert d["y"][0] == "evict" and "over high watermark (90% of 100.0 GB" not in d["y"][1]
+    assert d["y"][1].startswith("over high watermark (90% of 93.1 GiB); no demand, idle 3 d")
+    assert d["x"][0] == "keep" and d["w"][0] == "keep"  # 60 GB left: below the low watermark already
+    assert p.usage_before == 95 * GB and p.usage_after == 60 * GB
+
+
+def test_below_high_watermark_nothing_goes_for_space():
+    p, d = decide([copy("x", 40), copy("y", 45)])  # 85 GB of 100
+    assert not p.evictions()
+
+
+def test_leased_copies_survive_any_pressure():
+    p, d = decide([copy("x", 60, leases=("1",)), copy("y", 39, leases=("2",))])
+    assert not p.evictions() and p.usage_after == 99 * GB
+    assert d["x"] == ("keep", "leased by job 1")
+
+
+def test_superseded_versions_go_first_under_pressure():
+    copies = [copy("x", 45, idle=9 * DAY), copy("a", 50, version="0000", current=False, idle=60)]
+    p, d = decide(copies)
+    assert d["a@old"][0] == "evict" and d["a@old"][1].endswith("old version, idle 1 min")
+    assert d["x"][0] == "keep"
+
+
+def test_min_keep_protects_recent_data_from_pressure():
+    p, d = decide([copy("x", 50, idle=60), copy("y", 45, idle=120)])
+    assert not p.evictions() and "min_keep" in d["x"][1]
+
+
+@pytest.mark.parametrize("first,second,wants", [
+    # no demand before demand; far demand before near; elsewhere before here
+    ("free", "wanted", {"wanted": [pending("1")]}),
+    ("later", "sooner", {"later": [pending("1", start_in=3 * DAY)], "sooner": [pending("2", start_in=60)]}),
+    ("there", "here", {"there": [pending("1", nodes=("n9",))], "here": [pending("2", nodes=("n1",))]}),
+    ("one", "many", {"one": [pending("1")], "many": [pending("2"), pending("3"), pending("4")]}),
+])
+def test_order_weighs_demand(first, second, wants):
+    # 96 GB: evicting one 48 GB copy reaches the low watermark; which one goes?
+    p, d = decide([copy(second, 48, idle=9 * DAY), copy(first, 48, idle=DAY)], wants=wants)
+    assert d[first][0] == "evict" and d[second][0] == "keep", d
+
+
+def test_ties_go_to_the_least_recently_used_then_the_larger():
+    p, d = decide([copy("new", 48, idle=DAY), copy("old", 48, idle=2 * DAY)])
+    assert d["old"][0] == "evict" and d["new"][0] == "keep"
+    p, d = decide([copy("small", 20, idle=DAY), copy("big", 30, idle=DAY), copy("mid", 45, idle=DAY)],
+                  wants={"mid": [pending("1")]})
+    assert d["big"][0] == "evict" and d["small"][0] == "keep"
+
+
+def test_stale_snapshot_ranks_by_recency_alone_and_says_so():
+    p, d = decide([copy("wanted", 48, idle=3 * DAY), copy("recent", 48, idle=DAY)],
+                  wants={"wanted": [pending("1")]}, stale=True)
+    assert d["wanted"][0] == "evict" and "no demand" in d["wanted"][1]
+    assert "demand unknown" in d["recent"][1]
+
+
+def test_shared_bytes_are_counted_once_and_freed_with_both_versions():
+    old = copy("a", 40, version="0000", current=False)
+    new = copy("a", 40, version="1111", shared={"0000": 30 * GB})
+    assert used([old, new]) == 50 * GB and used([new]) == 40 * GB and used([old]) == 40 * GB
+    p, d = decide([old, new, copy("x", 55, idle=3 * DAY)])  # 105 GB in use
+    # the old version goes (rule 2), freeing only its 10 GB of own bytes: 95 GB, still over the high mark
+    assert d["a@old"][0] == "evict" and d["x"][0] == "evict" and p.usage_after == 40 * GB
+
+
+# -- a stage that needs room (the Prolog) ----------------------------------------------------
+
+def test_stage_makes_room_to_the_high_watermark_only():
+    copies = [copy("x", 30, idle=3 * DAY), copy("y", 30, idle=2 * DAY), copy("z", 20, idle=DAY)]
+    p, d = decide(copies, need_gb=25)  # 105 GB: evicting x reaches 75 <= 90
+    assert [e.copy.dataset for e in p.evictions()] == ["x"] and p.fits
+    assert d["x"][1].startswith("room for the stage in progress")
+
+
+def test_stage_that_cannot_fit_evicts_nothing_and_says_what_holds_the_space():
+    copies = [copy("x", 60, leases=("123",)), copy("y", 30, idle=DAY)]
+    p, _d = decide(copies, need_gb=50)
+    assert not p.evictions() and not p.fits
+    assert "x " in p.holding() and "leased by job 123" in p.holding()
+
+
+def test_stage_protects_the_dataset_it_stages():
+    copies = [copy("a", 50, version="0000", current=False), copy("x", 40, idle=DAY)]
+    _p, d = decide(copies, need_gb=20, protect=("a",))
+    assert d["a@old"] == ("keep", "its files are reused by the stage in progress") and d["x"][0] == "evict"
+
+
+# -- dsstage evict NAME ----------------------------------------------------------------
+
+def test_asked_eviction_refuses_a_wanted_copy_without_force():
+    _p, d = decide([copy("a")], wants={"a": [pending("456")]}, evict=("a",))
+    assert d["a"][0] == "keep" and d["a"][1].endswith("not evicted without --force")
+    _p, d = decide([copy("a")], wants={"a": [pending("456")]}, evict=("a",), force=True)
+    assert d["a"][0] == "evict" and "with --force, although wanted by pending job 456" in d["a"][1]
+
+
+def test_asked_eviction_never_takes_a_leased_copy():
+    _p, d = decide([copy("a", leases=("9",))], evict=("a",), force=True)
+    assert d["a"] == ("keep", "leased by job 9")
+
+
+def test_asked_eviction_of_an_unwanted_copy():
+    _p, d = decide([copy("a", idle=60)], evict=("a",))
+    assert d["a"] == ("evict", "asked to evict")
