@@ -4,6 +4,10 @@
 absolute path (the Prolog runs with no search path) through proc.run: bounded, its output
 parsed into small objects; tests use ``FakeSlurm``. Parsers are tested on saved real output.
 
+Nothing here reads text a user controls: ``squeue -O`` is asked for fixed fields only, the
+admin's free text (AdminComment) last. ``scontrol show job`` is not parsed anywhere: a job's
+name or comment can forge its fields (see parse_job_records).
+
 Holding a job (``SlurmClient.hold``) never touches the user's ``Comment``. The reason goes
 into the job's ``AdminComment``, after what is there already (job_submit.lua's
 ``dsstage=NAMES`` tag, anything the site keeps there); ``scontrol show job`` shows it to the
@@ -19,7 +23,7 @@ import re
 import subprocess
 import unicodedata
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 from . import proc
 from .errors import CommandError
@@ -40,12 +44,23 @@ class Job:
     user: str
     state: str
     datasets: tuple[str, ...]
-    nodes: str = ""  # allocated nodes (running) or planned nodes (pending, if known)
+    nodes: str = ""  # allocated nodes as a Slurm hostlist ("n[1-2]"); "" while pending
     partition: str = ""
     reason: str = ""
     batch: bool = True  # submitted with sbatch; salloc and srun allocations are not
     requeue: bool = True  # Slurm may requeue it (not sbatch --no-requeue)
     admin_comment: str = ""
+    priority: int = 0  # 0: held (by its user, an admin, or a requeue-hold)
+    #: epoch seconds: the expected start of a pending job (backfill's plan, or its --begin),
+    #: the start of a running one; None if Slurm has none (or the job is held)
+    start_time: float | None = None
+    sched_nodes: str = ""  # the nodes backfill planned for a pending job (hostlist); "" if none
+
+    def node_names(self, which: Literal["allocated", "scheduled"] = "allocated") -> list[str]:
+        """The names in ``nodes`` ("allocated") or ``sched_nodes`` ("scheduled"), expanded."""
+        if which not in ("allocated", "scheduled"):
+            raise ValueError(f"which must be 'allocated' or 'scheduled', not {which!r}")
+        return expand_nodes(self.nodes if which == "allocated" else self.sched_nodes)
 
 
 def datasets_of(admin_comment: str) -> tuple[str, ...]:
@@ -54,7 +69,7 @@ def datasets_of(admin_comment: str) -> tuple[str, ...]:
 
 
 class SlurmClient(Protocol):
-    def jobs(self) -> list[Job]: ...
+    def queue(self) -> list[Job]: ...
     def job_alive(self, job_id: str) -> bool: ...
     def hold(self, job_id: str, reason: str) -> str: ...
 
@@ -111,68 +126,80 @@ def merge_admin_comment(current: str, message: str) -> str:
 
 #: job states of a job that a hold finds requeued already, or on its way out
 _ENDING = ("PENDING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD")
-#: job states in which a job may still run or use its node's data
+#: job states in which a job may still run or use its node's data: what ``queue`` lists
 _ALIVE = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
           "RESIZING", "STOPPED", "SIGNALING", "STAGE_OUT", "SPECIAL_EXIT")
 
-#: ``squeue -O`` fields of a job: none that its user controls, the admin's free text last
+# -- reading jobs from squeue -------------------------------------------------------------
+
+#: ``squeue -O`` fields of a job for ``hold``: none that its user controls, the admin's free text last
 JOB_FORMAT = "JobID:|,BatchFlag:|,Requeue:|,State:|,admin_comment:|"
-_RECORD = re.compile(r"^(\d+)\|([01])\|([01])\|([A-Z_]+)\|", re.M)
+#: ``squeue -O`` fields of every job for ``queue``: the same rule. (SchedNodes is 22.05's name
+#: for scontrol's SchedNodeList; ``-O`` has no help list in 22.05: ``man squeue``.)
+QUEUE_FORMAT = ("JobID:|,UserName:|,State:|,Partition:|,PriorityLong:|,StartTime:|,SchedNodes:|,NodeList:|,"
+                "BatchFlag:|,Requeue:|,admin_comment:|")
+
+#: what squeue prints in each field it may be asked for. The record of a job starts at a line
+#: that matches them all in order, so the fixed ones are strict; the admin's text comes last.
+_FIELD_PATTERNS = {"JobID": r"\d+", "BatchFlag": "[01]", "Requeue": "[01]", "State": "[A-Z_]+",
+                   "PriorityLong": r"\d*", "UserName": r"[^|\s]*", "Partition": r"[^|\s]*",
+                   "StartTime": r"[^|\s]*", "SchedNodes": r"[^|\s]*", "NodeList": r"[^|\s]*"}
+_LAST = "admin_comment"
+#: squeue's words for "none": an empty string field, a time it does not know
+_NONE = ("", "(null)", "N/A", "None", "Unknown")
 
 
-def parse_job_records(text: str) -> dict[str, Job]:
-    """Jobs by id from ``squeue -h -t all -j ID -O JOB_FORMAT`` output.
+def _record_re(fmt: str) -> tuple[list[str], re.Pattern[str]]:
+    names = [part.split(":", 1)[0] for part in fmt.split(",")]
+    if names[-1] != _LAST or any(n not in _FIELD_PATTERNS for n in names[:-1]):
+        raise ValueError(f"squeue format {fmt!r}: known fields only, {_LAST} last")
+    return names, re.compile("^" + "".join(f"({_FIELD_PATTERNS[n]})\\|" for n in names[:-1]), re.M)
 
-    Only these fields are asked for because a user can put anything, line breaks included,
+
+def parse_job_records(text: str, fmt: str = JOB_FORMAT) -> dict[str, Job]:
+    """Jobs by id from ``squeue -h -O FMT`` output (JOB_FORMAT, QUEUE_FORMAT).
+
+    Only fixed fields are asked for because a user can put anything, line breaks included,
     into a job's name, comment, working directory or output paths, and ``scontrol show job``
     prints those as they are: its text can be forged (seen: a job name with a line break and
     ``AdminComment=...`` in it). Here the only free text is AdminComment, which only admins
     write; it is last, so it may hold ``|`` and line breaks. Slurm prints an empty one as
     ``(null)``. ``squeue -j`` of an array's first task lists every task of the array.
+    StartTime is read as epoch seconds (``SLURM_TIME_FORMAT=%s``, see CliSlurm).
     """
+    names, record = _record_re(fmt)
     out: dict[str, Job] = {}
-    records = list(_RECORD.finditer(text))
+    records = list(record.finditer(text))
     for i, m in enumerate(records):
         end = records[i + 1].start() if i + 1 < len(records) else len(text)
-        admin = text[m.end():end].removesuffix("\n").removesuffix("|")
-        admin = "" if admin == "(null)" else admin
-        out[m.group(1)] = Job(job_id=m.group(1), user="", state=m.group(4), datasets=datasets_of(admin),
-                              batch=m.group(2) == "1", requeue=m.group(3) == "1", admin_comment=admin)
+        f = dict(zip(names, m.groups()))
+        f[_LAST] = text[m.end():end].removesuffix("\n").removesuffix("|")
+        out[f["JobID"]] = _job(
+            job_id=f["JobID"], user=f.get("UserName", ""), state=f["State"], partition=f.get("Partition", ""),
+            priority=f.get("PriorityLong"), start=_epoch(f.get("StartTime", "")),
+            sched_nodes=f.get("SchedNodes"), nodes=f.get("NodeList"), batch=f.get("BatchFlag", "1") == "1",
+            requeue=f.get("Requeue", "1") == "1", admin_comment=f[_LAST])
     return out
 
 
-def parse_show_job(text: str) -> list[Job]:
-    """Jobs from ``scontrol show job -o`` output: one line per job, Key=Value fields.
+def _epoch(text: str) -> float | None:
+    return float(text) if text.isdigit() else None
 
-    Good enough for ``dsstage status``; nothing that decides about a job may rest on it: a
-    user's job name or comment can hold line breaks and ``Key=`` text (see parse_job_records).
+
+def _job(*, job_id: str, user: str | None, state: str, partition: str | None, priority: Any, start: float | None,
+         sched_nodes: str | None, nodes: str | None, batch: bool, requeue: bool, admin_comment: str | None) -> Job:
+    """A Job from what a backend read, with Slurm's words for "none" made empty.
+
+    A held pending job (priority 0) has no expected start, whatever Slurm shows (a requeued
+    one shows the time its requeue delay ends).
     """
-    jobs = []
-    for line in text.splitlines():
-        if not line.startswith("JobId="):
-            continue
-        f = _fields(line)
-        nodes = f.get("NodeList", "")
-        if nodes in ("(null)", ""):
-            nodes = f.get("SchedNodeList", "")
-        jobs.append(Job(job_id=f.get("JobId", ""), user=f.get("UserId", "").split("(")[0],
-                        state=f.get("JobState", ""), datasets=datasets_of(f.get("AdminComment", "")),
-                        nodes="" if nodes == "(null)" else nodes, partition=f.get("Partition", ""),
-                        reason=f.get("Reason", "")))
-    return jobs
-
-
-_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
-
-
-def _fields(line: str) -> dict[str, str]:
-    """Key=Value pairs of one ``scontrol -o`` line; values may contain spaces (Comment=...)."""
-    out: dict[str, str] = {}
-    matches = list(_KEY.finditer(line))
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        out.setdefault(m.group(1), line[m.end():end].strip())
-    return out
+    def text(v: str | None) -> str:
+        return "" if v is None or v in _NONE else v
+    prio = int(priority) if isinstance(priority, int) or (isinstance(priority, str) and priority.isdigit()) else 0
+    admin = "" if admin_comment in (None, "(null)") else str(admin_comment)
+    return Job(job_id=job_id, user=text(user), state=state, datasets=datasets_of(admin), nodes=text(nodes),
+               partition=text(partition), batch=batch, requeue=requeue, admin_comment=admin, priority=prio,
+               start_time=None if state == "PENDING" and prio == 0 else start, sched_nodes=text(sched_nodes))
 
 
 #: what Slurm's clients read from the environment that would change what they print, what
@@ -206,8 +233,19 @@ class CliSlurm:
     def _run(self, name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return proc.run([self._cmd(name), *args], timeout=self.timeout, check=check, env=client_env())
 
-    def jobs(self) -> list[Job]:
-        return parse_show_job(self._run("scontrol", "show", "job", "-o").stdout)
+    def queue_argv(self) -> list[str]:
+        """The one squeue command of ``queue``: every active job, in all partitions (``-a``:
+        hidden ones too), of this cluster only (``--local``: not a federation's others)."""
+        return [self._cmd("squeue"), "-h", "-a", "--local", "-t", ",".join(_ALIVE), "-O", QUEUE_FORMAT]
+
+    def queue(self) -> list[Job]:
+        """Every job that may still run or use its nodes' data (see parse_job_records).
+
+        Raises CommandError if squeue cannot be run or fails (slurmctld down, timeout).
+        """
+        argv = self.queue_argv()
+        out = proc.run(argv, timeout=self.timeout, env=client_env()).stdout
+        return list(parse_job_records(out, QUEUE_FORMAT).values())
 
     def job_alive(self, job_id: str) -> bool:
         try:
@@ -268,30 +306,33 @@ class FakeSlurm:
 
     ``hold`` follows CliSlurm.hold: a batch job that may be requeued is requeued and held, a
     ``--no-requeue`` batch job only gets the message, an allocation is notified and
-    cancelled. A job the fake was never given counts as a plain batch job. ``held`` and
-    ``cancelled`` map a job id to its reason, ``notified`` to the message its terminal got.
+    cancelled. A job the fake was never given counts as a plain batch job. ``jobs`` maps a job
+    id to the job as it is now; ``held`` and ``cancelled`` map a job id to its reason,
+    ``notified`` to the message its terminal got.
     """
 
-    queue: dict[str, Job] = field(default_factory=dict)
+    jobs: dict[str, Job] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)
     cancelled: dict[str, str] = field(default_factory=dict)
     notified: dict[str, str] = field(default_factory=dict)
 
     def submit(self, job: Job) -> None:
-        self.queue[job.job_id] = job
+        self.jobs[job.job_id] = job
 
     def finish(self, job_id: str) -> None:
-        self.queue.pop(job_id, None)
+        self.jobs.pop(job_id, None)
 
-    def jobs(self) -> list[Job]:
-        return list(self.queue.values())
+    def queue(self) -> list[Job]:
+        """The jobs in an active state, as CliSlurm.queue lists them (a held job is; a
+        cancelled allocation is not)."""
+        return [j for j in self.jobs.values() if j.state in _ALIVE]
 
     def job_alive(self, job_id: str) -> bool:
-        return job_id in self.queue
+        return job_id in self.jobs
 
     def hold(self, job_id: str, reason: str) -> str:
         reason = hold_reason(reason)
-        job = self.queue.get(job_id) or Job(job_id, "", "RUNNING", ())
+        job = self.jobs.get(job_id) or Job(job_id, "", "RUNNING", ())
         if job.state not in _ALIVE:
             return GONE
         message = hold_message(job, reason)
@@ -308,9 +349,9 @@ class FakeSlurm:
         return CANCELLED
 
     def _update(self, job: Job, *, state: str, reason: str, message: str) -> None:
-        if job.job_id in self.queue:
-            self.queue[job.job_id] = replace(job, state=state, reason=reason,
-                                             admin_comment=merge_admin_comment(job.admin_comment, message))
+        if job.job_id in self.jobs:
+            self.jobs[job.job_id] = replace(job, state=state, reason=reason,
+                                            admin_comment=merge_admin_comment(job.admin_comment, message))
 
 
 def client(bin_dir: str = BIN_DIR) -> SlurmClient:

@@ -58,7 +58,7 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
             st.copies.extend(c for c in copies if isinstance(c, dict))
     if slurm is not None:
         try:
-            st.demand = demand(slurm.jobs())
+            st.demand = demand(slurm.queue())
         except DsstageError as exc:
             st.queue_error = str(exc)
     return st

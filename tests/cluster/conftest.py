@@ -8,6 +8,7 @@ Slurm packages (CI installs them).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -61,9 +62,16 @@ class Cluster:
         return self.sbatch(script, *opts, user=user).stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
-        out = self.run("scontrol", "show", "job", "-o", job_id).stdout
-        from dsstage.slurm import _fields
-        return _fields(out.strip())
+        """``scontrol show job -o`` of a job the test submitted, as Key=Value pairs: only for
+        the tests' own jobs, whose names and comments hold no forged fields (dsstage itself
+        reads squeue's fixed fields, see dsstage.slurm.parse_job_records)."""
+        line = self.run("scontrol", "show", "job", "-o", job_id).stdout.strip()
+        out: dict[str, str] = {}
+        matches = list(re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=", line))
+        for i, m in enumerate(matches):  # values may hold spaces (Comment=...)
+            end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+            out.setdefault(m.group(1), line[m.end():end].strip())
+        return out
 
     def wait(self, job_id: str, states: tuple[str, ...] = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
                                                               "NODE_FAIL", "OUT_OF_MEMORY"),

@@ -1,3 +1,4 @@
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -9,23 +10,21 @@ from dsstage.slurm import FakeSlurm, Job
 DATA = Path(__file__).resolve().parent.parent / "data"
 
 
-def test_parse_saved_scontrol_show_job():
-    jobs = slurm.parse_show_job((DATA / "scontrol-show-job.txt").read_text())
-    assert [(j.job_id, j.state, j.datasets) for j in jobs] == [
-        ("1", "COMPLETED", ("sample",)), ("2", "PENDING", ("broken",)), ("3", "COMPLETED", ("brokenfb",))]
-    assert jobs[0].user == "root" and jobs[0].nodes == "n1" and jobs[0].partition == "debug"
-
-
-def test_fields_keep_values_with_spaces():
-    f = slurm._fields("JobId=7 Comment=dsstage held this job: x=y -- fix it JobState=PENDING")
-    assert f["JobId"] == "7" and f["JobState"] == "PENDING"
-    assert f["Comment"].startswith("dsstage held this job")
-
-
 def test_datasets_of_admin_comment():
     assert slurm.datasets_of("site=abc dsstage=coco,imagenet22t") == ("coco", "imagenet22t")
     assert slurm.datasets_of("") == ()
     assert slurm.datasets_of("nodsstage=x") == ()
+
+
+@pytest.mark.parametrize("admin,expected", [
+    ("site note: foo=bar dsstage=a,b", ("a", "b")),  # the site's text before the tag
+    ("dsstage=a,b dsstage held this job: x=y -- once that is fixed: scontrol release 7", ("a", "b")),  # dsstage's after
+    ("site note: foo=bar dsstage=a,b dsstage held this job: dsstage:c", ("a", "b")),  # a defused reason
+    ("site|note\nsecond line dsstage=sample", ("sample",)),  # a line break before the tag
+    ("site note: x=ydsstage=a", ()),  # not a word of its own
+])
+def test_datasets_of_finds_the_tag_among_other_text(admin, expected):
+    assert slurm.datasets_of(admin) == expected
 
 
 def test_expand_nodes_with_nodeset():
@@ -37,6 +36,14 @@ def test_expand_nodes_with_nodeset():
     for bad in ("n[1-", "n[3-1]", "@gpus", "n[1-4]!n2", "n1&n2", "n1^n2"):
         with pytest.raises(ValueError):
             slurm.expand_nodes(bad)
+
+
+def test_job_node_names():
+    job = Job("5", "u", "PENDING", ("a",), nodes="", sched_nodes="n[1-2]")
+    assert job.node_names("scheduled") == ["n1", "n2"] and job.node_names() == []
+    assert Job("2", "u", "RUNNING", (), nodes="n[1-2],n3").node_names("allocated") == ["n1", "n2", "n3"]
+    with pytest.raises(ValueError):
+        job.node_names("planned")  # type: ignore[arg-type]
 
 
 def test_demand_counts_pending_and_running():
@@ -78,10 +85,11 @@ def test_parse_job_records_on_saved_squeue_output():
 
 
 def test_scontrol_show_job_can_be_forged_by_the_user():
-    # job 25 above, as scontrol prints it: name and comment hold line breaks and fields
+    # job 25 above, as scontrol prints it: name and comment hold line breaks and fields;
+    # why nothing parses scontrol show job, and squeue is asked for fixed fields only
     text = (DATA / "scontrol-show-job-forged.txt").read_text()
     assert "AdminComment=evil BatchFlag=0" in text and "\n1|0|0|RUNNING|evil|" in text
-    assert slurm.parse_show_job(text)[0].state == ""  # why decisions use parse_job_records
+    assert not hasattr(slurm, "parse_show_job")
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -238,16 +246,98 @@ def test_fake_hold_follows_the_same_rules():
     s.submit(Job("3", "a", "RUNNING", ("coco",), requeue=False))
     s.submit(Job("4", "a", "COMPLETED", ("coco",)))
     assert s.hold("1", "source\ngone") == slurm.HELD
-    assert s.queue["1"].state == "PENDING" and s.held == {"1": "source gone"}
-    assert s.queue["1"].admin_comment == \
+    assert s.jobs["1"].state == "PENDING" and s.held == {"1": "source gone"}
+    assert s.jobs["1"].admin_comment == \
         "dsstage=coco dsstage held this job: source gone -- once that is fixed: scontrol release 1"
     assert s.hold("1", "still gone") == slurm.ALREADY_HELD
-    assert s.queue["1"].admin_comment.endswith("still gone -- once that is fixed: scontrol release 1")
+    assert s.jobs["1"].admin_comment.endswith("still gone -- once that is fixed: scontrol release 1")
     assert s.hold("2", "gone") == slurm.CANCELLED
-    assert s.queue["2"].state == "CANCELLED" and s.cancelled == {"2": "gone"}
+    assert s.jobs["2"].state == "CANCELLED" and s.cancelled == {"2": "gone"}
     assert s.notified["2"].startswith("dsstage cancelled this job: gone")
-    assert s.hold("3", "gone") == slurm.NOT_REQUEUED and s.queue["3"].state == "RUNNING"
+    assert s.hold("3", "gone") == slurm.NOT_REQUEUED and s.jobs["3"].state == "RUNNING"
     assert "3" not in s.held and "3" not in s.cancelled
     assert s.hold("4", "gone") == slurm.GONE
     assert s.hold("99", "never submitted") == slurm.HELD and s.held["99"] == "never submitted"
 
+
+# -- the queue ----------------------------------------------------------------------------
+
+def saved_queue() -> tuple[str, str]:
+    """The command line and output of CliSlurm.queue on a real Slurm 22.05.8 (devcluster):
+    running, suspended, pending with a backfill plan, --begin, held, requeue-held, an array,
+    --no-requeue, salloc; AdminComments set by job_submit.lua, by hand and by hold."""
+    _, command, out = (DATA / "squeue-queue.txt").read_text().split("\n", 2)
+    return command.removeprefix("## "), out
+
+
+def test_saved_queue_output_is_of_the_command_queue_runs():
+    command, _ = saved_queue()
+    argv = slurm.CliSlurm(bin_dir="/usr/bin").queue_argv()
+    assert command == "SLURM_TIME_FORMAT=%s " + shlex.join(["squeue", *argv[1:]])
+    assert argv[-1] == slurm.QUEUE_FORMAT and argv[-1].endswith(",admin_comment:|")
+
+
+def test_parse_queue_on_saved_squeue_output():
+    jobs = slurm.parse_job_records(saved_queue()[1], slurm.QUEUE_FORMAT)
+    assert list(jobs) == ["5", "6", "9", "10", "11", "7", "4", "2", "8", "12", "3"]
+    # pending, as another user, with backfill's plan: two nodes and an expected start
+    assert jobs["5"] == Job("5", "nobody", "PENDING", ("sample",), nodes="", partition="debug",
+                            admin_comment="dsstage=sample", priority=4294901755, start_time=1795333155.0,
+                            sched_nodes="n[1-2]")
+    assert jobs["5"].node_names("scheduled") == ["n1", "n2"] and jobs["5"].node_names() == []
+    # --begin=now+1hour: its begin time, no planned nodes ("(null)")
+    assert (jobs["6"].start_time, jobs["6"].sched_nodes) == (1795334965.0, "")
+    # the site's text before the tag, and a | and a line break before it
+    assert (jobs["9"].admin_comment, jobs["9"].datasets) == ("site note: x=y dsstage=sample", ("sample",))
+    assert (jobs["10"].admin_comment, jobs["10"].datasets) == ("site|note\nsecond line dsstage=sample", ("sample",))
+    assert (jobs["11"].requeue, jobs["11"].sched_nodes) == (False, "n1")
+    # held by its user (sbatch -H) and requeued-held by dsstage: priority 0, no start ("N/A")
+    assert (jobs["7"].priority, jobs["7"].start_time) == (0, None)
+    assert (jobs["4"].priority, jobs["4"].start_time, jobs["4"].datasets) == (0, None, ("sample",))
+    assert "dsstage held this job: source /data/x is gone" in jobs["4"].admin_comment
+    # running: allocated nodes and the start; no tag: no datasets ("(null)")
+    assert (jobs["2"].state, jobs["2"].nodes, jobs["2"].start_time, jobs["2"].sched_nodes) == \
+        ("RUNNING", "n[1-2]", 1795331355.0, "")
+    assert (jobs["8"].datasets, jobs["8"].admin_comment) == ((), "")
+    assert (jobs["12"].batch, jobs["12"].nodes) == (False, "n3")  # salloc
+    # suspended: Slurm shows priority 0, but a job that ran keeps its start
+    assert (jobs["3"].state, jobs["3"].priority, jobs["3"].start_time) == ("SUSPENDED", 0, 1795331355.0)
+
+
+def test_parse_job_records_takes_known_fields_only():
+    with pytest.raises(ValueError):
+        slurm.parse_job_records("", "JobID:|,Name:|,admin_comment:|")  # a user's free text
+    with pytest.raises(ValueError):
+        slurm.parse_job_records("", "admin_comment:|,JobID:|")  # free text not last
+
+
+def test_cli_queue_runs_one_squeue_with_a_fixed_environment(monkeypatch):
+    monkeypatch.setenv("SQUEUE_USERS", "nobody")  # seen: filters what squeue lists
+    monkeypatch.setenv("SQUEUE_ARRAY", "1")
+    monkeypatch.setenv("SLURM_TIME_FORMAT", "relative")
+    monkeypatch.setenv("SLURM_CLUSTERS", "other")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/test.conf")
+    cli, rec = cli_with(monkeypatch, saved_queue()[1])
+    jobs = cli.queue()
+    assert [j.job_id for j in jobs] == ["5", "6", "9", "10", "11", "7", "4", "2", "8", "12", "3"]
+    assert rec.calls == [cli.queue_argv()] and rec.calls[0][0] == "/opt/slurm/bin/squeue"
+    env = rec.envs[0]
+    assert env["SLURM_TIME_FORMAT"] == "%s" and env["SLURM_CONF"] == "/etc/slurm/test.conf"
+    assert not {"SQUEUE_USERS", "SQUEUE_ARRAY", "SLURM_CLUSTERS"} & set(env)
+
+
+def test_cli_queue_raises_when_slurm_cannot_be_asked(monkeypatch):
+    cli, _ = cli_with(monkeypatch, "", squeue_rc=1, squeue_err="Unable to contact slurm controller")
+    with pytest.raises(CommandError):
+        cli.queue()
+
+
+def test_fake_queue_lists_the_active_jobs():
+    s = FakeSlurm()
+    s.submit(Job("1", "a", "PENDING", ("coco",), sched_nodes="n1"))
+    s.submit(Job("2", "a", "RUNNING", ("coco",), nodes="n2", batch=False))
+    s.submit(Job("3", "a", "COMPLETED", ("coco",)))
+    assert [j.job_id for j in s.queue()] == ["1", "2"]
+    s.hold("2", "gone")  # an allocation is cancelled
+    s.finish("1")
+    assert s.queue() == []
