@@ -2,7 +2,8 @@
 
 ``SlurmClient`` is what the rest of dsstage uses. ``CliSlurm`` runs Slurm's clients by
 absolute path (the Prolog runs with no search path) through proc.run: bounded, its output
-parsed into small objects; tests use ``FakeSlurm``. Parsers are tested on saved real output.
+parsed into small objects; ``PySlurm`` reads the queue through pyslurm where that imports;
+tests use ``FakeSlurm``. Parsers are tested on saved real output.
 
 Nothing here reads text a user controls: ``squeue -O`` is asked for fixed fields only, the
 admin's free text (AdminComment) last. ``scontrol show job`` is not parsed anywhere: a job's
@@ -355,12 +356,80 @@ class FakeSlurm:
 
 
 def client(bin_dir: str = BIN_DIR) -> SlurmClient:
-    """The Slurm backend for this machine: the command-line clients in ``bin_dir``.
+    """The Slurm backend for this machine: pyslurm where it imports with the job API
+    PySlurm follows, else the command-line clients in ``bin_dir``.
 
-    No pyslurm release builds against Slurm 22.05 (Debian 12's), so there is no pyslurm
-    backend yet; one belongs here, behind the same interface, once it can be tested.
+    No pyslurm release builds against Slurm 22.05 (Debian 12's); PyPI's old 17.x/18.x
+    releases have no ``pyslurm.Jobs``: both get CliSlurm.
     """
-    return CliSlurm(bin_dir=bin_dir)
+    cli = CliSlurm(bin_dir=bin_dir)
+    module = _pyslurm()
+    return PySlurm(module, cli) if module is not None else cli
+
+
+def _pyslurm() -> Any:
+    """The pyslurm module if it imports and has the API PySlurm uses, else None."""
+    try:
+        import pyslurm  # type: ignore[import-not-found]
+    except Exception as exc:  # ImportError; a build against another libslurm fails as it loads
+        log.debug("pyslurm: not used: %s", exc)
+        return None
+    if callable(getattr(getattr(pyslurm, "Jobs", None), "load", None)) and hasattr(pyslurm, "PyslurmError"):
+        return pyslurm
+    log.debug("pyslurm %s: no pyslurm.Jobs.load: not used", getattr(pyslurm, "__version__", "?"))
+    return None
+
+
+class PySlurm:
+    """Slurm through pyslurm's job API, for ``queue``: one RPC (slurm_load_jobs), no client
+    process, no text to parse.
+
+    Follows pyslurm 24.11.0 (pyslurm/core/job/job.pyx; the same names since 23.2.2, whose
+    ``Jobs`` became a MultiClusterMap: ``values()`` yields every cluster's jobs):
+    ``Jobs.load()``; of each ``Job``: ``id``, ``user_name``, ``user_id``, ``state``,
+    ``partition``, ``priority`` (0 when held; None for NO_VAL), ``start_time`` (epoch
+    seconds, None for 0), ``scheduled_nodes``, ``allocated_nodes``, ``admin_comment`` (None
+    when empty), ``is_batch_job``, ``is_requeueable``. Load errors are ``pyslurm.RPCError``
+    (a ``pyslurm.PyslurmError``).
+
+    ``hold`` and ``job_alive`` are CliSlurm's (``cli``): pyslurm could set AdminComment
+    (``Job.modify(JobSubmitDescription(admin_comment=...))``), but ``Job.requeue(hold=True)``
+    sends JOB_REQUEUE_HOLD alone, without scontrol's ``Incomplete`` (JOB_RUNNING: leave a job
+    that another node's Prolog requeued already as it is); and one implementation of the
+    hold rules is the one tested on a real Slurm.
+    """
+
+    def __init__(self, module: Any, cli: CliSlurm) -> None:
+        self.pyslurm = module
+        self.cli = cli
+
+    @property
+    def bin_dir(self) -> str:
+        return self.cli.bin_dir
+
+    def queue(self) -> list[Job]:
+        """Every job that may still run or use its nodes' data, as CliSlurm.queue lists them.
+
+        Raises CommandError if slurmctld cannot be asked.
+        """
+        try:
+            loaded = self.pyslurm.Jobs.load()
+            return [_job(job_id=str(j.id), user=j.user_name or str(j.user_id), state=str(j.state),
+                         partition=j.partition, priority=j.priority,
+                         start=float(j.start_time) if j.start_time else None, sched_nodes=j.scheduled_nodes,
+                         nodes=j.allocated_nodes, batch=bool(j.is_batch_job), requeue=bool(j.is_requeueable),
+                         admin_comment=j.admin_comment)
+                    for j in loaded.values() if j.state in _ALIVE]
+        except self.pyslurm.PyslurmError as exc:
+            raise CommandError(["pyslurm.Jobs.load()"], None, "", str(exc),
+                               message="pyslurm cannot load the jobs from slurmctld") from exc
+
+    def job_alive(self, job_id: str) -> bool:
+        return self.cli.job_alive(job_id)
+
+    def hold(self, job_id: str, reason: str) -> str:
+        """CliSlurm.hold (see the class docstring for why)."""
+        return self.cli.hold(job_id, reason)
 
 
 def expand_nodes(nodelist: str) -> list[str]:

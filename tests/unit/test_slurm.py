@@ -1,5 +1,7 @@
 import shlex
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -341,3 +343,87 @@ def test_fake_queue_lists_the_active_jobs():
     s.hold("2", "gone")  # an allocation is cancelled
     s.finish("1")
     assert s.queue() == []
+
+
+# -- pyslurm ------------------------------------------------------------------------------
+
+#: the attributes of pyslurm.Job (24.11.0, pyslurm/core/job/job.pyx) that PySlurm may read
+PYSLURM_JOB = ["id", "user_id", "user_name", "state", "partition", "priority", "start_time", "scheduled_nodes",
+               "allocated_nodes", "admin_comment", "is_batch_job", "is_requeueable", "cluster"]
+
+
+def pyslurm_job(mocker, **kw):
+    values = dict(user_id=0, user_name="root", partition="debug", priority=4294901755, start_time=None,
+                  scheduled_nodes=None, allocated_nodes=None, admin_comment=None, is_batch_job=True,
+                  is_requeueable=True, cluster="dev")
+    values.update(kw)
+    job = mocker.NonCallableMock(spec_set=PYSLURM_JOB)
+    for name, value in values.items():
+        setattr(job, name, value)
+    return job
+
+
+@pytest.fixture
+def fake_pyslurm(mocker):
+    """A pyslurm module with the job API PySlurm targets; ``loaded`` is what Jobs.load() returns."""
+    module = types.ModuleType("pyslurm")
+    module.PyslurmError = type("PyslurmError", (Exception,), {})  # type: ignore[attr-defined]
+    module.RPCError = type("RPCError", (module.PyslurmError,), {})  # type: ignore[attr-defined]
+    module.Jobs = mocker.Mock(spec_set=["load"])  # type: ignore[attr-defined]
+    mocker.patch.dict(sys.modules, {"pyslurm": module})
+    return module
+
+
+def test_client_uses_pyslurm_where_it_imports_with_the_job_api(fake_pyslurm):
+    c = slurm.client(bin_dir="/opt/slurm/bin")
+    assert isinstance(c, slurm.PySlurm) and c.pyslurm is fake_pyslurm and c.bin_dir == "/opt/slurm/bin"
+
+
+def test_client_falls_back_to_the_cli(mocker):
+    mocker.patch.dict(sys.modules, {"pyslurm": None})  # import pyslurm raises ImportError
+    assert isinstance(slurm.client(), slurm.CliSlurm)
+    old = types.ModuleType("pyslurm")  # 17.x/18.x: pyslurm.job(), no pyslurm.Jobs
+    old.job = object  # type: ignore[attr-defined]
+    mocker.patch.dict(sys.modules, {"pyslurm": old})
+    assert isinstance(slurm.client(), slurm.CliSlurm)
+
+
+def test_pyslurm_queue(fake_pyslurm, mocker):
+    loaded = {
+        5: pyslurm_job(mocker, id=5, user_name="nobody", state="PENDING", start_time=1795333155,
+                       scheduled_nodes="n[1-2]", admin_comment="site note: x=y dsstage=sample"),
+        7: pyslurm_job(mocker, id=7, state="PENDING", priority=0, start_time=1795331487, admin_comment="dsstage=a"),
+        2: pyslurm_job(mocker, id=2, state="RUNNING", start_time=1795331355, allocated_nodes="n[1-2]",
+                       admin_comment="dsstage=a,b dsstage held this job: x"),
+        12: pyslurm_job(mocker, id=12, user_name=None, user_id=1234, state="RUNNING", allocated_nodes="n3",
+                        is_batch_job=False, priority=None),
+        1: pyslurm_job(mocker, id=1, state="COMPLETED", admin_comment="dsstage=a"),
+    }
+    fake_pyslurm.Jobs.load.return_value = mocker.Mock(spec_set=["values"], values=loaded.values)
+    jobs = {j.job_id: j for j in slurm.client().queue()}
+    assert sorted(jobs) == ["12", "2", "5", "7"]  # COMPLETED is not in the queue
+    assert jobs["5"] == Job("5", "nobody", "PENDING", ("sample",), nodes="", partition="debug",
+                            admin_comment="site note: x=y dsstage=sample", priority=4294901755,
+                            start_time=1795333155.0, sched_nodes="n[1-2]")
+    assert (jobs["7"].priority, jobs["7"].start_time) == (0, None)  # held: no start
+    assert (jobs["2"].nodes, jobs["2"].start_time, jobs["2"].datasets) == ("n[1-2]", 1795331355.0, ("a", "b"))
+    assert (jobs["12"].user, jobs["12"].batch, jobs["12"].priority, jobs["12"].admin_comment) == \
+        ("1234", False, 0, "")
+    fake_pyslurm.Jobs.load.assert_called_once_with()
+
+
+def test_pyslurm_queue_error_is_a_command_error(fake_pyslurm):
+    fake_pyslurm.Jobs.load.side_effect = fake_pyslurm.RPCError("Unable to contact slurm controller")
+    with pytest.raises(CommandError, match="pyslurm cannot load the jobs"):
+        slurm.client().queue()
+
+
+def test_pyslurm_holds_and_checks_jobs_through_the_cli(fake_pyslurm, mocker):
+    c = slurm.client(bin_dir="/opt/slurm/bin")
+    assert isinstance(c, slurm.PySlurm)
+    hold = mocker.patch.object(slurm.CliSlurm, "hold", return_value=slurm.HELD)
+    alive = mocker.patch.object(slurm.CliSlurm, "job_alive", return_value=False)
+    assert c.hold("42", "gone") == slurm.HELD and not c.job_alive("42")
+    hold.assert_called_once_with("42", "gone")
+    alive.assert_called_once_with("42")
+    fake_pyslurm.Jobs.load.assert_not_called()
