@@ -15,13 +15,14 @@ The rules, in order:
 3. With ``max_idle`` set, a copy unused that long that nothing in the queue wants is
    evicted ("idle 3 d, no demand"); never on a stale snapshot.
 4. Pressure. When the tier's usage (copies, reservations, plus the bytes a stage about to
-   start needs) is above the high watermark, unleased copies are evicted in order of
-   ``value`` (lowest first) until usage is below the low watermark; if that cannot be
-   reached, until it is below the high watermark, then below the capacity. A copy used
-   within ``min_keep`` is not evicted for space. Usage is recomputed as copies go:
-   bytes that two versions share (hard links) are freed only when both are gone.
+   start needs) is above the high watermark, unleased copies are evicted in eviction
+   order until usage is below the low watermark, but a copy the queue wants only as far
+   as needed to get below the high watermark (then the capacity). A stage evicts only to
+   get itself below the high watermark. A copy used within ``min_keep`` is not evicted
+   for space. Usage is recomputed as copies go: bytes that two versions share (hard
+   links) are freed only when both are gone.
 
-``value`` weighs demand (each pending job that wants the dataset, more if the backfill
+The eviction order weighs demand (each pending job that wants the dataset, more if the backfill
 plan put it on this node, more the sooner it is expected to start), running jobs on
 other nodes (the dataset is in use in the cluster), and recency. Superseded versions come
 first. Ties: the least recently used, then the larger copy (fewer evictions for the room).
@@ -172,7 +173,8 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
     if total > space.high * space.capacity:
         order = sorted(candidates, key=lambda c: eviction_key(c, demand, node, now))
         fits_room = (c for c in order if now - c.last_used >= policy.min_keep or not c.current)
-        pressured = _shortest_prefix(list(fits_room), remaining, space)
+        hot = {c.key for c in candidates if c.current and demand_score(c.dataset, demand, node, now) > 0}
+        pressured = _shortest_prefix(list(fits_room), remaining, space, hot)
     for c in candidates:
         if c in pressured:
             decided[c.key] = Decision(c, True, _pressure_reason(c, demand, node, space, now))
@@ -213,22 +215,33 @@ def used(copies: Iterable[Copy]) -> int:
     return sum(c.bytes - sum(b for v, b in c.shared.items() if (c.dataset, v) in present) for c in copies)
 
 
-def _shortest_prefix(order: list[Copy], remaining: dict[tuple[str, str], Copy], space: Space) -> list[Copy]:
-    """The fewest copies from the front of ``order`` that bring usage below the low
-    watermark; else below the high one; else below the capacity; else all of them. For a
-    stage (``space.need``): below the high watermark, else the capacity, else none: the
+def _shortest_prefix(order: list[Copy], remaining: dict[tuple[str, str], Copy], space: Space,
+                     wanted: set[tuple[str, str]]) -> list[Copy]:
+    """The copies to evict, from the front of ``order``.
+
+    Without a stage: the unwanted copies until usage is below the low watermark; a copy
+    the queue wants goes only if that is needed to get below the high watermark (else the
+    capacity); if nothing gets there, every candidate goes. For a stage (``space.need``):
+    the fewest copies that get below the high watermark, else the capacity, else none: the
     Epilog brings the tier down to the low watermark, a job waiting for its data need not."""
     rest = dict(remaining)
     totals = []
     for c in order:
         rest.pop(c.key, None)
         totals.append(used(rest.values()) + space.reserved + space.need)
-    limits = (space.high, 1.0) if space.need else (space.low, space.high, 1.0)
-    for limit in (f * space.capacity for f in limits):
-        for i, t in enumerate(totals):
-            if t <= limit:
-                return order[:i + 1]
-    return order if space.need == 0 else []  # a stage that cannot fit evicts nothing
+
+    def first_within(limit: float, upto: int) -> int | None:
+        return next((i + 1 for i, t in enumerate(totals[:upto]) if t <= limit), None)
+
+    if space.need:
+        n = first_within(space.high * space.capacity, len(order)) or first_within(space.capacity, len(order))
+        return order[:n] if n else []
+    free = next((i for i, c in enumerate(order) if c.key in wanted), len(order))  # unwanted ones come first
+    n = first_within(space.low * space.capacity, free)
+    if n is None and free and totals[free - 1] <= space.high * space.capacity:
+        n = free  # the low watermark is out of reach without wanted copies: keep those
+    n = n or first_within(space.high * space.capacity, len(order)) or first_within(space.capacity, len(order))
+    return order[:n] if n else order
 
 
 def demand_score(dataset: str, demand: Demand, node: str, now: float) -> float:

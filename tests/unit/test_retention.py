@@ -195,3 +195,14 @@ def test_asked_eviction_never_takes_a_leased_copy():
 def test_asked_eviction_of_an_unwanted_copy():
     _p, d = decide([copy("a", idle=60)], evict=("a",))
     assert d["a"] == ("evict", "asked to evict")
+
+
+def test_wanted_copies_go_only_as_far_as_the_high_watermark():
+    # 95 GB; the unwanted y alone leaves 80 (> low 75, <= high 90): the wanted w stays
+    p, d = decide([copy("w", 50, idle=5 * DAY), copy("y", 15, idle=DAY), copy("z", 30, leases=("1",))],
+                  capacity_gb=100, wants={"w": [pending("456")]})
+    assert d["y"][0] == "evict" and d["w"][0] == "keep" and p.usage_after == 80 * GB
+    # and when even that is over the high watermark, the wanted copy goes too
+    p, d = decide([copy("w", 50, idle=5 * DAY), copy("y", 5, idle=DAY), copy("z", 41, leases=("1",))],
+                  capacity_gb=100, wants={"w": [pending("456")]})
+    assert d["y"][0] == "evict" and d["w"][0] == "evict" and "wanted by pending job 456" in d["w"][1]
