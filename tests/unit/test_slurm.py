@@ -306,6 +306,16 @@ def test_parse_queue_on_saved_squeue_output():
     assert (jobs["3"].state, jobs["3"].priority, jobs["3"].start_time) == ("SUSPENDED", 0, 1795331355.0)
 
 
+def test_a_requeued_held_job_has_no_start():
+    # seen just after 'scontrol requeuehold' (not in the saved output, taken later): the job
+    # shows a StartTime, the end of its requeue delay, though it will not start until released
+    line = "4|root|PENDING|debug|0|1795331487|(null)||1|1|dsstage=sample dsstage held this job: x|\n"
+    job = slurm.parse_job_records(line, slurm.QUEUE_FORMAT)["4"]
+    assert (job.priority, job.start_time, job.datasets) == (0, None, ("sample",))
+    running = "2|root|RUNNING|debug|0|1795331355|(null)|n1|1|1|(null)|\n"  # only a pending job waits
+    assert slurm.parse_job_records(running, slurm.QUEUE_FORMAT)["2"].start_time == 1795331355.0
+
+
 def test_parse_job_records_takes_known_fields_only():
     with pytest.raises(ValueError):
         slurm.parse_job_records("", "JobID:|,Name:|,admin_comment:|")  # a user's free text
