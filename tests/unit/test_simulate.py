@@ -1,0 +1,287 @@
+"""The retention simulator: traces, scheduler, policies and bound on cases whose outcome is known."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import random
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+from dsstage import simulate
+from dsstage.sim import trace as tr
+from dsstage.sim.bound import lower_bound, pack
+from dsstage.sim.replay import JobEnd, Lru, Offline, Planner, replay
+from dsstage.sim.sched import Nodes, project, schedule
+
+GB = 10**9
+
+
+def job(i: int, ds: str, submit: float = 0.0, runtime: float = 100.0, slots: int = 1, limit: float | None = None,
+        user: str = "u") -> tr.Job:
+    return tr.Job(str(i), submit, runtime, runtime if limit is None else limit, slots, user, ds)
+
+
+def serial(datasets: list[str]) -> list[tr.Job]:
+    """One job after the other on one node, all submitted at once."""
+    return [job(i + 1, d, submit=0.0, runtime=1000.0) for i, d in enumerate(datasets)]
+
+
+# -- policies on hand-made request sequences ------------------------------------------------------
+
+BELADY = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]  # the textbook string, 3 frames
+
+
+def test_lru_and_belady_on_the_textbook_string():
+    jobs = serial([f"p{p}" for p in BELADY])
+    sizes = {f"p{p}": GB for p in set(BELADY)}
+    sched = schedule(jobs, nodes=1, slots_per_node=1)
+    assert [r.job.id for r in sched.runs] == [j.id for j in jobs]
+    misses = {}
+    for policy in (Lru(), Offline(sched.runs), JobEnd()):
+        res = replay(sched, sizes, 3 * GB, 2 * GB, policy)
+        misses[policy.name] = res.bytes_staged // GB
+        assert res.requests == len(BELADY)
+        assert res.bytes_compulsory == len(sizes) * GB
+    assert misses == {"lru": 12, "offline": 9, "job-end": len(BELADY)}
+    # equal sizes: the relaxation is integral, so the bound is the optimum, which Belady reaches
+    assert lower_bound(sched, sizes, 3 * GB).bytes_staged == 9 * GB
+
+
+def test_job_end_stages_again_every_time_lru_once():
+    sched = schedule(serial(["a"] * 5), nodes=1, slots_per_node=1)
+    sizes = {"a": 100 * GB}
+    end = replay(sched, sizes, 1000 * GB, 2 * GB, JobEnd())
+    lru = replay(sched, sizes, 1000 * GB, 2 * GB, Lru())
+    assert (end.bytes_staged_again, end.hits) == (400 * GB, 0)
+    assert (lru.bytes_staged_again, lru.hits, lru.hit_ratio) == (0, 4, 0.8)
+    # 100 GB at 2 GB/s: each stage makes its job wait 50 s
+    assert end.wait_total == pytest.approx(250.0) and lru.wait_total == pytest.approx(50.0)
+
+
+def test_job_end_keeps_a_copy_another_running_job_holds():
+    # two 1-slot jobs share a 2-slot node; the first ends while the second still runs
+    jobs = [job(1, "a", runtime=100.0), job(2, "a", runtime=300.0), job(3, "a", submit=200.0)]
+    sched = schedule(jobs, nodes=1, slots_per_node=2)
+    res = replay(sched, {"a": GB}, 10 * GB, GB, JobEnd())
+    assert res.hits == 2 and res.bytes_staged == GB
+
+
+def test_planner_keeps_what_a_pending_job_planned_here_wants():
+    # a [0, 1000), b [1000, 2000); c at 3000 needs room; d (pending, planned here next) wants a
+    jobs = [job(1, "a", runtime=1000.0), job(2, "b", submit=1.0, runtime=1000.0),
+            job(3, "c", submit=3000.0, runtime=1000.0), job(4, "a", submit=3000.0, runtime=1000.0)]
+    sizes = {"a": 100, "b": 150, "c": 200}
+    sched = schedule(jobs, nodes=1, slots_per_node=1)
+    assert [r.start for r in sched.runs] == [0.0, 1000.0, 3000.0, 4000.0]
+    lru = replay(sched, sizes, 400, 1.0, Lru())
+    planner = Planner(sched, sizes, 400)
+    res = replay(sched, sizes, 400, 1.0, planner)
+    assert lru.hits == 0  # LRU dropped a, the least recently used
+    assert res.hits == 1 and res.evictions == 1  # the planner dropped b, which nothing wants
+    assert planner.calls == 1
+
+
+def test_planner_shortcut_changes_nothing():
+    trace = tr.generate(jobs=150, nodes=4, datasets=12, seed=3)
+    sched = schedule(trace.jobs, trace.nodes, 1)
+    cap = int(0.3 * trace.working_set())
+    fast = Planner(sched, trace.sizes, cap)
+    slow = Planner(sched, trace.sizes, cap, shortcut=False)
+    a = replay(sched, trace.sizes, cap, 2 * GB, fast)
+    b = replay(sched, trace.sizes, cap, 2 * GB, slow)
+    assert slow.calls > fast.calls > 0
+    a.seconds = b.seconds = 0.0
+    a.plan_calls = b.plan_calls = 0
+    assert a == b
+
+
+def test_a_leased_copy_is_never_evicted_and_what_cannot_fit_is_streamed():
+    # two jobs share a node; their datasets together exceed the tier: the second streams
+    jobs = [job(1, "a", runtime=500.0), job(2, "b", runtime=500.0)]
+    sched = schedule(jobs, nodes=1, slots_per_node=2)
+    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, {"a": 60, "b": 60}, 100)):
+        res = replay(sched, {"a": 60, "b": 60}, 100, 1.0, policy)
+        assert (res.bypassed, res.no_room, res.bytes_staged) == (1, 0, 120)
+
+
+def test_every_policy_stays_above_the_bound():
+    trace = tr.generate(jobs=300, nodes=4, datasets=15, seed=5)
+    sched = schedule(trace.jobs, trace.nodes, 1)
+    cap = int(0.33 * trace.working_set())
+    bound = lower_bound(sched, trace.sizes, cap)
+    staged = {}
+    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, trace.sizes, cap)):
+        res = replay(sched, trace.sizes, cap, 2 * GB, policy)
+        assert res.bytes_compulsory == bound.bytes_compulsory
+        staged[policy.name] = res.bytes_staged
+    assert bound.bytes_staged <= min(staged.values())
+    assert staged["offline"] <= staged["lru"] <= staged["job-end"]
+
+
+def test_pack_is_optimal_on_small_instances():
+    rng = random.Random(7)
+    for _ in range(60):
+        segments = rng.randint(1, 4)
+        capacity = [rng.randint(0, 3) for _ in range(segments)]
+        gaps = []
+        for _ in range(rng.randint(1, 4)):
+            lo = rng.randrange(segments)
+            gaps.append((lo, rng.randint(lo - 1, segments - 1), rng.randint(1, 3)))
+        best = 0
+        for ys in itertools.product(*[range(s + 1) for _, _, s in gaps]):
+            load = [sum(y for (lo, hi, _), y in zip(gaps, ys) if lo <= i <= hi) for i in range(segments)]
+            if all(x <= c for x, c in zip(load, capacity)):
+                best = max(best, sum(ys))
+        assert pack(capacity, gaps) == best, (capacity, gaps)
+
+
+# -- the scheduler -------------------------------------------------------------------------
+
+def test_backfill_keeps_off_the_head_reservation():
+    jobs = [job(1, "a", runtime=100.0, slots=1),          # node 0 until 100
+            job(2, "a", submit=1.0, runtime=50.0, slots=2),  # head: needs both nodes, reserved at 100
+            job(3, "a", submit=2.0, runtime=500.0, slots=1),  # too long to backfill onto the reservation
+            job(4, "a", submit=3.0, runtime=90.0, slots=1)]  # ends before 100: backfills
+    sched = schedule(jobs, nodes=2, slots_per_node=1)
+    starts = {r.job.id: (r.start, r.nodes) for r in sched.runs}
+    assert starts["1"] == (0.0, (0,))
+    assert starts["4"] == (3.0, (1,))
+    assert starts["2"] == (100.0, (0, 1))
+    assert starts["3"][0] == 150.0
+    assert sched.backfilled == 1
+
+
+def test_projection_plans_nodes_that_free_first():
+    free = Nodes(3, 1)
+    free.take((0, 1, 2), 1)
+    running = [(500.0, (0,), 1), (200.0, (2,), 1), (900.0, (1,), 1)]
+    plan = project(free, running, [job(1, "a", slots=1, limit=100.0), job(2, "a", slots=2, limit=50.0)], 0.0)
+    assert [(start, nodes) for _, start, nodes in plan] == [(200.0, (2,)), (500.0, (0, 2))]
+    assert free.free == [0, 0, 0]
+
+
+def test_small_jobs_share_a_node_large_ones_take_whole_nodes():
+    nodes = Nodes(3, 4)
+    assert nodes.shape(3) == (1, 3) and nodes.shape(9) == (3, 4)
+    nodes.take((0,), 3)
+    assert nodes.choose(1) == (0,)  # best fit
+    assert nodes.choose(8) == (1, 2)
+    assert not nodes.fits(12)
+
+
+# -- traces --------------------------------------------------------------------------------
+
+SWF = """\
+; Version: 2.2
+; MaxProcs: 8
+; MaxNodes: 8
+    1      0   5   100   2  -1 -1   2   200  -1  1  3  1 -1 -1 1 -1 -1
+    2     10   0     0   1  -1 -1   1   100  -1  0  3  1 -1 -1 1 -1 -1
+    3     20   0    50  -1  -1 -1   6    -1  -1  1  4  1 -1 -1 1 -1 -1
+    4     30   0    50   4  -1 -1   4   100  -1  5  4  1 -1 -1 1 -1 -1
+    5     40   0    70  16  -1 -1  16   100  -1  1  4  1 -1 -1 1 -1 -1
+    6     50   0    70   1  -1 -1   1   100  -1  1  3  1 -1 -1 1 -1 -1
+"""
+
+
+def test_parse_swf_header_and_records():
+    header, records = tr.parse_swf(io.StringIO(SWF))
+    assert header["MaxProcs"] == "8"
+    recs = list(records)
+    assert [r.job for r in recs] == [1, 2, 3, 4, 5, 6]
+    assert (recs[2].allocated, recs[2].requested, recs[2].limit, recs[3].status) == (-1, 6, -1.0, 5)
+
+
+def test_read_swf_rules(tmp_path: Path):
+    path = tmp_path / "t.swf"
+    path.write_text(SWF)
+    t = tr.read_swf(str(path), cores_per_node=2, datasets=5, seed=1)
+    assert t.nodes == 4 and t.slots_per_node == 2
+    assert [j.id for j in t.jobs] == ["1", "3", "6"]
+    assert t.skipped == {"no run time": 1, "cancelled": 1, "larger than the cluster": 1}
+    j3 = t.jobs[1]
+    assert (j3.slots, j3.limit, j3.runtime) == (6, 50.0, 50.0)  # requested processors; limit = run time
+    assert any("left out: 1 cancelled" in r or "1 cancelled" in r for r in t.rules)
+    window = tr.read_swf(str(path), cores_per_node=2, datasets=5, seed=1, start=2, limit=1)
+    assert [j.id for j in window.jobs] == ["3"] and window.jobs[0].dataset == j3.dataset
+    with pytest.raises(tr.TraceError):
+        tr.read_swf(str(tmp_path / "missing.swf"))
+
+
+def test_dataset_rule_is_deterministic_for_a_seed():
+    recs = [tr.SwfRecord(job=i, submit=i, wait=0, runtime=10, allocated=1, requested=1, limit=10, status=1,
+                         user=i % 7) for i in range(300)]
+    names = tr.dataset_names(40)
+
+    def assign(seed: int, rs: list[tr.SwfRecord]) -> list[str]:
+        return [d for _, d in tr.assign_datasets(rs, names=names, zipf_s=1.0, seed=seed, other=0.1)]
+
+    a = assign(1, recs)
+    assert a == assign(1, recs)
+    assert a != assign(2, recs)
+    assert assign(1, recs[150:]) == a[150:]  # a window gets what the whole log would
+    by_user: dict[int, list[str]] = {}
+    for r, d in zip(recs, a):
+        by_user.setdefault(r.user, []).append(d)
+    for ds in by_user.values():  # mostly the user's home dataset
+        assert max(ds.count(d) for d in set(ds)) >= 0.75 * len(ds)
+    assert tr.dataset_sizes(40, 1) == tr.dataset_sizes(40, 1)
+    assert all(50 * GB <= s <= 4000 * GB for s in tr.dataset_sizes(40, 1).values())
+
+
+def test_generated_trace_is_deterministic():
+    a = tr.generate(jobs=50, nodes=4, seed=9)
+    assert a.jobs == tr.generate(jobs=50, nodes=4, seed=9).jobs
+    assert a.jobs != tr.generate(jobs=50, nodes=4, seed=10).jobs
+    assert all(j.slots <= 4 for j in a.jobs)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+def run_main(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = simulate.main(argv)
+    return code, out.getvalue()
+
+
+def test_json_keys():
+    code, out = run_main(["--jobs", "120", "--nodes", "4", "--datasets", "10", "--json"])
+    assert code == 0
+    rep = json.loads(out)
+    assert set(rep) == {"trace", "cluster", "scheduler", "planner", "policies", "offline_method", "bound", "goal",
+                        "seconds"}
+    assert list(rep["policies"]) == ["planner", "lru", "job-end", "offline"]
+    keys = {"bytes_staged", "bytes_staged_again", "bytes_compulsory", "requests", "hits", "hit_ratio",
+            "stage_wait_total_s", "stage_wait_mean_s", "stage_wait_max_s", "jobs_delayed", "evictions",
+            "bytes_evicted", "bypassed", "no_room", "seconds"}
+    for p in rep["policies"].values():
+        assert keys <= set(p)
+    assert rep["policies"]["offline"]["bound_on_optimum"] == "upper"
+    assert rep["bound"]["bound_on_optimum"] == "lower"
+    assert {"plan_calls", "planned_jobs", "planned_nodes_right"} <= set(rep["policies"]["planner"])
+    assert {"planner_vs_lru", "planner_vs_offline", "planner_vs_bound"} <= set(rep["goal"])
+    assert rep["cluster"]["capacity_fraction"] == 0.33
+    assert rep["trace"]["rules"]
+
+
+def test_text_report_says_what_the_offline_figures_are():
+    code, out = run_main(["--jobs", "80", "--nodes", "4", "--datasets", "8", "--capacity", "2TB"])
+    assert code == 0
+    assert "UPPER bound" in out and "LOWER bound" in out and "tier 2.0 TB" in out
+
+
+@pytest.mark.parametrize("argv", [["--policies", "fifo"], ["--capacity", "lots"], ["--high", "0.5"],
+                                  ["--trace", "/nonexistent.swf"]])
+def test_bad_options_end_in_one_line(argv, capsys):
+    assert simulate.main(argv) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("dsstage simulate: error:") and err.count("\n") == 1
+
+
+def test_capacity_fraction_or_size():
+    assert simulate.capacity_of("0.33", 1000) == (330, 0.33)
+    assert simulate.capacity_of("3.5TB", 7 * 10**12) == (3_500_000_000_000, 0.5)
