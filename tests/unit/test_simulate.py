@@ -10,6 +10,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+from dsstage import retention as rt
 from dsstage import simulate
 from dsstage.sim import trace as tr
 from dsstage.sim.bound import lower_bound, pack
@@ -82,6 +83,35 @@ def test_planner_keeps_what_a_pending_job_planned_here_wants():
     assert lru.hits == 0  # LRU dropped a, the least recently used
     assert res.hits == 1 and res.evictions == 1  # the planner dropped b, which nothing wants
     assert planner.calls == 1
+
+
+def test_planner_sees_the_queue_as_of_its_last_snapshot():
+    # as above, but d is submitted at 3010, after the snapshot tick at 3000 that c's Prolog (3020) reads
+    jobs = [job(1, "a", runtime=1000.0), job(2, "b", submit=1.0, runtime=2020.0),
+            job(3, "c", submit=3000.0, runtime=1000.0), job(4, "a", submit=3010.0, runtime=1000.0)]
+    sizes = {"a": 100, "b": 150, "c": 200}
+    sched = schedule(jobs, nodes=1, slots_per_node=1)
+    assert [r.start for r in sched.runs] == [0.0, 1000.0, 3020.0, 4020.0]
+    hits = {}
+    for interval in (30.0, 0.0):
+        planner = Planner(sched, sizes, 400, policy=rt.Policy(min_keep=0), interval=interval)
+        hits[interval] = replay(sched, sizes, 400, 1.0, planner).hits
+    assert hits == {30.0: 0, 0.0: 1}
+
+
+def test_bound_holds_on_shared_nodes():
+    rng = random.Random(11)
+    jobs = [job(i, f"d{rng.randrange(6)}", submit=i * 40.0, runtime=rng.choice([50.0, 200.0, 900.0]),
+                slots=rng.choice([1, 1, 2, 3, 4])) for i in range(1, 120)]
+    sizes = {f"d{i}": 20 + i * 14 for i in range(6)}
+    sched = schedule(jobs, nodes=3, slots_per_node=2)
+    bound = lower_bound(sched, sizes, 100)
+    bypassed = set()
+    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, sizes, 100, policy=rt.Policy(min_keep=0))):
+        res = replay(sched, sizes, 100, 1.0, policy)
+        assert res.no_room == 0 and res.bytes_staged >= bound.bytes_staged, policy.name
+        bypassed.add(res.bypassed)
+    assert len(bypassed) == 1 and bypassed.pop() > 0  # the same for every policy
 
 
 def test_planner_shortcut_changes_nothing():
