@@ -106,14 +106,34 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", help="file to write (atomically); default: standard output")
     c.set_defaults(handler=cmd_export_catalog)
 
-    c = sub.add_parser("evict", help="remove this node's copies of a dataset that no job uses")
-    c.add_argument("name", help="dataset name")
+    c = sub.add_parser("evict", help="evict a dataset's unused copies from this node, or apply the retention plan",
+                       description="With NAME: evict this node's copies of NAME that no job holds a lease on "
+                                   "(a copy the queue wants stays unless --force). Without NAME: apply the retention "
+                                   "plan to every tier, as the Epilog does. --dry-run shows the plan and its reasons.")
+    c.add_argument("name", nargs="?", help="dataset name (default: every copy, by the retention plan)")
+    c.add_argument("--force", action="store_true", help="evict NAME even if pending or running jobs want it")
+    c.add_argument("--dry-run", action="store_true", help="show what would be evicted and why; change nothing")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_evict)
 
-    c = sub.add_parser("reclaim", help="remove this node's leases whose job is gone (asks Slurm)")
+    c = sub.add_parser("reclaim", help="remove this node's leases whose job is gone",
+                       description="Uses the demand snapshot when it is fresh (no Slurm call); otherwise asks Slurm "
+                                   "about each lease's job.")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_reclaim)
+
+    c = sub.add_parser("demand-poller", help="write the queue's dataset demand into the state directory",
+                       description="Run on the controller or a login node: every retention.poll_interval seconds, "
+                                   "one squeue query, an atomic <state_dir>/demand.json, and old manifests pruned. "
+                                   "Prologs and Epilogs read the snapshot and never ask Slurm for demand.")
+    c.add_argument("--once", action="store_true", help="one round, then exit (for cron); exit 1 if it failed")
+    c.add_argument("--interval", type=float, help="seconds between rounds (default: retention.poll_interval)")
+    c.set_defaults(handler=cmd_demand_poller)
+
+    c = sub.add_parser("simulate", help="replay a job trace through retention policies and compare them",
+                       add_help=False)
+    c.add_argument("args", nargs=argparse.REMAINDER, help="see dsstage simulate --help")
+    c.set_defaults(handler=cmd_simulate)
 
     c = sub.add_parser("verify", help="check the local copy against the manifest")
     c.add_argument("name", help="dataset name")
@@ -284,21 +304,48 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_evict(args: argparse.Namespace) -> int:
     conf = _config(args)
-    result = Store(conf, args.node).evict(args.name)
+    store = Store(conf, args.node)
+    dem, snap = store.demand()
+    if dem.stale:
+        log.warning("%s: the queue's demand is unknown; copies are judged without it",
+                    snap.problem or f"the demand snapshot is {dem.age:.0f}s old")
+    if args.name:
+        result = store.evict(args.name, force=args.force, dry_run=args.dry_run)
+    else:
+        result = store.retain(dem, dry_run=args.dry_run, wait=conf.lock_timeout)
     _emit(args, [asdict(e) for e in result],
-          lambda: print("\n".join(f"{e.dataset} {e.version}: {e.action} ({e.reason})" for e in result)
-                        or f"{args.name}: no copy on this node"))
+          lambda: print("\n".join(f"{e.tier} {e.dataset} {e.version} ({human(e.bytes)}): {e.action}: {e.reason}"
+                                  for e in result) or f"{args.name or 'nothing'}: no copy on this node"))
     return 0
 
 
 def cmd_reclaim(args: argparse.Namespace) -> int:
-    from . import slurm
     conf = _config(args)
-    gone = Store(conf, args.node).reclaim(slurm.client(conf.slurm_bin).job_alive)
+    store = Store(conf, args.node)
+    _dem, snap = store.demand()
+    if snap.age(store.clock()) <= conf.retention.demand_max_age:
+        gone = store.reclaim_stale(snap)
+    else:
+        from . import slurm
+        log.info("no fresh demand snapshot: asking Slurm about each lease's job")
+        gone = store.reclaim(slurm.client(conf.slurm_bin).job_alive)
     _emit(args, [asdict(x) for x in gone],
           lambda: print("\n".join(f"{x.dataset}: lease of job {x.job_id} reclaimed (job gone)" for x in gone)
                         or "no stale lease on this node"))
     return 0
+
+
+def cmd_demand_poller(args: argparse.Namespace) -> int:
+    from . import demand, slurm
+    conf = _config(args)
+    if not args.debug:
+        logging.getLogger().setLevel(logging.INFO)
+    return demand.run(conf, slurm.client(conf.slurm_bin), once=args.once, interval=args.interval)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from . import simulate
+    return simulate.main(args.args)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

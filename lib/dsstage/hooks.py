@@ -195,6 +195,8 @@ def decide(ctx: JobContext, outcomes: list[Outcome], *, run_dir: str, slurm: Slu
 
 def epilog(env: Mapping[str, str], *, run_dir: str,
            load_config: Callable[[], Config] = cfg.load) -> int:
+    """Release the job's leases, reclaim leases of jobs that are gone, then apply the
+    retention plan: evictions are renames into the trash, deleted in the background."""
     ctx = JobContext.from_env(env)
     remove_task_file(run_dir, ctx)
     if not ctx.request:
@@ -208,13 +210,31 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
     store = Store(conf, ctx.node or None)
     try:
         released = store.release_job(ctx.job_id)
+        log.info("job %s: released %s", ctx.job_id, ", ".join(x.dataset for x in released) or "nothing")
+        retain(store, ctx.job_id)
     except DsstageError as exc:
-        # leases stay; `dsstage reclaim` removes them once the job is gone
-        log.error("job %s: releasing leases failed: %s", ctx.job_id, exc)
+        # leases stay; they are reclaimed once the job is gone
+        log.error("job %s: releasing leases or applying retention failed: %s", ctx.job_id, exc)
         return 1 if exc.blame == "node" else 0
-    log.info("job %s: released %s", ctx.job_id, ", ".join(x.dataset for x in released) or "nothing")
     write_node_report(store)
     return 0
+
+
+def retain(store: Store, job_id: str) -> None:
+    """The Epilog's retention pass, with the demand snapshot; a stale one is said."""
+    dem, snap = store.demand()
+    if dem.stale:
+        bound = store.config.retention.demand_max_age
+        why = snap.problem or f"the demand snapshot is {dem.age:.0f}s old (bound {bound:g}s)"
+        log.warning("job %s: %s: retention decides without the queue's demand, keeping what it cannot judge "
+                    "and leaving leases alone", job_id, why)
+    else:
+        for lease in store.reclaim_stale(snap):
+            log.info("job %s: reclaimed the lease of job %s on %s: the job is gone", job_id, lease.job_id,
+                     lease.dataset)
+    for e in store.retain(dem):
+        if e.action != "kept":
+            log.info("job %s: %s %s %s (%s)", job_id, e.action, e.dataset, e.version, e.reason)
 
 
 # -- files ----------------------------------------------------------------------------

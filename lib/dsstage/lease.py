@@ -87,10 +87,11 @@ class LeaseBook:
     def of_job(self, job_id: str) -> list[Lease]:
         return [lease for ds in self.datasets() for lease in self.of_dataset(ds) if lease.job_id == job_id]
 
-    def reclaim(self, dataset: str, job_alive: Callable[[str], bool]) -> tuple[list[Lease], list[str]]:
-        """Remove the leases whose holder is gone, and damaged lease files; return both."""
+    def reclaim(self, dataset: str, alive: Callable[[Lease], bool]) -> tuple[list[Lease], list[str]]:
+        """Remove the leases whose holder is gone (``alive`` says no), and damaged lease
+        files; return both."""
         good, damaged = self._read(dataset)
-        gone = [lease for lease in good if not holder_alive(lease, job_alive)]
+        gone = [lease for lease in good if not alive(lease)]
         fd = self.tier.has_dir("leases", dataset)
         for lease in gone:
             self.release(lease.dataset, lease.job_id)

@@ -289,8 +289,8 @@ def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy,
     if idle < policy.min_keep:
         return f"used {_duration(idle)} ago (min_keep {_duration(policy.min_keep)})"
     if demand.stale:
-        return (f"demand unknown (snapshot {_duration(demand.age)} old), idle {_duration(idle)}: "
-                "kept while there is room")
+        snapshot = "no snapshot" if demand.age == float("inf") else f"snapshot {_duration(demand.age)} old"
+        return f"demand unknown ({snapshot}), idle {_duration(idle)}: kept while there is room"
     return f"no demand, idle {_duration(idle)}: kept while there is room"
 
 

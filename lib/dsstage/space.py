@@ -47,11 +47,20 @@ def trash_record(entry: str) -> str:
     return f"trash-{entry}.json"
 
 
-def _int(value: object) -> int:
+def as_bytes(value: object) -> int:
+    """A byte count from a record (0 if missing or damaged)."""
     try:
         return max(0, int(str(value)))
     except ValueError:
         return 0
+
+
+def as_float(value: object) -> float:
+    """A time from a record (0 if missing or damaged)."""
+    try:
+        return float(str(value))
+    except ValueError:
+        return 0.0
 
 
 def copies_usage(tier: RootDir) -> int:
@@ -61,15 +70,15 @@ def copies_usage(tier: RootDir) -> int:
         marks = {m[:-5]: nodefs.read_json_at(fd, m) for m in tier.names("ready", name) if m.endswith(".json")}
         for mark in marks.values():
             linked = mark.get("linked")
-            shared = [_int(b) for v, b in linked.items() if v in marks] if isinstance(linked, dict) else []
-            total += _int(mark.get("bytes")) - sum(shared)
+            shared = [as_bytes(b) for v, b in linked.items() if v in marks] if isinstance(linked, dict) else []
+            total += as_bytes(mark.get("bytes")) - sum(shared)
     return total
 
 
 def usage(tier: RootDir, *, besides: str = "") -> Usage:
     """What the tier holds and has promised, leaving out reservation ``besides``."""
     fd = tier.dir("reserved")
-    reserved = sum(_int(nodefs.read_json_at(fd, r).get("bytes")) for r in tier.names("reserved") if r != besides)
+    reserved = sum(as_bytes(nodefs.read_json_at(fd, r).get("bytes")) for r in tier.names("reserved") if r != besides)
     return Usage(copies_usage(tier), reserved)
 
 

@@ -1,8 +1,9 @@
 """`dsstage status`: what is cached where, what is staging, and what the queue wants.
 
 Compute nodes' stores are not visible from a login node, so every Prolog and Epilog
-writes a node report to ``<state_dir>/nodes/<node>.json``; status reads those, and asks
-Slurm (once) for the jobs that requested datasets.
+writes a node report to ``<state_dir>/nodes/<node>.json``; status reads those. The queue's
+demand comes from the demand poller's snapshot when it is fresh; else status asks Slurm
+once (the same query the poller makes).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import demand
 from .config import Config
+from .demand import Snapshot
 from .errors import DsstageError
 from .fsutil import read_json
-from .slurm import Job, SlurmClient
+from .slurm import SlurmClient
 
 
 @dataclass
@@ -32,19 +35,14 @@ class Status:
                 "queue_error": self.queue_error}
 
 
-def demand(jobs: list[Job]) -> list[dict[str, Any]]:
+def demand_rows(snap: Snapshot) -> list[dict[str, Any]]:
     """Per dataset: how many jobs want it, pending and running, and which jobs."""
-    by: dict[str, dict[str, Any]] = {}
-    for job in jobs:
-        state = "running" if job.state in ("RUNNING", "CONFIGURING", "COMPLETING") else \
-            "pending" if job.state == "PENDING" else None
-        if state is None:
-            continue
-        for name in job.datasets:
-            row = by.setdefault(name, {"dataset": name, "pending": 0, "running": 0, "jobs": []})
-            row[state] += 1
-            row["jobs"].append(job.job_id)
-    return sorted(by.values(), key=lambda r: (-r["pending"] - r["running"], r["dataset"]))
+    rows = []
+    for name, wants in snap.datasets.items():
+        pending, running = wants.get("pending", []), wants.get("running", [])
+        rows.append({"dataset": name, "pending": len(pending), "running": len(running),
+                     "jobs": [str(w.get("job_id")) for w in [*pending, *running]]})
+    return sorted(rows, key=lambda r: (-r["pending"] - r["running"], r["dataset"]))
 
 
 def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float] = time.time) -> Status:
@@ -56,9 +54,15 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
         copies = report.get("copies")
         if isinstance(copies, list):
             st.copies.extend(c for c in copies if isinstance(c, dict))
-    if slurm is not None:
+    if slurm is None:
+        return st
+    now = clock()
+    snap = demand.read(config.state_dir)
+    if snap.age(now) > config.retention.demand_max_age:
         try:
-            st.demand = demand(slurm.queue())
+            snap = demand.build(slurm.queue(), now)
         except DsstageError as exc:
             st.queue_error = str(exc)
+            return st
+    st.demand = demand_rows(snap)
     return st

@@ -40,15 +40,16 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from . import access, background, nodefs, publish, space
+from . import access, background, nodefs, publish, retention, space
 from . import catalog as cat
 from .config import Config, Dataset, Tier
-from .errors import DsstageError, OutOfTime, StateError, VerifyError, local_error
-from .lease import Lease, LeaseBook, check_job_id
+from .errors import DsstageError, LockTimeout, NoSpace, OutOfTime, StateError, VerifyError, local_error
+from .lease import Lease, LeaseBook, check_job_id, holder_alive
 from .manifest import Catalog, Manifest
 from .nodefs import Layout, RootDir, version_id
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
+    from .demand import Snapshot
     from .identity import Identity
     from .stager import FillReport
 
@@ -105,9 +106,10 @@ class StageResult:
 class Eviction:
     dataset: str
     version: str
-    action: str  # "evicted" | "kept" | "removed staging"
+    action: str  # "evicted" | "kept" | "would evict" (a dry run) | "removed staging"
     reason: str
     bytes: int = 0
+    tier: str = ""
 
 
 @dataclass
@@ -243,6 +245,7 @@ class Store:
         reusable = {(e.size, e.hash) for _, m in older for e in m.entries}
         needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
         tier_conf = self.config.tiers[ds.tier]
+        self._make_room(tier, tier_conf, name, needed)
         linked: dict[int, tuple[int, int]] = {}
         with space.reservation(tier, tier_conf.name, tier_conf.capacity, space.stage_record(staging), needed,
                                f"dataset {name!r}", self.node):
@@ -293,48 +296,193 @@ class Store:
     def _apply_access(self, tier: RootDir, ds: Dataset) -> None:
         access.apply(tier, ds, origin=self.config.origin, node=self.node)
 
-    # -- eviction ----------------------------------------------------------------
+    # -- retention and eviction --------------------------------------------------
 
-    def evict(self, name: str) -> list[Eviction]:
-        """Remove this node's copies of ``name`` that no job holds a lease on, and staging
-        areas interrupted stages left.
+    def copies(self, tier: RootDir, tier_conf: Tier) -> list[retention.Copy]:
+        """This tier's copies as the retention planner sees them. Last use: the last lease
+        taken or released on the dataset (the mtime of its leases directory), or when it
+        was staged. A copy whose current version cannot be read counts as current."""
+        book = LeaseBook(tier)
+        out = []
+        for name in tier.names("datasets"):
+            try:
+                current = self.manifests.current(name)
+            except (DsstageError, OSError):
+                current = None
+            leases = book.of_dataset(name)
+            lfd = tier.has_dir("leases", name)
+            touched = os.fstat(lfd).st_mtime if lfd is not None else 0.0
+            rfd = tier.has_dir("ready", name)
+            for version in tier.names("datasets", name):
+                mark = nodefs.read_json_at(rfd, nodefs.mark_name(version))
+                linked = mark.get("linked")
+                out.append(retention.Copy(
+                    dataset=name, version=version, bytes=space.as_bytes(mark.get("bytes")), tier=tier_conf.name,
+                    last_used=max(touched, space.as_float(mark.get("staged_at"))),
+                    leases=tuple(sorted(x.job_id for x in leases if version_id(x.digest) == version)),
+                    current=current is None or version_id(current) == version,
+                    ready=bool(mark) and not mark.get("bad"),
+                    shared={str(v): space.as_bytes(b) for v, b in linked.items()} if isinstance(linked, dict) else {}))
+        return out
 
-        Follows the protocol in the module doc: under the lock, the ready mark goes first,
-        then the leases are read; a copy with a lease gets its mark back and stays. An
-        evicted copy is renamed into the tier's trash (instant, whatever its size) and
-        deleted by a detached process, so an Epilog does not wait for it."""
-        ds = self.dataset(name)
-        layout = self.layout(ds.tier)
+    def space_of(self, tier: RootDir, tier_conf: Tier, need: int = 0,
+                 use: space.Usage | None = None) -> retention.Space:
+        """The tier's space for the planner: its capacity, or what its filesystem can hold if
+        that is less (the filesystem may hold other data)."""
+        use = use or space.usage(tier)
+        cap, free = space.capacity_of(tier_conf.capacity, tier.fd)
+        return retention.Space(capacity=min(cap, use.copies + free), high=tier_conf.high_watermark,
+                               low=tier_conf.low_watermark, reserved=use.reserved, need=need)
+
+    def policy(self) -> retention.Policy:
+        r = self.config.retention
+        return retention.Policy(min_keep=r.min_keep, max_idle=r.max_idle)
+
+    def demand(self) -> tuple[retention.Demand, Snapshot]:
+        """The queue's demand from the poller's snapshot (stale if old or missing)."""
+        from . import demand
+        snap = demand.read(self.config.state_dir)
+        return snap.demand(self.clock(), self.config.retention.demand_max_age), snap
+
+    def plan(self, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, need: int = 0,
+             protect: tuple[str, ...] = (), evict: tuple[str, ...] = (), force: bool = False) -> retention.Plan:
+        return retention.plan(self.copies(tier, tier_conf), dem, self.space_of(tier, tier_conf, need), self.clock(),
+                              policy=self.policy(), node=self.node, protect=protect, evict=evict, force=force)
+
+    def retain(self, dem: retention.Demand | None = None, *, evict: tuple[str, ...] = (), force: bool = False,
+               dry_run: bool = False, wait: float = 0.0) -> list[Eviction]:
+        """Plan every tier of this node and carry the plan out (what the Epilog does).
+
+        ``evict``: only these datasets, as an admin asked (``dsstage evict``), with their
+        interrupted staging areas. A copy whose dataset lock is busy (a stage or a verify
+        in progress) is kept for now; ``wait`` is how long to try for each lock."""
+        if dem is None:
+            dem = self.demand()[0]
+        out: list[Eviction] = []
+        for tier_conf in self.config.tiers.values():
+            layout = self.layout(tier_conf)
+            with open_tier(layout) as tier, local_errors(f"applying retention in {layout.root}"):
+                p = self.plan(tier, tier_conf, dem, evict=evict, force=force)
+                decisions = [d for d in p.decisions if not evict or d.copy.dataset in evict]
+                out += self._apply(tier, layout, decisions, dry_run=dry_run, wait=wait)
+                if evict and not dry_run:
+                    out += self._remove_left_staging(tier, layout, tier_conf, evict, wait)
+                if not dry_run:
+                    self._purge_if_left(tier, layout)
+        return out
+
+    def _apply(self, tier: RootDir, layout: Layout, decisions: list[retention.Decision], *, dry_run: bool,
+               wait: float, purge: bool = True) -> list[Eviction]:
         from .lock import DatasetLock
         out: list[Eviction] = []
-        with open_tier(layout) as tier, local_errors(f"evicting {name!r} from {layout.root}"):
-            with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, what=f"dataset {name!r}"):
-                book = LeaseBook(tier)
-                for version in tier.names("datasets", name):
+        book = LeaseBook(tier)
+        for d in decisions:
+            c = d.copy
+            if not d.evict or dry_run:
+                out.append(Eviction(c.dataset, c.version, "would evict" if d.evict else "kept", d.reason,
+                                    c.bytes, c.tier))
+                continue
+            try:
+                with DatasetLock(layout.lock(c.dataset), timeout=wait, what=f"dataset {c.dataset!r}"):
                     # under the tier's space lock: while its mark is away the copy must still
                     # count (in the trash record, or by its mark put back)
                     with space.tier_lock(tier):  # type: ignore[attr-defined]
-                        out.append(self._evict_version(tier, book, name, version))
-                for entry in self._remove_staging(tier, name):
-                    out.append(Eviction(name, entry.rpartition(".")[2], "removed staging",
-                                        "left by an interrupted stage", 0))
-        if any(e.action != "kept" for e in out):
+                        if c.version in tier.names("datasets", c.dataset):  # else evicted since the plan
+                            out.append(self._evict_version(tier, book, c, d.reason))
+            except LockTimeout:
+                out.append(Eviction(c.dataset, c.version, "kept", "busy: a stage or verify holds its lock; "
+                                    f"planned: {d.reason}", c.bytes, c.tier))
+        if purge and any(e.action == "evicted" for e in out):
             background.purge_later(layout)
         return out
 
-    def _evict_version(self, tier: RootDir, book: LeaseBook, name: str, version: str) -> Eviction:
+    def _evict_version(self, tier: RootDir, book: LeaseBook, c: retention.Copy, reason: str) -> Eviction:
+        """Evict one copy, following the protocol in the module doc: under the dataset lock
+        the ready mark goes first, then the leases are read; a copy with a lease gets its
+        mark back and stays. The copy is renamed into the tier's trash (instant, whatever
+        its size) and deleted by a detached process."""
+        name, version = c.dataset, c.version
         mark = publish.unmark(tier, name, version)
-        size = int(str(mark.get("bytes") or 0))
+        size = space.as_bytes(mark.get("bytes"))
         holders = sorted(x.job_id for x in book.of_dataset(name) if version_id(x.digest) == version)
         if holders:
             if mark:
                 nodefs.write_json_at(tier.dir("ready", name), nodefs.mark_name(version), mark)
-            return Eviction(name, version, "kept", f"in use by job(s) {', '.join(holders)}", size)
+            return Eviction(name, version, "kept", retention.leased(holders), size, c.tier)
         entry = f"{name}.{version}.{time.time_ns()}"
         space.hold(tier, space.trash_record(entry), size, f"evicted {name} {version}")
         tier.forget("datasets", name, version)
-        os.rename(version, entry, src_dir_fd=tier.dir("datasets", name), dst_dir_fd=tier.dir("trash"))
-        return Eviction(name, version, "evicted", "no job holds a lease on it", size)
+        try:
+            os.rename(version, entry, src_dir_fd=tier.dir("datasets", name), dst_dir_fd=tier.dir("trash"))
+        except BaseException:
+            space.forget(tier, space.trash_record(entry))
+            raise
+        return Eviction(name, version, "evicted", reason, size, c.tier)
+
+    def _remove_left_staging(self, tier: RootDir, layout: Layout, tier_conf: Tier, names: tuple[str, ...],
+                             wait: float) -> list[Eviction]:
+        from .lock import DatasetLock
+        out = []
+        for name in names:
+            if not any(e.rpartition(".")[0] == name for e in tier.names("staging")):
+                continue
+            try:
+                with DatasetLock(layout.lock(name), timeout=wait, what=f"dataset {name!r}"):
+                    out += [Eviction(name, entry.rpartition(".")[2], "removed staging", "left by an interrupted stage",
+                                     0, tier_conf.name) for entry in self._remove_staging(tier, name)]
+            except LockTimeout:
+                pass  # a stage is running: its staging area is not left over
+        return out
+
+    def _purge_if_left(self, tier: RootDir, layout: Layout) -> None:
+        """Restart the trash's deletion if it was cut short (a reboot, a kill)."""
+        from .lock import is_held
+        if tier.names("trash") and not is_held(layout.lock(background.PURGE_LOCK)):
+            background.purge_later(layout)
+
+    def evict(self, name: str, *, force: bool = False, dry_run: bool = False) -> list[Eviction]:
+        """Evict this node's unleased copies of ``name`` (``dsstage evict``), through the
+        planner: a copy the queue wants stays unless ``force``."""
+        self.dataset(name)
+        return self.retain(evict=(name,), force=force, dry_run=dry_run, wait=self.config.lock_timeout)
+
+    def _make_room(self, tier: RootDir, tier_conf: Tier, name: str, needed: int) -> None:
+        """Before a stage of ``name`` (holding its lock): evict what the planner says to make
+        room for ``needed`` bytes; NoSpace, saying what holds the space, if they cannot fit."""
+        use = space.usage(tier)
+        sp = self.space_of(tier, tier_conf, needed, use)
+        if use.total + needed <= sp.high * sp.capacity:
+            return
+        dem, _snap = self.demand()
+        p = self.plan(tier, tier_conf, dem, need=needed, protect=(name,))
+        if not p.fits:
+            held = p.holding()
+            fix = ("the dataset alone is larger than the tier: raise the tier's capacity" if held == "nothing" else
+                   f"it is held by {held}: wait for those jobs, or raise the tier's capacity")
+            raise NoSpace(f"tier {tier_conf.name!r} on {self.node} ({_human(sp.capacity)}, {_human(use.total)} in use) "
+                          f"cannot make room for {name!r}, which needs {_human(needed)} more, even by evicting every "
+                          f"copy that may go; {fix}")
+        done = self._apply(tier, Layout(tier.root), p.evictions(), dry_run=False, wait=0.0, purge=False)
+        for e in done:
+            log.info("making room for %s on %s: %s %s %s (%s)", name, self.node, e.action, e.dataset, e.version,
+                     e.reason)
+        if any(e.action == "evicted" for e in done):
+            # the evicted bytes count until they are deleted: delete them now, the stage needs the room
+            background.purge(tier.root)
+
+    def reclaim_stale(self, snap: Snapshot) -> list[Lease]:
+        """Remove the leases of jobs that the demand snapshot shows are gone: not running
+        anywhere, and the lease older than the snapshot (a job that started since keeps
+        it). Nothing on a stale snapshot; process leases are checked as by ``reclaim``."""
+        if snap.age(self.clock()) > self.config.retention.demand_max_age:
+            return []
+
+        def alive(lease: Lease) -> bool:
+            if not lease.is_job:
+                return holder_alive(lease, lambda _j: True)
+            return lease.job_id in snap.running or lease.taken >= snap.time - CLOCK_SKEW
+
+        return self._reclaim(alive)
 
     # -- release, verify -------------------------------------------------------
 
@@ -346,13 +494,16 @@ class Store:
     def reclaim(self, job_alive: Callable[[str], bool]) -> list[Lease]:
         """Remove the leases on this node whose job (or process) is gone, and damaged lease
         files: left behind when an Epilog never ran, they would keep copies from ever
-        being evicted."""
+        being evicted. ``job_alive`` asks Slurm; the Epilog uses ``reclaim_stale``."""
+        return self._reclaim(lambda lease: holder_alive(lease, job_alive))
+
+    def _reclaim(self, alive: Callable[[Lease], bool]) -> list[Lease]:
         gone: list[Lease] = []
         for tier_conf in self.config.tiers.values():
             with open_tier(self.layout(tier_conf)) as tier:
                 book = LeaseBook(tier)
                 for name in book.datasets():
-                    leases, damaged = book.reclaim(name, job_alive)
+                    leases, damaged = book.reclaim(name, alive)
                     gone += leases
                     for n in damaged:
                         log.warning("removed damaged lease file %s", tier.path("leases", name, n))
@@ -478,6 +629,15 @@ class Store:
                     row.update(state="interrupted")  # left by a killed stage: resumed or removed by the next
                 rows.append(row)
         return rows
+
+
+#: seconds of clock difference tolerated between the node and the demand poller's host
+CLOCK_SKEW = 60.0
+
+
+def _human(n: int) -> str:
+    from .units import human
+    return human(n)
 
 
 @contextmanager

@@ -300,6 +300,7 @@ def test_tier_without_room_is_a_clear_error(env: Env):
     env.cli("manifest", "build", "ds")
     res = env.cli("stage", "ds", "--job-id", "1", check=False)
     assert res.returncode == 75 and "needs 4.9 KiB more" in res.stderr
+    assert "larger than the tier: raise the tier's capacity" in res.stderr
 
 
 def test_cli_errors_are_one_line(env: Env):
@@ -354,7 +355,7 @@ def test_evict_removes_only_copies_without_leases(env: Env):
     result = {r["version"]: r for r in env.cli_json("evict", "ds")}
     assert result[Path(old["path"]).name]["action"] == "evicted"
     assert result[Path(new["path"]).name]["action"] == "kept"
-    assert "in use by job(s) 2" in result[Path(new["path"]).name]["reason"]
+    assert "leased by job 2" in result[Path(new["path"]).name]["reason"]
     assert not Path(old["path"]).exists() and Path(new["path"]).exists()
     assert env.cli_json("verify", "ds")["ok"] is True  # the kept copy is still ready
     env.cli("release", "ds", "--job-id", "2")

@@ -43,7 +43,7 @@ def test_reclaim_stale_job_and_process_leases(book):
     book.take(lease("102"))
     book.take(lease("pid-here-1", pid=dead.pid, host=os.uname().nodename))
     book.take(lease("pid-here-2", pid=os.getpid(), host=os.uname().nodename))
-    gone, damaged = book.reclaim("coco", job_alive=lambda job: job == "102")
+    gone, damaged = book.reclaim("coco", lambda x: holder_alive(x, lambda job: job == "102"))
     assert sorted(x.job_id for x in gone) == ["101", "pid-here-1"] and damaged == []
     assert sorted(x.job_id for x in book.of_dataset("coco")) == ["102", "pid-here-2"]
 
@@ -59,6 +59,6 @@ def test_damaged_lease_file_is_ignored_and_reclaim_removes_it(book, tmp_path):
     (leases / "202.json").write_text('{"dataset": "other", "job_id": "202"}')  # not what its name says
     (leases / "303.json").mkdir()
     assert [x.job_id for x in book.of_dataset("coco")] == ["101"]
-    gone, damaged = book.reclaim("coco", job_alive=lambda job: True)
+    gone, damaged = book.reclaim("coco", lambda x: True)
     assert gone == [] and sorted(damaged) == ["202.json", "303.json", "bad.json"]
     assert sorted(p.name for p in leases.iterdir()) == ["101.json"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from dsstage.retention import Copy, Demand, Plan, Policy, Space, Want, plan, used
 
 NOW = 1_800_000_000.0
@@ -206,3 +205,8 @@ def test_wanted_copies_go_only_as_far_as_the_high_watermark():
     p, d = decide([copy("w", 50, idle=5 * DAY), copy("y", 5, idle=DAY), copy("z", 41, leases=("1",))],
                   capacity_gb=100, wants={"w": [pending("456")]})
     assert d["y"][0] == "evict" and d["w"][0] == "evict" and "wanted by pending job 456" in d["w"][1]
+
+
+def test_without_any_snapshot_the_reason_says_so():
+    p = plan([copy("a")], Demand(stale=True, age=float("inf")), Space(capacity=100 * GB), NOW)
+    assert "demand unknown (no snapshot)" in p.decisions[0].reason

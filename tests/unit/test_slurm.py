@@ -5,7 +5,7 @@ import types
 from pathlib import Path
 
 import pytest
-from dsstage import slurm, status
+from dsstage import slurm
 from dsstage.errors import CommandError
 from dsstage.slurm import FakeSlurm, Job
 
@@ -46,14 +46,6 @@ def test_job_node_names():
     assert Job("2", "u", "RUNNING", (), nodes="n[1-2],n3").node_names("allocated") == ["n1", "n2", "n3"]
     with pytest.raises(ValueError):
         job.node_names("planned")  # type: ignore[arg-type]
-
-
-def test_demand_counts_pending_and_running():
-    jobs = [Job("1", "a", "PENDING", ("coco",)), Job("2", "a", "RUNNING", ("coco", "in22k")),
-            Job("3", "b", "COMPLETED", ("coco",)), Job("4", "b", "PENDING", ())]
-    assert status.demand(jobs) == [
-        {"dataset": "coco", "pending": 1, "running": 1, "jobs": ["1", "2"]},
-        {"dataset": "in22k", "pending": 0, "running": 1, "jobs": ["2"]}]
 
 
 # -- holding a job ------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""What the queue wants: the demand snapshot, and the poller that writes it.
+
+``dsstage demand-poller`` runs on the controller or a login node (a systemd service, or
+``--once`` from cron). Every ``retention.poll_interval`` seconds it asks Slurm once for the
+active jobs (one ``squeue`` with fixed fields, see slurm.py) and writes
+``<state_dir>/demand.json`` atomically::
+
+    {"format": 1, "time": 1763800000.0, "host": "ctl01", "backend": "squeue",
+     "datasets": {"imagenet22t": {
+         "pending": [{"job_id": "456", "user": "ana", "partition": "gpu", "priority": 4294,
+                      "start": 1763801200.0, "nodes": "gpu[01-02]"}],
+         "running": [{"job_id": "123", "user": "bo", "partition": "gpu", "nodes": "gpu07"}]}},
+     "running": {"123": "gpu07", "124": "cpu[01-04]"}}
+
+``datasets`` lists, per dataset, the pending jobs that requested it (expected start and the
+backfill plan's nodes where Slurm knows them, else null and "") and the running ones with
+their nodes. ``running`` maps every running job (with or without datasets) to its nodes:
+it is what stale leases are checked against. Node lists are Slurm hostlists.
+
+Prologs and Epilogs only read this file; they never ask Slurm about demand. A snapshot
+older than ``retention.demand_max_age`` is stale: the Epilog then keeps what it cannot
+judge and says so. The poller also removes old manifest versions that no node holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import Config
+from .errors import DsstageError
+from .fsutil import read_json, write_json
+from .retention import Demand, Want
+from .slurm import Job, SlurmClient, expand_nodes
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+FILE = "demand.json"
+_PENDING = ("PENDING",)
+_RUNNING = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING")
+
+
+def path(state_dir: str) -> str:
+    return os.path.join(state_dir, FILE)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: float  # epoch seconds; 0: there is none
+    datasets: Mapping[str, Mapping[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    running: Mapping[str, str] = field(default_factory=dict)  # job id -> its nodes (hostlist)
+    host: str = ""
+    backend: str = ""
+    problem: str = ""  # why there is no usable snapshot
+
+    def age(self, now: float) -> float:
+        return now - self.time if self.time else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "time": self.time, "host": self.host, "backend": self.backend,
+                "datasets": self.datasets, "running": self.running}
+
+    def demand(self, now: float, max_age: float) -> Demand:
+        """The planner's view: every dataset's wants, stale if too old or missing."""
+        age = self.age(now)
+        if not self.time or age > max_age:
+            return Demand(stale=True, age=age)
+        wants: dict[str, list[Want]] = {}
+        for name, rows in self.datasets.items():
+            out = wants.setdefault(name, [])
+            for state in ("pending", "running"):
+                for r in rows.get(state, ()):
+                    out.append(Want(job_id=str(r.get("job_id", "")), state=state, partition=str(r.get("partition", "")),
+                                    priority=_int(r.get("priority")), start=_float(r.get("start")),
+                                    nodes=tuple(expand(str(r.get("nodes") or ""))), user=str(r.get("user", ""))))
+        return Demand(wants=wants, age=age)
+
+    def running_on(self, job_id: str, node: str) -> bool:
+        return node in expand(self.running.get(job_id, ""))
+
+
+def expand(hostlist: str) -> list[str]:
+    return expand_nodes(hostlist) if hostlist else []
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+# -- building and reading ----------------------------------------------------------------
+
+def build(jobs: Iterable[Job], now: float, *, backend: str = "", host: str = "") -> Snapshot:
+    """The snapshot of ``jobs`` (slurm.Job records from one query)."""
+    datasets: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    running: dict[str, str] = {}
+    for job in jobs:
+        state = "pending" if job.state in _PENDING else "running" if job.state in _RUNNING else None
+        if state is None:
+            continue
+        if state == "running":
+            running[job.job_id] = job.nodes
+        for name in job.datasets:
+            row: dict[str, Any] = {"job_id": job.job_id, "user": job.user, "partition": job.partition}
+            if state == "pending":
+                row.update(priority=job.priority, start=job.start_time, nodes=job.sched_nodes)
+            else:
+                row.update(nodes=job.nodes)
+            datasets.setdefault(name, {"pending": [], "running": []})[state].append(row)
+    for rows in datasets.values():
+        rows["pending"].sort(key=lambda r: (r["start"] is None, r["start"] or 0, -r["priority"], r["job_id"]))
+    return Snapshot(time=now, datasets=datasets, running=running, host=host, backend=backend)
+
+
+def read(state_dir: str) -> Snapshot:
+    """The current snapshot; one with time 0 and a ``problem`` if there is none."""
+    p = path(state_dir)
+    data = read_json(p)
+    if not data:
+        return Snapshot(time=0, problem=f"no demand snapshot at {p}: is `dsstage demand-poller` running?")
+    if data.get("format") != FORMAT:
+        return Snapshot(time=0, problem=f"{p}: format {data.get('format')!r}, expected {FORMAT}: "
+                        "a different dsstage version writes it")
+    datasets = data.get("datasets") if isinstance(data.get("datasets"), dict) else {}
+    running = data.get("running") if isinstance(data.get("running"), dict) else {}
+    return Snapshot(time=_float(data.get("time")) or 0.0, datasets=datasets or {},
+                    running={str(k): str(v) for k, v in (running or {}).items()},
+                    host=str(data.get("host", "")), backend=str(data.get("backend", "")))
+
+
+def write(state_dir: str, snap: Snapshot) -> str:
+    p = path(state_dir)
+    write_json(p, snap.to_dict(), fsync=False)
+    return p
+
+
+# -- the poller ----------------------------------------------------------------------------
+
+def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = time.time) -> Snapshot:
+    """One round: ask Slurm, write the snapshot, prune old manifests."""
+    from . import manifests_gc
+    jobs = slurm.queue()
+    snap = build(jobs, clock(), backend=type(slurm).__name__, host=socket.gethostname())
+    write(conf.state_dir, snap)
+    removed = manifests_gc.prune(conf, clock())
+    for name, version in removed:
+        log.info("removed manifest %s %s: superseded, and no node holds it", name, version[:16])
+    return snap
+
+
+def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float | None = None,
+        clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Poll until stopped; ``once``: one round, exit code 1 if it failed."""
+    interval = interval or conf.retention.poll_interval
+    while True:
+        started = clock()
+        try:
+            snap = poll_once(conf, slurm, clock)
+            n = sum(len(r["pending"]) + len(r["running"]) for r in snap.datasets.values())
+            log.info("demand: %d job request(s) over %d dataset(s), %d running job(s)", n, len(snap.datasets),
+                     len(snap.running))
+        except (DsstageError, OSError) as exc:
+            log.error("demand snapshot failed: %s", exc)
+            if once:
+                return 1
+        if once:
+            return 0
+        sleep(max(0.0, interval - (clock() - started)))

@@ -1,0 +1,151 @@
+"""The demand snapshot: built from one queue query, written atomically, read by the hooks."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from dsstage import config, demand, manifests_gc, status
+from dsstage.slurm import FakeSlurm, Job
+
+NOW = 1_800_000_000.0
+
+
+def conf(tmp_path: Path, **retention: object) -> config.Config:
+    return config.from_dict({"state_dir": str(tmp_path / "state"),
+                             "tiers": {"nvme": {"path": str(tmp_path / "nvme"), "capacity": "1GB"}},
+                             "datasets": {"coco": {"source": "/data/coco"}}, "retention": retention})
+
+
+JOBS = [
+    Job("10", "ana", "PENDING", ("coco",), partition="gpu", priority=500, start_time=NOW + 1200, sched_nodes="n[1-2]"),
+    Job("11", "bo", "PENDING", ("coco", "in22k"), partition="gpu", priority=900),
+    Job("12", "ana", "RUNNING", ("coco",), nodes="n3", partition="gpu"),
+    Job("13", "cy", "RUNNING", (), nodes="n[4-5]"),
+    Job("14", "cy", "COMPLETED", ("coco",), nodes="n4"),
+    Job("15", "cy", "COMPLETING", ("in22k",), nodes="n6"),
+]
+
+
+def test_snapshot_lists_each_datasets_jobs_and_every_running_job():
+    snap = demand.build(JOBS, NOW, backend="CliSlurm", host="ctl")
+    coco = snap.datasets["coco"]
+    # pending: known start first, then by priority
+    assert [r["job_id"] for r in coco["pending"]] == ["10", "11"]
+    assert coco["pending"][0] == {"job_id": "10", "user": "ana", "partition": "gpu", "priority": 500,
+                                  "start": NOW + 1200, "nodes": "n[1-2]"}
+    assert coco["running"] == [{"job_id": "12", "user": "ana", "partition": "gpu", "nodes": "n3"}]
+    assert [r["job_id"] for r in snap.datasets["in22k"]["running"]] == ["15"]  # its Epilog may still run
+    assert snap.running == {"12": "n3", "13": "n[4-5]", "15": "n6"}  # a job without datasets too
+
+
+def test_snapshot_round_trip_and_the_planners_view(tmp_path):
+    state = tmp_path / "state"
+    path = demand.write(str(state), demand.build(JOBS, NOW))
+    assert oct(os.stat(path).st_mode & 0o777) == "0o644" and json.loads(Path(path).read_text())["format"] == 1
+    snap = demand.read(str(state))
+    dem = snap.demand(NOW + 30, max_age=300)
+    assert not dem.stale and dem.age == 30
+    first = dem.wants["coco"][0]
+    assert (first.job_id, first.state, first.start, first.nodes, first.priority) == \
+        ("10", "pending", NOW + 1200, ("n1", "n2"), 500)
+    assert dem.wants["coco"][1].start is None and dem.wants["coco"][1].nodes == ()
+    assert [w.nodes for w in dem.wants["coco"] if w.state == "running"] == [("n3",)]
+    assert snap.running_on("13", "n5") and not snap.running_on("13", "n3") and not snap.running_on("99", "n1")
+
+
+def test_an_old_or_missing_snapshot_is_stale_and_says_why(tmp_path):
+    state = tmp_path / "state"
+    missing = demand.read(str(state))
+    assert missing.demand(NOW, 300).stale and "is `dsstage demand-poller` running?" in missing.problem
+    demand.write(str(state), demand.build(JOBS, NOW))
+    assert demand.read(str(state)).demand(NOW + 301, 300).stale
+    (state / demand.FILE).write_text('{"format": 99}')
+    assert "format 99, expected 1" in demand.read(str(state)).problem
+
+
+def test_status_counts_demand_from_the_snapshot():
+    assert status.demand_rows(demand.build(JOBS, NOW)) == [
+        {"dataset": "coco", "pending": 2, "running": 1, "jobs": ["10", "11", "12"]},
+        {"dataset": "in22k", "pending": 1, "running": 1, "jobs": ["11", "15"]}]
+
+
+def test_status_asks_slurm_only_without_a_fresh_snapshot(tmp_path):
+    c = conf(tmp_path)
+    slurm = FakeSlurm()
+    for job in JOBS:
+        slurm.submit(job)
+    assert status.collect(c, slurm, clock=lambda: NOW).demand[0]["jobs"] == ["10", "11", "12"]
+
+    class Refusing(FakeSlurm):
+        def queue(self) -> list[Job]:
+            raise AssertionError("asked Slurm although the snapshot is fresh")
+    demand.write(c.state_dir, demand.build(JOBS[:1], NOW))
+    assert status.collect(c, Refusing(), clock=lambda: NOW + 5).demand[0]["jobs"] == ["10"]
+
+
+def test_poller_once_writes_the_snapshot_and_a_failure_is_exit_1(tmp_path):
+    c = conf(tmp_path)
+    slurm = FakeSlurm()
+    slurm.submit(JOBS[0])
+    assert demand.run(c, slurm, once=True, clock=lambda: NOW) == 0
+    assert demand.read(c.state_dir).datasets["coco"]["pending"][0]["job_id"] == "10"
+
+    class Down(FakeSlurm):
+        def queue(self) -> list[Job]:
+            from dsstage.errors import CommandError
+            raise CommandError(["squeue"], 1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+    assert demand.run(c, Down(), once=True, clock=lambda: NOW) == 1
+    assert demand.read(c.state_dir).time == NOW  # the last good snapshot stays
+
+
+def test_poller_loop_sleeps_the_rest_of_its_interval(tmp_path):
+    c = conf(tmp_path, poll_interval="20s")
+    t = [NOW]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        if len(slept) == 3:
+            raise KeyboardInterrupt
+        t[0] += s
+
+    with pytest.raises(KeyboardInterrupt):
+        demand.run(c, FakeSlurm(), clock=lambda: t[0], sleep=sleep)
+    assert slept == [20.0, 20.0, 20.0]
+
+
+def manifest(state: Path, name: str, digest: str, *, current: bool = False, age: float = 0) -> Path:
+    d = state / "manifests" / name
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"{digest}.manifest"
+    p.write_text("x")
+    if current:
+        (d / "CURRENT").write_text(digest + "\n")
+        t = time.time() - age
+        os.utime(d / "CURRENT", (t, t))
+    return p
+
+
+def test_old_manifests_go_once_superseded_long_enough_and_held_by_no_node(tmp_path):
+    c = conf(tmp_path, manifest_keep="1d")
+    state = Path(c.state_dir)
+    held, free, cur = "a" * 64, "b" * 64, "c" * 64
+    for digest in (held, free):
+        manifest(state, "coco", digest)
+    manifest(state, "coco", cur, current=True, age=2 * 86400)
+    (state / "nodes").mkdir()
+    (state / "nodes" / "n1.json").write_text(json.dumps({"copies": [{"dataset": "coco", "version": held[:16]}]}))
+    assert manifests_gc.prune(c, time.time()) == [("coco", free)]
+    assert sorted(p.name[:1] for p in (state / "manifests" / "coco").glob("*.manifest")) == ["a", "c"]
+
+
+def test_recently_superseded_manifests_stay(tmp_path):
+    c = conf(tmp_path, manifest_keep="1d")
+    state = Path(c.state_dir)
+    manifest(state, "coco", "b" * 64)
+    manifest(state, "coco", "c" * 64, current=True, age=3600)
+    assert manifests_gc.prune(c, time.time()) == []
