@@ -149,3 +149,11 @@ def test_recently_superseded_manifests_stay(tmp_path):
     manifest(state, "coco", "b" * 64)
     manifest(state, "coco", "c" * 64, current=True, age=3600)
     assert manifests_gc.prune(c, time.time()) == []
+
+
+def test_the_systemd_unit_runs_the_poller_verb():
+    from dsstage.cli import build_parser
+    unit = (Path(__file__).resolve().parents[2] / "packaging" / "systemd" / "dsstage-demand-poller.service")
+    [start] = [line.split("=", 1)[1].split() for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
+    args = build_parser().parse_args(start[1:])
+    assert args.handler.__name__ == "cmd_demand_poller" and not args.once
