@@ -32,7 +32,11 @@ Handler = Callable[[argparse.Namespace], int]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "handler", None) is cmd_simulate:
+        args.args = rest  # simulate has a parser of its own
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING,
                         format="dsstage: %(levelname)s: %(message)s")
     handler: Handler | None = getattr(args, "handler", None)
@@ -131,8 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(handler=cmd_demand_poller)
 
     c = sub.add_parser("simulate", help="replay a job trace through retention policies and compare them",
-                       add_help=False)
-    c.add_argument("args", nargs=argparse.REMAINDER, help="see dsstage simulate --help")
+                       add_help=False)  # its options are simulate.build_parser()'s: see dsstage simulate --help
     c.set_defaults(handler=cmd_simulate)
 
     c = sub.add_parser("verify", help="check the local copy against the manifest")
