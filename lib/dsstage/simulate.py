@@ -28,7 +28,8 @@ POLICIES = ("planner", "lru", "job-end", "offline")
 OFFLINE_METHOD = ("Belady farthest-next-use (future requests per node known; evict the copy needed "
                   "farthest ahead, never-again first): a feasible policy, so an UPPER bound on the optimum")
 BOUND_METHOD = ("fractional relaxation (a copy may be kept in part) of the offline problem, solved exactly by "
-                "interval packing (FOO-style flow, byte cost): a LOWER bound on the optimum and on every policy")
+                "interval packing (FOO-style flow, byte cost): a LOWER bound on the optimum and on every policy "
+                "(but for requests it counts as no room)")
 #: the project's goal, reported as met or not
 GOAL_VS_LRU, GOAL_VS_OFFLINE = 0.7, 1.2
 
