@@ -137,15 +137,14 @@ def capacity_of(text: str, working_set: int) -> tuple[int, float]:
     return size, size / working_set if working_set else 0.0
 
 
-def make_policy(name: str, args: argparse.Namespace, sched: Schedule, sizes: dict[str, int],
-                capacity: int) -> Policy:
+def make_policy(name: str, args: argparse.Namespace, sched: Schedule, capacity: int) -> Policy:
     if name == "lru":
         return Lru()
     if name == "job-end":
         return JobEnd()
     if name == "offline":
         return Offline(sched.runs)
-    return Planner(sched, sizes, capacity, high=args.high, low=args.low,
+    return Planner(sched, capacity, high=args.high, low=args.low,
                    policy=rt.Policy(min_keep=args.min_keep), interval=args.snapshot_interval,
                    depth=args.plan_depth, max_age=args.demand_max_age)
 
@@ -176,7 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Result] = {}
     extra: dict[str, dict[str, Any]] = {}
     for name in names:
-        policy = make_policy(name, args, sched, trace.sizes, capacity)
+        policy = make_policy(name, args, sched, capacity)
         results[name] = replay(sched, trace.sizes, capacity, bandwidth, policy, ev)
         if isinstance(policy, Planner):
             extra[name] = {
@@ -315,7 +314,9 @@ def render(rep: dict[str, Any]) -> str:
         rows.append(("bound", _tb(b["bytes_staged"]), _tb(b["bytes_staged_again"]),
                      _ratio(b["bytes_staged_again"] / lru) if lru else "-", "-", "-", "-", "-", "-", "-", "-"))
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+
+    def fmt(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
     out.append(fmt(head))
     out.extend(fmt(r) for r in rows)
     out.append("")

@@ -78,7 +78,7 @@ def test_planner_keeps_what_a_pending_job_planned_here_wants():
     sched = schedule(jobs, nodes=1, slots_per_node=1)
     assert [r.start for r in sched.runs] == [0.0, 1000.0, 3000.0, 4000.0]
     lru = replay(sched, sizes, 400, 1.0, Lru())
-    planner = Planner(sched, sizes, 400)
+    planner = Planner(sched, 400)
     res = replay(sched, sizes, 400, 1.0, planner)
     assert lru.hits == 0  # LRU dropped a, the least recently used
     assert res.hits == 1 and res.evictions == 1  # the planner dropped b, which nothing wants
@@ -94,7 +94,7 @@ def test_planner_sees_the_queue_as_of_its_last_snapshot():
     assert [r.start for r in sched.runs] == [0.0, 1000.0, 3020.0, 4020.0]
     hits = {}
     for interval in (30.0, 0.0):
-        planner = Planner(sched, sizes, 400, policy=rt.Policy(min_keep=0), interval=interval)
+        planner = Planner(sched, 400, policy=rt.Policy(min_keep=0), interval=interval)
         hits[interval] = replay(sched, sizes, 400, 1.0, planner).hits
     assert hits == {30.0: 0, 0.0: 1}
 
@@ -107,7 +107,7 @@ def test_bound_holds_on_shared_nodes():
     sched = schedule(jobs, nodes=3, slots_per_node=2)
     bound = lower_bound(sched, sizes, 100)
     bypassed = set()
-    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, sizes, 100, policy=rt.Policy(min_keep=0))):
+    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, 100, policy=rt.Policy(min_keep=0))):
         res = replay(sched, sizes, 100, 1.0, policy)
         assert res.no_room == 0 and res.bytes_staged >= bound.bytes_staged, policy.name
         bypassed.add(res.bypassed)
@@ -118,8 +118,8 @@ def test_planner_shortcut_changes_nothing():
     trace = tr.generate(jobs=150, nodes=4, datasets=12, seed=3)
     sched = schedule(trace.jobs, trace.nodes, 1)
     cap = int(0.3 * trace.working_set())
-    fast = Planner(sched, trace.sizes, cap)
-    slow = Planner(sched, trace.sizes, cap, shortcut=False)
+    fast = Planner(sched, cap)
+    slow = Planner(sched, cap, shortcut=False)
     a = replay(sched, trace.sizes, cap, 2 * GB, fast)
     b = replay(sched, trace.sizes, cap, 2 * GB, slow)
     assert slow.calls > fast.calls > 0
@@ -132,7 +132,7 @@ def test_a_leased_copy_is_never_evicted_and_what_cannot_fit_is_streamed():
     # two jobs share a node; their datasets together exceed the tier: the second streams
     jobs = [job(1, "a", runtime=500.0), job(2, "b", runtime=500.0)]
     sched = schedule(jobs, nodes=1, slots_per_node=2)
-    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, {"a": 60, "b": 60}, 100)):
+    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, 100)):
         res = replay(sched, {"a": 60, "b": 60}, 100, 1.0, policy)
         assert (res.bypassed, res.no_room, res.bytes_staged) == (1, 0, 120)
 
@@ -143,7 +143,7 @@ def test_every_policy_stays_above_the_bound():
     cap = int(0.33 * trace.working_set())
     bound = lower_bound(sched, trace.sizes, cap)
     staged = {}
-    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, trace.sizes, cap)):
+    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, cap)):
         res = replay(sched, trace.sizes, cap, 2 * GB, policy)
         assert res.bytes_compulsory == bound.bytes_compulsory
         staged[policy.name] = res.bytes_staged

@@ -287,7 +287,7 @@ class Planner(Policy):
 
     name = "planner"
 
-    def __init__(self, sched: Schedule, sizes: dict[str, int], capacity: int, *, high: float = 0.9,
+    def __init__(self, sched: Schedule, capacity: int, *, high: float = 0.9,
                  low: float = 0.75, policy: rt.Policy = rt.Policy(), interval: float = 30.0, depth: int = 100,
                  max_age: float = 300.0, shortcut: bool = True):
         self.runs = sched.runs
