@@ -19,8 +19,11 @@ The rules, in order:
    order until usage is below the low watermark, but a copy the queue wants only as far
    as needed to get below the high watermark (then the capacity). A stage evicts only to
    get itself below the high watermark. A copy used within ``min_keep`` is not evicted
-   for space. Usage is recomputed as copies go: bytes that two versions share (hard
-   links) are freed only when both are gone.
+   for space, but for a stage that cannot fit otherwise a recent copy nothing in the queue
+   wants may go, after every other candidate: a job waiting for its data outweighs a copy
+   kept only because it was used a moment ago (the Prolog would fail the stage). Usage
+   is recomputed as copies go: bytes that two versions share (hard links) are freed only
+   when both are gone.
 
 The eviction order weighs demand (each pending job that wants the dataset, more if the backfill
 plan put it on this node, more the sooner it is expected to start), running jobs on
@@ -172,12 +175,19 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
     pressured: list[Copy] = []
     if total > space.high * space.capacity:
         order = sorted(candidates, key=lambda c: eviction_key(c, demand, node, now))
-        fits_room = (c for c in order if now - c.last_used >= policy.min_keep or not c.current)
         hot = {c.key for c in candidates if c.current and demand_score(c.dataset, demand, node, now) > 0}
-        pressured = _shortest_prefix(list(fits_room), remaining, space, hot)
+        recent = {c.key for c in order if c.current and now - c.last_used < policy.min_keep}
+        fits_room = [c for c in order if c.key not in recent]
+        if space.need:
+            # min_keep must not fail a stage: a recent copy nothing wants may go, last of all
+            fits_room += [c for c in order if c.key in recent and c.key not in hot]
+        pressured = _shortest_prefix(fits_room, remaining, space, hot)
     for c in candidates:
         if c in pressured:
-            decided[c.key] = Decision(c, True, _pressure_reason(c, demand, node, space, now))
+            why = _pressure_reason(c, demand, node, space, now)
+            if c.current and now - c.last_used < policy.min_keep:
+                why += f" (within min_keep {_duration(policy.min_keep)}, but the stage cannot fit otherwise)"
+            decided[c.key] = Decision(c, True, why)
         else:
             decided[c.key] = Decision(c, False, _keep_reason(c, demand, node, now, policy, ready_current))
     for c in pressured:

@@ -118,6 +118,23 @@ def test_min_keep_protects_recent_data_from_pressure():
     assert not p.evictions() and "min_keep" in d["x"][1]
 
 
+def test_min_keep_does_not_block_a_stage():
+    # the example of the bug: a copy used 1 min ago, no lease, no demand, failed the stage
+    p = plan([Copy("a", "v", 80, NOW - 60)], Demand(), Space(100, need=50), NOW)
+    assert p.fits and p.decisions[0].evict
+    assert "within min_keep 10 min, but the stage cannot fit otherwise" in p.decisions[0].reason
+
+
+def test_a_stage_takes_recent_copies_last_and_never_a_recent_wanted_one():
+    copies = [copy("recent", 30, idle=60), copy("old", 30, idle=DAY), copy("w", 30, idle=60)]
+    p, d = decide(copies, need_gb=20, wants={"w": [pending("1")]})  # 110 GB: one 30 GB copy reaches 80
+    assert [e.copy.dataset for e in p.evictions()] == ["old"] and p.fits
+    p, d = decide(copies, need_gb=45, wants={"w": [pending("1")]})  # 135 GB: two copies needed
+    assert [e.copy.dataset for e in p.evictions()] == ["recent", "old"] and p.fits and d["w"][0] == "keep"
+    p, d = decide([copy("w", 80, idle=60)], need_gb=50, wants={"w": [pending("1")]})
+    assert not p.evictions() and not p.fits
+
+
 @pytest.mark.parametrize("first,second,wants", [
     # no demand before demand; far demand before near; elsewhere before here
     ("free", "wanted", {"wanted": [pending("1")]}),
