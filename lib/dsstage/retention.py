@@ -25,12 +25,32 @@ The rules, in order:
    is recomputed as copies go: bytes that two versions share (hard links) are freed only
    when both are gone.
 
-The eviction order weighs demand (each pending job that wants the dataset, more if the backfill
-plan put it on this node, more the sooner it is expected to start), running jobs on
-other nodes (the dataset is in use in the cluster), and recency. Superseded versions come
-first. Ties: the least recently used, then the larger copy (fewer evictions for the room).
-A stale snapshot (``Demand.stale``) carries no demand: copies are then ranked by recency
-alone, and the reasons say so.
+The eviction order: superseded versions first; then by demand (each pending job that
+wants the dataset, more if the backfill plan put it on this node, more the sooner it is
+expected to start; running jobs on other nodes: the dataset is in use in the cluster);
+then, among copies with equal demand (in practice: none), by use frequency; then the
+least recently used; then the larger copy (fewer evictions for the room).
+
+Use frequency is ``Demand.uses``: per dataset, the job starts the demand poller saw in the
+whole cluster, an exponentially decayed count (half-life ``demand.HALF_LIFE``, 7 days).
+This is LFU with aging, or GreedyDual-Size-Frequency with the cost of a miss set to the
+copy's size: GDSF keeps the copies of highest frequency x cost / size, and when what a
+miss costs is the bytes staged again (the metric retention is judged by) cost / size is 1,
+so size drops out and a frequently used big copy is worth as much per byte as a small one.
+The exponential decay plays the part of GDSF's inflation value L (old popularity fades)
+without state kept per node between calls, which the planner, a pure function, does not
+have. The counts are cluster-wide because they are what dsstage sees; a node's own
+history is in its copies' recency, which breaks ties. Why frequency before recency: the
+scheduler places jobs without looking at caches, so which datasets one node is asked for
+next is close to a draw from the cluster's popularity, which the counts estimate and one
+node's last use does not; and why after demand: a pending job's want is specific (this
+dataset, soon), a count is a rate.
+
+A stale snapshot (``Demand.stale``) carries no demand: its pending jobs may have started,
+ended or gone, so it promises uses that will not come, and the reasons say "demand
+unknown". Its counts are still used: they are history (job starts that happened), not a
+claim about the queue, decayed to now like fresh ones; a stale snapshot misses only the
+starts since it was written, which is little against a 7-day half-life.
 """
 
 from __future__ import annotations
@@ -87,6 +107,8 @@ class Demand:
     wants: Mapping[str, Sequence[Want]] = field(default_factory=dict)
     stale: bool = False
     age: float = 0.0
+    #: dataset -> job starts seen in the cluster, decayed count as of now (valid when stale too)
+    uses: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -275,10 +297,11 @@ def soonness(w: Want, now: float) -> float:
     return 1.0 / (1.0 + max(0.0, w.start - now) / SOON)
 
 
-def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, float, float, int]:
-    """Lowest first: superseded versions, then by demand, then least recently used, then
-    the larger copy."""
-    return (1 if c.current else 0, demand_score(c.dataset, demand, node, now), c.last_used, -c.bytes)
+def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, float, float, float, int]:
+    """Lowest first: superseded versions, then by demand, then by use frequency, then least
+    recently used, then the larger copy."""
+    return (1 if c.current else 0, demand_score(c.dataset, demand, node, now), demand.uses.get(c.dataset, 0.0),
+            c.last_used, -c.bytes)
 
 
 # -- reasons -------------------------------------------------------------------------
@@ -286,7 +309,8 @@ def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, f
 def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: float) -> str:
     why = "over high watermark" if space.need == 0 else "room for the stage in progress"
     what = "old version" if not c.current else _demand_text(c.dataset, demand, node, now) or "no demand"
-    return f"{why} ({space.high:.0%} of {_size(space.capacity)}); {what}, idle {_duration(now - c.last_used)}"
+    return (f"{why} ({space.high:.0%} of {_size(space.capacity)}); {what}{_uses_text(c.dataset, demand)}, "
+            f"idle {_duration(now - c.last_used)}")
 
 
 def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy, ready_current: set[str]) -> str:
@@ -298,10 +322,21 @@ def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy,
     idle = now - c.last_used
     if idle < policy.min_keep:
         return f"used {_duration(idle)} ago (min_keep {_duration(policy.min_keep)})"
+    uses = _uses_text(c.dataset, demand)
     if demand.stale:
         snapshot = "no snapshot" if demand.age == float("inf") else f"snapshot {_duration(demand.age)} old"
-        return f"demand unknown ({snapshot}), idle {_duration(idle)}: kept while there is room"
-    return f"no demand, idle {_duration(idle)}: kept while there is room"
+        return f"demand unknown ({snapshot}){uses}, idle {_duration(idle)}: kept while there is room"
+    return f"no demand{uses}, idle {_duration(idle)}: kept while there is room"
+
+
+def _uses_text(dataset: str, demand: Demand) -> str:
+    """"; used by 12 jobs in the cluster (...)", or "" if no count is known at all."""
+    if not demand.uses:
+        return ""  # no poller history (an older snapshot, or none): say nothing rather than "0"
+    from .demand import HALF_LIFE
+    n = demand.uses.get(dataset, 0.0)
+    count = "no job" if n < 0.05 else "<1 job" if n < 1 else f"{n:.0f} job" + ("s" if round(n) != 1 else "")
+    return f"; used by {count} in the cluster (decayed count, half-life {_duration(HALF_LIFE)})"
 
 
 def _demand_text(dataset: str, demand: Demand, node: str, now: float) -> str:

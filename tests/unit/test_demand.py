@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,44 @@ def test_an_old_or_missing_snapshot_is_stale_and_says_why(tmp_path):
     assert demand.read(str(state)).demand(NOW + 301, 300).stale
     (state / demand.FILE).write_text('{"format": 99}')
     assert "format 99, expected 1" in demand.read(str(state)).problem
+
+
+def test_job_starts_are_counted_once_and_decay_to_the_snapshots_time():
+    first = demand.build(JOBS, NOW)  # no previous snapshot: the running 12 and 15 count now
+    assert first.uses == {"coco": 1.0, "in22k": 1.0}
+    # a week later: 12 and 15 still run (counted already), pending 10 started, 16 appeared running
+    later = [replace(JOBS[0], state="RUNNING", nodes="n1"), JOBS[2], JOBS[5],
+             Job("16", "dee", "RUNNING", ("coco", "coco"), nodes="n7")]
+    second = demand.build(later, NOW + demand.HALF_LIFE, previous=first)
+    assert second.uses == {"coco": 0.5 + 2, "in22k": 0.5}
+    # a job that ended and one that reappears running after a requeue (pending in between)
+    third = demand.build([replace(JOBS[2], state="PENDING")], NOW + demand.HALF_LIFE + 30, previous=second)
+    fourth = demand.build([JOBS[2]], NOW + demand.HALF_LIFE + 60, previous=third)
+    assert fourth.uses["coco"] == pytest.approx(2.5 + 1, rel=1e-4)
+
+
+def test_counts_round_trip_and_reach_the_planner_even_from_a_stale_snapshot(tmp_path):
+    state = str(tmp_path / "state")
+    demand.write(state, demand.Snapshot(time=NOW, uses={"coco": 8.0}))
+    snap = demand.read(state)
+    assert snap.uses == {"coco": 8.0}
+    assert snap.demand(NOW + 30, 300).uses["coco"] == pytest.approx(8.0 * 0.5 ** (30 / demand.HALF_LIFE))
+    stale = snap.demand(NOW + demand.HALF_LIFE, 300)
+    assert stale.stale and not stale.wants and stale.uses == {"coco": 4.0}
+    (tmp_path / "state" / demand.FILE).write_text(json.dumps({"format": 1, "time": NOW}))  # written before uses
+    assert demand.read(state).demand(NOW, 300).uses == {}
+
+
+def test_the_poller_carries_its_counts_from_round_to_round(tmp_path):
+    c = conf(tmp_path)
+    slurm = FakeSlurm()
+    slurm.submit(JOBS[2])
+    for t in (NOW, NOW + 30, NOW + 60):
+        demand.run(c, slurm, once=True, clock=lambda t=t: t)
+    assert demand.read(c.state_dir).uses["coco"] == pytest.approx(1.0, rel=1e-3)  # one job, counted once
+    slurm.submit(Job("20", "ana", "RUNNING", ("coco",), nodes="n2"))
+    demand.run(c, slurm, once=True, clock=lambda: NOW + 90)
+    assert demand.read(c.state_dir).uses["coco"] == pytest.approx(2.0, rel=1e-3)
 
 
 def test_status_counts_demand_from_the_snapshot():

@@ -156,6 +156,32 @@ def test_ties_go_to_the_least_recently_used_then_the_larger():
     assert d["big"][0] == "evict" and d["small"][0] == "keep"
 
 
+def test_among_copies_nothing_wants_the_less_used_goes_first_whatever_the_size():
+    # "big" was used more recently on this node, but by fewer jobs in the cluster
+    uses = {"often": 12.0, "big": 2.0}
+    p = plan([copy("often", 35, idle=3 * DAY), copy("big", 60, idle=HOUR)], Demand(uses=uses, age=10),
+             Space(capacity=100 * GB), NOW, node="n1")
+    d = {x.copy.dataset: x for x in p.decisions}
+    assert d["big"].evict and not d["often"].evict
+    assert d["big"].reason == ("over high watermark (90% of 93.1 GiB); no demand; used by 2 jobs in the cluster "
+                               "(decayed count, half-life 7 d), idle 1 h")
+    assert d["often"].reason.startswith("no demand; used by 12 jobs in the cluster")
+    # a pending job's want still comes before any count
+    p = plan([copy("often", 48, idle=DAY), copy("rare", 48, idle=DAY)],
+             Demand(wants={"rare": [pending("1")]}, uses={"often": 50.0}, age=10), Space(capacity=100 * GB), NOW,
+             node="n1")
+    assert [x.copy.dataset for x in p.evictions()] == ["often"]
+
+
+def test_a_stale_snapshot_still_ranks_by_its_counts():
+    p = plan([copy("often", 48, idle=3 * DAY), copy("rare", 48, idle=DAY)],
+             Demand(wants={"rare": [pending("1")]}, stale=True, age=7200, uses={"often": 5.0, "rare": 0.5}),
+             Space(capacity=100 * GB), NOW, node="n1")
+    d = {x.copy.dataset: x for x in p.decisions}
+    assert d["rare"].evict and "no demand; used by <1 job" in d["rare"].reason
+    assert d["often"].reason.startswith("demand unknown (snapshot 2 h old); used by 5 jobs")
+
+
 def test_stale_snapshot_ranks_by_recency_alone_and_says_so():
     p, d = decide([copy("wanted", 48, idle=3 * DAY), copy("recent", 48, idle=DAY)],
                   wants={"wanted": [pending("1")]}, stale=True)

@@ -99,6 +99,27 @@ def test_planner_sees_the_queue_as_of_its_last_snapshot():
     assert hits == {30.0: 0, 0.0: 1}
 
 
+def test_planner_counts_the_job_starts_a_poller_would_see():
+    # 1 and 2 run 100 s each, one after the other; 3 runs 5 s, between the snapshots at 210 and 240
+    jobs = [job(1, "a", runtime=100.0), job(2, "a", runtime=100.0), job(3, "b", submit=211.0, runtime=5.0),
+            job(4, "c", submit=300.0, runtime=100.0)]
+    sched = schedule(jobs, nodes=1, slots_per_node=1)
+    assert [r.start for r in sched.runs] == [0.0, 100.0, 211.0, 300.0]
+    seen = []
+
+    class Watching(Planner):
+        def demand(self, now: float) -> rt.Demand:
+            d = super().demand(now)
+            seen.append((now, dict(d.uses)))
+            return d
+    planner = Watching(sched, 100, interval=30.0, shortcut=False)
+    replay(sched, {"a": 10, "b": 10, "c": 10}, 100, 1.0, planner)
+    # at 300 (c's Prolog) the snapshot is the one taken at 300: before c started; b was never seen
+    at = dict(seen)
+    assert set(at[300.0]) == {"a"} and at[300.0]["a"] == pytest.approx(2.0, rel=1e-3)
+    assert at[400.0].keys() == {"a", "c"}  # c's Epilog: the snapshot at 390 saw c running
+
+
 def test_bound_holds_on_shared_nodes():
     rng = random.Random(11)
     jobs = [job(i, f"d{rng.randrange(6)}", submit=i * 40.0, runtime=rng.choice([50.0, 200.0, 900.0]),

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .. import demand as dm
 from .. import retention as rt
 from .sched import Nodes, Run, Schedule, project
 
@@ -279,7 +280,10 @@ class Planner(Policy):
     the Prolog of a stage that needs room (``Space.need``), with the demand snapshot as a
     poller would have taken it: every ``interval`` seconds of simulated time (0: at each
     call), the pending jobs in queue order (the first ``depth`` with the expected start and
-    planned nodes of ``sched.project``, the others unplaced) and the running jobs.
+    planned nodes of ``sched.project``, the others unplaced) and the running jobs; and the
+    counts of job starts, as the poller keeps them (``demand.count_starts``): a job counts
+    once, at the first snapshot that shows it running (one that starts and ends between two
+    snapshots is never seen), for the whole cluster.
 
     A call the planner would answer "keep everything" (tier at or below the high watermark
     with ``max_idle`` 0: no rule but pressure can evict a current, ready copy) is skipped;
@@ -307,6 +311,9 @@ class Planner(Policy):
         self.window = -1
         self._frozen: tuple[float, Nodes, list[int], list[int]] | None = None
         self._demand: tuple[float, dict[str, list[rt.Want]]] | None = None
+        self.uses: dict[str, float] = {}  # as of uses_time, the last snapshot
+        self.uses_time = 0.0
+        self.counted: set[int] = set()  # running at the last snapshot: already counted
         #: for the report: how often a started job's nodes were the ones last planned for it
         self.last_planned: dict[int, tuple[int, ...]] = {}
         self.planned_jobs = 0
@@ -325,6 +332,7 @@ class Planner(Policy):
             self._frozen = (tick, self.free.copy(), [i for i in self.queue if self.runs[i].job.submit <= tick],
                             list(self.running))
             self._demand = None
+            self._count(tick)
 
     def submitted(self, run_index: int, now: float) -> None:
         self.queue[run_index] = None
@@ -351,12 +359,20 @@ class Planner(Policy):
         if self.interval <= 0:
             self._frozen = (now, self.free, list(self.queue), list(self.running))
             self._demand = None
+            self._count(now)
         if self._demand is None:
             assert self._frozen is not None
             self._demand = (self._frozen[0], self._build(*self._frozen))
         taken, wants = self._demand
         age = now - taken
-        return rt.Demand(wants, stale=age > self.max_age, age=age)
+        return rt.Demand(wants, stale=age > self.max_age, age=age, uses=dm.decay(self.uses, self.uses_time, now))
+
+    def _count(self, tick: float) -> None:
+        """The snapshot's counts of job starts at ``tick``, from the previous snapshot's."""
+        running = set(self.running)
+        started = [(self.runs[i].job.dataset,) for i in sorted(running - self.counted)]
+        self.uses = dm.count_starts(self.uses, self.uses_time, tick, started)
+        self.uses_time, self.counted = tick, running
 
     def _build(self, tick: float, free: Nodes, queue: list[int], running: list[int]) -> dict[str, list[rt.Want]]:
         runs = self.runs
