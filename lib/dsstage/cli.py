@@ -347,7 +347,7 @@ def cmd_demand_poller(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from . import simulate
+    from .sim import cli as simulate
     return simulate.main(args.args)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from dsstage import retention as rt
-from dsstage import simulate
+from dsstage.sim import cli as simulate
 from dsstage.sim import trace as tr
 from dsstage.sim.bound import lower_bound, pack
 from dsstage.sim.replay import JobEnd, Lru, Offline, Planner, replay

@@ -16,13 +16,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import retention as rt
-from .errors import DsstageError
-from .sim import trace as tr
-from .sim.bound import Bound, lower_bound
-from .sim.replay import JobEnd, Lru, Offline, Planner, Policy, Result, events, replay
-from .sim.sched import Schedule, schedule
-from .units import parse_size
+from .. import retention as rt
+from ..errors import DsstageError
+from ..units import parse_size
+from . import trace as tr
+from .bound import Bound, lower_bound
+from .replay import JobEnd, Lru, Offline, Planner, Policy, Result, events, replay
+from .sched import Schedule, schedule
 
 POLICIES = ("planner", "lru", "job-end", "offline")
 OFFLINE_METHOD = ("Belady farthest-next-use (future requests per node known; evict the copy needed "
