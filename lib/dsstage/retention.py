@@ -353,7 +353,7 @@ def _demand_text(dataset: str, demand: Demand, node: str, now: float) -> str:
                      "planned elsewhere" if best.nodes else "not placed yet")
         more = f" and {len(pending) - 1} more" if len(pending) > 1 else ""
         return f"wanted by pending job {best.job_id}{more} ({', '.join(parts)})"
-    running = [w for w in wants if w.state == "running"]
+    running = [w for w in wants if w.state == "running" and node not in w.nodes]  # here: its lease says it
     if running:
         return f"in use by running job {running[0].job_id}" + (f" and {len(running) - 1} more" if len(running) > 1
                                                                 else "") + " on other nodes"

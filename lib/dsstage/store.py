@@ -36,7 +36,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -350,12 +350,13 @@ class Store:
                               policy=self.policy(), node=self.node, protect=protect, evict=evict, force=force)
 
     def retain(self, dem: retention.Demand | None = None, *, evict: tuple[str, ...] = (), force: bool = False,
-               dry_run: bool = False, wait: float = 0.0) -> list[Eviction]:
+               dry_run: bool = False, wait: float = 0.0, held: str = "") -> list[Eviction]:
         """Plan every tier of this node and carry the plan out (what the Epilog does).
 
         ``evict``: only these datasets, as an admin asked (``dsstage evict``), with their
         interrupted staging areas. A copy whose dataset lock is busy (a stage or a verify
-        in progress) is kept for now; ``wait`` is how long to try for each lock."""
+        in progress) is kept for now; ``wait`` is how long to try for each lock; ``held``
+        is a dataset whose lock the caller holds."""
         if dem is None:
             dem = self.demand()[0]
         out: list[Eviction] = []
@@ -364,16 +365,15 @@ class Store:
             with open_tier(layout) as tier, local_errors(f"applying retention in {layout.root}"):
                 p = self.plan(tier, tier_conf, dem, evict=evict, force=force)
                 decisions = [d for d in p.decisions if not evict or d.copy.dataset in evict]
-                out += self._apply(tier, layout, decisions, dry_run=dry_run, wait=wait)
+                out += self._apply(tier, layout, decisions, dry_run=dry_run, wait=wait, held=held)
                 if evict and not dry_run:
-                    out += self._remove_left_staging(tier, layout, tier_conf, evict, wait)
+                    out += self._remove_left_staging(tier, layout, tier_conf, evict, wait, held)
                 if not dry_run:
                     self._purge_if_left(tier, layout)
         return out
 
     def _apply(self, tier: RootDir, layout: Layout, decisions: list[retention.Decision], *, dry_run: bool,
-               wait: float, purge: bool = True) -> list[Eviction]:
-        from .lock import DatasetLock
+               wait: float, purge: bool = True, held: str = "") -> list[Eviction]:
         out: list[Eviction] = []
         book = LeaseBook(tier)
         for d in decisions:
@@ -383,7 +383,7 @@ class Store:
                                     c.bytes, c.tier))
                 continue
             try:
-                with DatasetLock(layout.lock(c.dataset), timeout=wait, what=f"dataset {c.dataset!r}"):
+                with _lock(layout, c.dataset, wait, held):
                     # under the tier's space lock: while its mark is away the copy must still
                     # count (in the trash record, or by its mark put back)
                     with space.tier_lock(tier):  # type: ignore[attr-defined]
@@ -420,14 +420,13 @@ class Store:
         return Eviction(name, version, "evicted", reason, size, c.tier)
 
     def _remove_left_staging(self, tier: RootDir, layout: Layout, tier_conf: Tier, names: tuple[str, ...],
-                             wait: float) -> list[Eviction]:
-        from .lock import DatasetLock
+                             wait: float, held: str) -> list[Eviction]:
         out = []
         for name in names:
             if not any(e.rpartition(".")[0] == name for e in tier.names("staging")):
                 continue
             try:
-                with DatasetLock(layout.lock(name), timeout=wait, what=f"dataset {name!r}"):
+                with _lock(layout, name, wait, held):
                     out += [Eviction(name, entry.rpartition(".")[2], "removed staging", "left by an interrupted stage",
                                      0, tier_conf.name) for entry in self._remove_staging(tier, name)]
             except LockTimeout:
@@ -442,9 +441,15 @@ class Store:
 
     def evict(self, name: str, *, force: bool = False, dry_run: bool = False) -> list[Eviction]:
         """Evict this node's unleased copies of ``name`` (``dsstage evict``), through the
-        planner: a copy the queue wants stays unless ``force``."""
-        self.dataset(name)
-        return self.retain(evict=(name,), force=force, dry_run=dry_run, wait=self.config.lock_timeout)
+        planner: a copy the queue wants stays unless ``force``. Planned and carried out
+        holding the dataset's lock: what an interrupted or running stage leaves is judged
+        once it is done (a dry run takes no lock)."""
+        ds = self.dataset(name)
+        dem = self.demand()[0]
+        if dry_run:
+            return self.retain(dem, evict=(name,), force=force, dry_run=True)
+        with _lock(self.layout(ds.tier), name, self.config.lock_timeout, ""):
+            return self.retain(dem, evict=(name,), force=force, held=name)
 
     def _make_room(self, tier: RootDir, tier_conf: Tier, name: str, needed: int) -> None:
         """Before a stage of ``name`` (holding its lock): evict what the planner says to make
@@ -629,6 +634,14 @@ class Store:
                     row.update(state="interrupted")  # left by a killed stage: resumed or removed by the next
                 rows.append(row)
         return rows
+
+
+def _lock(layout: Layout, name: str, wait: float, held: str) -> AbstractContextManager[object]:
+    """The dataset lock of ``name``, unless the caller holds it already (``held``)."""
+    if name == held:
+        return nullcontext()
+    from .lock import DatasetLock
+    return DatasetLock(layout.lock(name), timeout=wait, what=f"dataset {name!r}")
 
 
 #: seconds of clock difference tolerated between the node and the demand poller's host

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 import yaml
 from dsstage import manifest as mf
-from dsstage import retention
 
 pytestmark = pytest.mark.cluster
 
@@ -270,30 +269,6 @@ def test_epilog_evicts_a_dataset_nothing_wants_over_the_high_watermark(lab):
     lines = evicted(lab.log(g2), "rx")
     assert lines and "over high watermark (90% of " in lines[0], lab.log(g2)
     assert lab.copies("rx") == []
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="retention._demand_text takes a job running on this node for one on other nodes")
-def test_reason_for_the_ending_jobs_own_copy_does_not_say_other_nodes():
-    """The snapshot an Epilog reads was taken while the ending job ran on this node, so the
-    job is in it as running there. retention._demand_text counts running jobs without looking
-    at their nodes (demand_score gives a job running here no weight), so the reasons say
-    "other nodes". Seen on the devcluster, job 3 having run on n1 with rx and ry (its Epilog):
-    ``job 3: evicted ry 217b1c8a22032ff6 (over high watermark (90% of 585.9 KiB); in use by
-    running job 3 on other nodes, idle 0 s)``; and with an empty queue, after job 6 (on n1,
-    rx) ended, ``dsstage --node n1 evict rx`` refuses until the next snapshot:
-    ``small rx 8c58011c393e1c01 (390.6 KiB): kept: in use by running job 6 on other nodes: not
-    evicted without --force``. Here: the planner, as the Epilog and ``evict`` call it."""
-    copy = retention.Copy("rx", "v1", SIZE, last_used=1000.0)
-    here = retention.Want("7", "running", nodes=(NODE,))
-    demand = retention.Demand(wants={"rx": [here]})
-    p = retention.plan([copy], demand, retention.Space(capacity=300_000, high=0.9, low=0.5), 1000.0,
-                       policy=retention.Policy(min_keep=0), node=NODE)
-    assert p.decisions[0].evict
-    asked = retention.plan([copy], demand, retention.Space(capacity=SIZE * 10), 1000.0,
-                           policy=retention.Policy(min_keep=0), node=NODE, evict=("rx",))
-    assert "other nodes" not in p.decisions[0].reason, p.decisions[0].reason
-    assert asked.decisions[0].evict, asked.decisions[0].reason
 
 
 # -- 3: a lease holds against any pressure ------------------------------------------------

@@ -253,3 +253,17 @@ def test_wanted_copies_go_only_as_far_as_the_high_watermark():
 def test_without_any_snapshot_the_reason_says_so():
     p = plan([copy("a")], Demand(stale=True, age=float("inf")), Space(capacity=100 * GB), NOW)
     assert "demand unknown (no snapshot)" in p.decisions[0].reason
+
+
+def test_a_job_running_on_this_node_is_not_demand_from_other_nodes():
+    """The snapshot an Epilog reads was taken while the ending job ran here: it is in it as
+    running on this node. Its copy is not "in use on other nodes" (seen on the devcluster:
+    ``evicted ry (...; in use by running job 3 on other nodes)`` from job 3's own Epilog, and
+    ``dsstage evict rx`` refused after job 6 on n1 ended)."""
+    here = Want("7", "running", nodes=("n1",))
+    p, d = decide([copy("a", 95)], wants={"a": [here]})
+    assert d["a"][0] == "evict" and "other nodes" not in d["a"][1]
+    _p, d = decide([copy("a")], wants={"a": [here]}, evict=("a",))
+    assert d["a"] == ("evict", "asked to evict")
+    _p, d = decide([copy("a")], wants={"a": [here, Want("8", "running", nodes=("n2",))]})
+    assert d["a"][1] == "in use by running job 8 on other nodes"
