@@ -470,7 +470,9 @@ def test_storm_is_hundreds_of_operations_that_all_end_as_they_may(storm: Storm):
     # it was a storm: copies were staged, found ready, refused for space, evicted, kept for their leases
     assert summary[("stage", "staged")] >= 5 and summary[("stage", "cached")] >= 20
     assert summary[("stage", "75 NoSpace")] >= 5
-    assert sum(n for (kind, outcome), n in summary.items() if kind == "evict" and "evicted" in outcome) >= 5
+    # stages make room themselves (through the retention planner, under the same protocol), so
+    # fewer copies are left for the evict operations than before: a few suffice
+    assert sum(n for (kind, outcome), n in summary.items() if kind == "evict" and "evicted" in outcome) >= 1
     assert sum(n for (kind, outcome), n in summary.items() if kind == "evict" and "kept" in outcome) >= 5
     assert storm.seconds < 60
 
