@@ -57,6 +57,15 @@ def epilog(env: Env, job: str, request: str, caplog: pytest.LogCaptureFixture) -
     return caplog.text
 
 
+def wait_flushed(env: Env) -> None:
+    """Wait for the detached flushes of new copies (each takes its dataset's lock for a
+    moment, and an Epilog keeps a copy whose lock is busy for now)."""
+    deadline = time.monotonic() + 30
+    marks = list((env.tier_root() / "ready").glob("*/*.json"))
+    while time.monotonic() < deadline and not all('"durable": true' in m.read_text() for m in marks):
+        time.sleep(0.05)
+
+
 def wait_trash_empty(env: Env) -> None:
     deadline = time.monotonic() + 30
     while any((env.tier_root() / "trash").iterdir()) and time.monotonic() < deadline:
@@ -73,7 +82,7 @@ def test_epilog_keeps_what_a_pending_job_wants_and_evicts_the_rest(env: Env, cap
     store.release("y", "1")
     store.release("z", "3")
     snapshot(env, Job("9", "u", "PENDING", ("x",), sched_nodes=env.node, start_time=time.time() + 600))
-    # 9 000 + a reservation of 500 elsewhere: over the high watermark
+    wait_flushed(env)
     store2 = env.store()
     log = epilog(env, "2", "x", caplog)
     assert "released x" in log
@@ -137,6 +146,7 @@ def test_prolog_makes_room_through_the_planner(env: Env):
     from dsstage.store import open_tier
     with open_tier(store.layout("nvme")) as tier:
         space.hold(tier, "stage-other.json", 2000, "a stage in progress")
+    wait_flushed(env)
     result = store.stage("z", user=user(), job_id="3")
     assert result.action == "staged"
     assert on_node(env) == ["y", "z"]  # x had no demand; y is wanted by job 9
