@@ -313,7 +313,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
         log.warning("%s: the queue's demand is unknown; copies are judged without it",
                     snap.problem or f"the demand snapshot is {dem.age:.0f}s old")
     if args.name:
-        result = store.evict(args.name, force=args.force, dry_run=args.dry_run)
+        result = store.evict(args.name, force=args.force, dry_run=args.dry_run, dem=dem)
     else:
         result = store.retain(dem, dry_run=args.dry_run, wait=conf.lock_timeout)
     _emit(args, [asdict(e) for e in result],
@@ -325,8 +325,8 @@ def cmd_evict(args: argparse.Namespace) -> int:
 def cmd_reclaim(args: argparse.Namespace) -> int:
     conf = _config(args)
     store = Store(conf, args.node)
-    _dem, snap = store.demand()
-    if snap.age(store.clock()) <= conf.retention.demand_max_age:
+    dem, snap = store.demand()
+    if not dem.stale:
         gone = store.reclaim_stale(snap)
     else:
         from . import slurm

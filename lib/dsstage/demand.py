@@ -76,6 +76,10 @@ class Snapshot:
     def age(self, now: float) -> float:
         return now - self.time if self.time else float("inf")
 
+    def stale(self, now: float, max_age: float) -> bool:
+        """Too old to act on, or missing (age infinite)."""
+        return self.age(now) > max_age
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "time": self.time, "host": self.host, "backend": self.backend,
                 "datasets": self.datasets, "running": self.running, "uses": self.uses}
@@ -86,7 +90,7 @@ class Snapshot:
         history, not the queue: see retention.py)."""
         age = self.age(now)
         uses = decay(self.uses, self.time, now) if self.time else {}
-        if not self.time or age > max_age:
+        if self.stale(now, max_age):
             return Demand(stale=True, age=age, uses=uses)
         wants: dict[str, list[Want]] = {}
         for name, rows in self.datasets.items():
@@ -97,9 +101,6 @@ class Snapshot:
                                     priority=_int(r.get("priority")), start=_float(r.get("start")),
                                     nodes=tuple(expand(str(r.get("nodes") or ""))), user=str(r.get("user", ""))))
         return Demand(wants=wants, age=age, uses=uses)
-
-    def running_on(self, job_id: str, node: str) -> bool:
-        return node in expand(self.running.get(job_id, ""))
 
 
 def decay(uses: Mapping[str, float], since: float, now: float) -> dict[str, float]:

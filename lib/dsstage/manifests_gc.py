@@ -12,24 +12,17 @@ evicted, never staged from.
 
 from __future__ import annotations
 
-import glob
 import os
 
 from .config import Config
-from .fsutil import read_json
 from .manifest import CURRENT, SUFFIX, Catalog
-from .nodefs import read_current, version_id
+from .nodefs import node_reports, read_current, version_id
 
 
 def held_versions(state_dir: str) -> set[tuple[str, str]]:
     """(dataset, version) of every copy in a node report, whatever its state."""
-    held: set[tuple[str, str]] = set()
-    for report in glob.glob(os.path.join(state_dir, "nodes", "*.json")):
-        copies = read_json(report).get("copies")
-        for c in copies if isinstance(copies, list) else ():
-            if isinstance(c, dict):
-                held.add((str(c.get("dataset", "")), str(c.get("version", ""))))
-    return held
+    return {(str(c.get("dataset", "")), str(c.get("version", "")))
+            for _node, _time, copies in node_reports(state_dir) for c in copies}
 
 
 def prune(conf: Config, now: float) -> list[tuple[str, str]]:

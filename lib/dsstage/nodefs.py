@@ -513,6 +513,22 @@ def node_report(state_dir: str, node: str) -> str:
     return os.path.join(state_dir, "nodes", f"{node}.json")
 
 
+def node_reports(state_dir: str) -> list[tuple[str, float, list[dict[str, Any]]]]:
+    """Every node report in ``state_dir``: (node, report time, its copies), by node file."""
+    directory = os.path.join(state_dir, "nodes")
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith("."))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        report = read_json(os.path.join(directory, name))
+        copies = report.get("copies")
+        out.append((str(report.get("node") or name[:-5]), float(str(report.get("time") or 0)),
+                    [c for c in copies if isinstance(c, dict)] if isinstance(copies, list) else []))
+    return out
+
+
 def note_leases(report_path: str, job_id: str, copies: Sequence[tuple[str, str]]) -> None:
     """Add ``job_id`` to the leases of (dataset, version) rows of a node report, best effort:
     the full Prolog and the Epilog rewrite the whole report from the store."""

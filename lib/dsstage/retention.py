@@ -195,10 +195,10 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
     before = used(copies) + space.reserved + space.need
     total = used(remaining.values()) + space.reserved + space.need
     pressured: list[Copy] = []
+    recent = {c.key for c in candidates if c.current and now - c.last_used < policy.min_keep}
     if total > space.high * space.capacity:
         order = sorted(candidates, key=lambda c: eviction_key(c, demand, node, now))
         hot = {c.key for c in candidates if c.current and demand_score(c.dataset, demand, node, now) > 0}
-        recent = {c.key for c in order if c.current and now - c.last_used < policy.min_keep}
         fits_room = [c for c in order if c.key not in recent]
         if space.need:
             # min_keep must not fail a stage: a recent copy nothing wants may go, last of all
@@ -207,11 +207,11 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
     for c in candidates:
         if c in pressured:
             why = _pressure_reason(c, demand, node, space, now)
-            if c.current and now - c.last_used < policy.min_keep:
+            if c.key in recent:
                 why += f" (within min_keep {_duration(policy.min_keep)}, but the stage cannot fit otherwise)"
             decided[c.key] = Decision(c, True, why)
         else:
-            decided[c.key] = Decision(c, False, _keep_reason(c, demand, node, now, policy, ready_current))
+            decided[c.key] = Decision(c, False, _keep_reason(c, demand, node, now, policy))
     for c in pressured:
         remaining.pop(c.key, None)
     after = used(remaining.values()) + space.reserved + space.need
@@ -313,7 +313,7 @@ def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: floa
             f"idle {_duration(now - c.last_used)}")
 
 
-def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy, ready_current: set[str]) -> str:
+def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy) -> str:
     if not c.current:
         return "old version, kept while there is room: staging the current one reuses its files"
     wanted = _demand_text(c.dataset, demand, node, now)

@@ -8,8 +8,6 @@ once (the same query the poller makes).
 
 from __future__ import annotations
 
-import glob
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +17,7 @@ from . import demand
 from .config import Config
 from .demand import Snapshot
 from .errors import DsstageError
-from .fsutil import read_json
+from .nodefs import node_reports
 from .slurm import SlurmClient
 
 
@@ -47,18 +45,14 @@ def demand_rows(snap: Snapshot) -> list[dict[str, Any]]:
 
 def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float] = time.time) -> Status:
     st = Status()
-    for path in sorted(glob.glob(os.path.join(config.state_dir, "nodes", "*.json"))):
-        report = read_json(path)
-        node = str(report.get("node") or os.path.basename(path)[:-5])
-        st.reports[node] = float(str(report.get("time") or 0))
-        copies = report.get("copies")
-        if isinstance(copies, list):
-            st.copies.extend(c for c in copies if isinstance(c, dict))
+    for node, when, copies in node_reports(config.state_dir):
+        st.reports[node] = when
+        st.copies.extend(copies)
     if slurm is None:
         return st
     now = clock()
     snap = demand.read(config.state_dir)
-    if snap.age(now) > config.retention.demand_max_age:
+    if snap.stale(now, config.retention.demand_max_age):
         try:
             snap = demand.build(slurm.queue(), now)
         except DsstageError as exc:

@@ -344,9 +344,10 @@ class Store:
         snap = demand.read(self.config.state_dir)
         return snap.demand(self.clock(), self.config.retention.demand_max_age), snap
 
-    def plan(self, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, need: int = 0,
+    def plan(self, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, space: retention.Space | None = None,
              protect: tuple[str, ...] = (), evict: tuple[str, ...] = (), force: bool = False) -> retention.Plan:
-        return retention.plan(self.copies(tier, tier_conf), dem, self.space_of(tier, tier_conf, need), self.clock(),
+        """The planner on this tier; ``space``: the tier's, if the caller has it already."""
+        return retention.plan(self.copies(tier, tier_conf), dem, space or self.space_of(tier, tier_conf), self.clock(),
                               policy=self.policy(), node=self.node, protect=protect, evict=evict, force=force)
 
     def retain(self, dem: retention.Demand | None = None, *, evict: tuple[str, ...] = (), force: bool = False,
@@ -439,13 +440,14 @@ class Store:
         if tier.names("trash") and not is_held(layout.lock(background.PURGE_LOCK)):
             background.purge_later(layout)
 
-    def evict(self, name: str, *, force: bool = False, dry_run: bool = False) -> list[Eviction]:
+    def evict(self, name: str, *, force: bool = False, dry_run: bool = False,
+              dem: retention.Demand | None = None) -> list[Eviction]:
         """Evict this node's unleased copies of ``name`` (``dsstage evict``), through the
         planner: a copy the queue wants stays unless ``force``. Planned and carried out
         holding the dataset's lock: what an interrupted or running stage leaves is judged
-        once it is done (a dry run takes no lock)."""
+        once it is done (a dry run takes no lock). ``dem``: the demand, if read already."""
         ds = self.dataset(name)
-        dem = self.demand()[0]
+        dem = dem or self.demand()[0]
         if dry_run:
             return self.retain(dem, evict=(name,), force=force, dry_run=True)
         with _lock(self.layout(ds.tier), name, self.config.lock_timeout, ""):
@@ -459,7 +461,7 @@ class Store:
         if use.total + needed <= sp.high * sp.capacity:
             return
         dem, _snap = self.demand()
-        p = self.plan(tier, tier_conf, dem, need=needed, protect=(name,))
+        p = self.plan(tier, tier_conf, dem, space=sp, protect=(name,))
         if not p.fits:
             held = p.holding()
             fix = ("the dataset alone is larger than the tier: raise the tier's capacity" if held == "nothing" else
@@ -479,7 +481,7 @@ class Store:
         """Remove the leases of jobs that the demand snapshot shows are gone: not running
         anywhere, and the lease older than the snapshot (a job that started since keeps
         it). Nothing on a stale snapshot; process leases are checked as by ``reclaim``."""
-        if snap.age(self.clock()) > self.config.retention.demand_max_age:
+        if snap.stale(self.clock(), self.config.retention.demand_max_age):
             return []
 
         def alive(lease: Lease) -> bool:

@@ -55,7 +55,7 @@ def test_snapshot_round_trip_and_the_planners_view(tmp_path):
         ("10", "pending", NOW + 1200, ("n1", "n2"), 500)
     assert dem.wants["coco"][1].start is None and dem.wants["coco"][1].nodes == ()
     assert [w.nodes for w in dem.wants["coco"] if w.state == "running"] == [("n3",)]
-    assert snap.running_on("13", "n5") and not snap.running_on("13", "n3") and not snap.running_on("99", "n1")
+    assert snap.running == {"12": "n3", "13": "n[4-5]", "15": "n6"}
 
 
 def test_an_old_or_missing_snapshot_is_stale_and_says_why(tmp_path):
