@@ -37,7 +37,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import StoreError, UnsafeStore
 
@@ -167,7 +167,27 @@ def _open_error(shown: str, exc: OSError) -> Exception:
     return exc
 
 
-class RootDir:
+_D = TypeVar("_D", bound="_OpenDirs")
+
+
+class _OpenDirs:
+    """Directory descriptors opened once each and closed together (``close()`` or ``with``)."""
+
+    _fds: dict[Any, int]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self: _D) -> _D:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class RootDir(_OpenDirs):
     """A root-owned directory tree (a tier of the store, or the run directory) whose
     directories are opened once each, without following symbolic links, and checked.
 
@@ -236,16 +256,6 @@ class RootDir:
             return []
         return sorted(n for n in os.listdir(fd) if not is_temp(n))
 
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-    def __enter__(self) -> RootDir:
-        return self
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
 
 # -- files relative to a directory descriptor ------------------------------------------------
@@ -683,7 +693,7 @@ def open_source_dir(path: str) -> int:
         os.close(top)
 
 
-class Tree:
+class Tree(_OpenDirs):
     """The directories below one directory descriptor, each opened once without following
     symbolic links (and created, private to root, when ``create``). For staging areas,
     published copies and sources; ``dir("a/b")`` is a descriptor, "" the root itself."""
@@ -737,13 +747,3 @@ class Tree:
                     stack.append(rel)
             yield fd, found
 
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-    def __enter__(self) -> Tree:
-        return self
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
