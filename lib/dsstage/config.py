@@ -96,6 +96,34 @@ class Retention:
 
 
 @dataclass(frozen=True)
+class Report:
+    """Node reports: what each node publishes for `dsstage status` (see dsstage.report)."""
+
+    user: str | None = None  # who writes <state_dir>/nodes (NFS root_squash); None: root
+    interval: float = 5.0  # seconds: at most one report write per interval while staging
+    max_age: float = 900.0  # seconds: status shows an older report as stale
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """How an admin node reaches compute nodes over SSH (dsstage.fleet)."""
+
+    user: str = "root"
+    port: int = 22
+    key: str | None = None  # private key file; None: the SSH agent and ~/.ssh keys
+    known_hosts: str | None = None  # extra known_hosts file (system and ~/.ssh ones are read too)
+    connect_timeout: float = 10.0  # seconds to connect and authenticate
+    timeout: float = 6 * 3600.0  # seconds one remote command may run
+    parallel: int = 32  # nodes talked to at once
+    command: tuple[str, ...] = ("dsstage",)  # the remote dsstage, argv (never a shell string)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    textfile: str | None = None  # node_exporter textfile collector file; None: no metrics
+
+
+@dataclass(frozen=True)
 class Config:
     origin: str
     state_dir: str
@@ -108,6 +136,9 @@ class Config:
     prolog_budget: float = DEFAULT_PROLOG_BUDGET  # seconds the Prolog may spend before it decides
     source_user: str | None = None  # who reads mounted sources; None: root
     retention: Retention = field(default_factory=Retention)
+    report: Report = field(default_factory=Report)
+    fleet: Fleet = field(default_factory=Fleet)
+    metrics: Metrics = field(default_factory=Metrics)
 
     def slurm_command(self, name: str) -> str:
         """The full path of a Slurm client command (``scontrol``, ``squeue``)."""
@@ -118,11 +149,14 @@ class Config:
 
 
 _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
-             "prolog_budget", "source_user", "retention")
+             "prolog_budget", "source_user", "retention", "report", "fleet", "metrics")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark")
 _DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit")
 _RETENTION_KEYS = ("min_keep", "max_idle", "demand_max_age", "poll_interval", "manifest_keep")
+_REPORT_KEYS = ("user", "interval", "max_age")
+_FLEET_KEYS = ("user", "port", "key", "known_hosts", "connect_timeout", "timeout", "parallel", "command")
+_METRICS_KEYS = ("textfile",)
 
 
 def config_path(explicit: str | None = None) -> str:
@@ -182,6 +216,9 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     prolog_budget = v.number(data.get("prolog_budget", DEFAULT_PROLOG_BUDGET), "prolog_budget", minimum=1)
     source_user = v.user(data.get("source_user"), "source_user")
     retention = v.retention({} if data.get("retention") is None else data["retention"])
+    report = v.report({} if data.get("report") is None else data["report"])
+    fleet = v.fleet({} if data.get("fleet") is None else data["fleet"])
+    metrics = v.metrics({} if data.get("metrics") is None else data["metrics"])
 
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
@@ -196,7 +233,7 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     return Config(origin=origin, state_dir=state_dir, tiers=tiers, datasets=datasets,
                   on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer,
                   slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user,
-                  retention=retention)
+                  retention=retention, report=report, fleet=fleet, metrics=metrics)
 
 
 # -- what check-config adds: the configuration against this host's Slurm ----------------------
@@ -375,7 +412,7 @@ class _Validator:
             return None
         if not isinstance(value, str) or len(value) > USER_MAX or not USER_RE.fullmatch(value):
             self.fail(key, f"{value!r} is not a Unix user name (letters, digits, '_', '.', '@', '-', "
-                      "not starting with a digit or '-'); leave it out to read sources as root")
+                      "not starting with a digit or '-')")
         return str(value)
 
     def choice(self, value: Any, key: str, choices: tuple[str, ...]) -> str:
@@ -414,6 +451,50 @@ class _Validator:
             self.fail("retention.demand_max_age", f"{values['demand_max_age']:g}s is less than two poll intervals "
                       f"({2 * values['poll_interval']:g}s): every snapshot would turn stale before the next one")
         return Retention(**values)
+
+    def _section(self, spec: Any, name: str, allowed: tuple[str, ...]) -> None:
+        if not isinstance(spec, dict):
+            self.fail(name, "must be a mapping (" + ", ".join(allowed) + ")")
+        self.keys(spec, f"{name}.", allowed)
+
+    def report(self, spec: Any) -> Report:
+        self._section(spec, "report", _REPORT_KEYS)
+        d = Report()
+        interval = self.duration(spec.get("interval", d.interval), "report.interval")
+        max_age = self.duration(spec.get("max_age", d.max_age), "report.max_age")
+        if max_age < 60:
+            self.fail("report.max_age", f"{max_age:g}s is too short: give at least 60s (a node refreshes "
+                      "its report when it changes and on the dsstage-report timer)")
+        return Report(user=self.user(spec.get("user"), "report.user"), interval=interval, max_age=max_age)
+
+    def fleet(self, spec: Any) -> Fleet:
+        self._section(spec, "fleet", _FLEET_KEYS)
+        d = Fleet()
+        user = self.user(spec.get("user", d.user), "fleet.user") or d.user
+        port = int(self.number(spec.get("port", d.port), "fleet.port", minimum=1))
+        if port > 65535:
+            self.fail("fleet.port", f"{port} is not a TCP port")
+        key = self.abs_path(spec["key"], "fleet.key") if spec.get("key") is not None else None
+        known = self.abs_path(spec["known_hosts"], "fleet.known_hosts") if spec.get("known_hosts") is not None else None
+        command = spec.get("command", list(d.command))
+        if isinstance(command, str) and not command.split() == [command]:
+            command = None  # a shell string: refused, nothing is run through a shell
+        elif isinstance(command, str):
+            command = [command]
+        if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
+            self.fail("fleet.command", "give the remote dsstage command as a list of arguments, "
+                      "e.g. [/usr/bin/dsstage] or [/opt/dsstage/bin/dsstage, --config, /etc/dsstage/dsstage.yaml]")
+        return Fleet(user=user, port=port, key=key, known_hosts=known,
+                     connect_timeout=self.duration(spec.get("connect_timeout", d.connect_timeout),
+                                                   "fleet.connect_timeout"),
+                     timeout=self.duration(spec.get("timeout", d.timeout), "fleet.timeout"),
+                     parallel=int(self.number(spec.get("parallel", d.parallel), "fleet.parallel", minimum=1)),
+                     command=tuple(self.text(a, "fleet.command") for a in command))
+
+    def metrics(self, spec: Any) -> Metrics:
+        self._section(spec, "metrics", _METRICS_KEYS)
+        textfile = spec.get("textfile")
+        return Metrics(textfile=self.abs_path(textfile, "metrics.textfile") if textfile is not None else None)
 
     def duration(self, value: Any, key: str) -> float:
         return self._parsed(parse_duration, value, key)

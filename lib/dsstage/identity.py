@@ -37,18 +37,19 @@ class Identity:
     groups: tuple[int, ...]
 
 
-def lookup(user: str) -> Identity:
-    """The identity of ``user`` on this node; ConfigError if it does not exist here."""
+def lookup(user: str, key: str = "source_user") -> Identity:
+    """The identity of ``user`` (configured as ``key``) on this node; ConfigError if it does
+    not exist here."""
     import pwd
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
-        raise ConfigError(f"source_user {user!r} does not exist on this node: create it, or remove "
-                          "source_user from the configuration") from None
+        raise ConfigError(f"{key} {user!r} does not exist on this node: create it, or remove "
+                          f"{key} from the configuration") from None
     if pw.pw_uid == 0:
-        raise ConfigError("source_user must not be root: it is there to read sources with less than root's rights")
+        raise ConfigError(f"{key} must not be root: it is there to act with less than root's rights")
     if platform.machine() not in _SYS_SETGROUPS:
-        raise ConfigError(f"source_user is not supported on {platform.machine()} yet: remove it")
+        raise ConfigError(f"{key} is not supported on {platform.machine()} yet: remove it")
     return Identity(user, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(user, pw.pw_gid)))
 
 

@@ -51,6 +51,21 @@ def test_slurm_bin_prolog_budget_and_source_user():
     assert config.from_dict(base(source_user="svc.data@ad")).source_user == "svc.data@ad"
 
 
+def test_report_fleet_and_metrics_sections():
+    c = config.from_dict(base())
+    assert (c.report.user, c.report.interval, c.report.max_age) == (None, 5.0, 900.0)
+    assert c.fleet.command == ("dsstage",) and c.fleet.port == 22 and c.metrics.textfile is None
+    c = config.from_dict(base(report={"user": "dsstage", "max_age": "10m"},
+                              fleet={"user": "admin", "port": 2222, "key": "/etc/dsstage/key",
+                                     "connect_timeout": "5s", "parallel": 8, "command": ["/opt/ds/bin/dsstage"]},
+                              metrics={"textfile": "/var/lib/prometheus/node-exporter/dsstage.prom"}))
+    assert (c.report.user, c.report.max_age) == ("dsstage", 600.0)
+    assert (c.fleet.user, c.fleet.port, c.fleet.key, c.fleet.connect_timeout, c.fleet.parallel) == \
+        ("admin", 2222, "/etc/dsstage/key", 5.0, 8)
+    assert c.fleet.command == ("/opt/ds/bin/dsstage",)
+    assert c.metrics.textfile == "/var/lib/prometheus/node-exporter/dsstage.prom"
+
+
 def test_retention_defaults_and_durations():
     r = config.from_dict(base()).retention
     assert (r.min_keep, r.max_idle, r.demand_max_age, r.poll_interval) == (600, 0, 300, 30)
@@ -96,7 +111,7 @@ def test_example_config_is_valid():
     (base(prolog_budget="5m"), "prolog_budget: '5m' is not a number >= 1"),
     (base(prologbudget=60), "prologbudget: unknown key; did you mean 'prolog_budget'?"),
     (base(source_user="1000"), "source_user: '1000' is not a Unix user name"),
-    (base(source_user="-svc"), "leave it out to read sources as root"),
+    (base(source_user="-svc"), "is not a Unix user name"),
     (base(source_user="svc data"), "source_user: 'svc data' is not a Unix user name"),
     (base(source_user="svc\n"), "source_user: 'svc\\n' is not a Unix user name"),
     (base(source_user=""), "source_user: '' is not a Unix user name"),
@@ -107,6 +122,14 @@ def test_example_config_is_valid():
     (base(retention={"poll_interval": "1m", "demand_max_age": "90s"}),
      "retention.demand_max_age: 90s is less than two poll intervals (120s)"),
     (base(retention=[]), "retention: must be a mapping"),
+    (base(report={"max_age": "30s"}), "report.max_age: 30s is too short"),
+    (base(report={"user": "svc data"}), "report.user: 'svc data' is not a Unix user name"),
+    (base(fleet={"port": 70000}), "fleet.port: 70000 is not a TCP port"),
+    (base(fleet={"command": "dsstage --config x"}), "fleet.command: give the remote dsstage command as a list"),
+    (base(fleet={"command": []}), "fleet.command: give the remote dsstage command as a list"),
+    (base(fleet={"key": "id_ed25519"}), "fleet.key: 'id_ed25519' is not an absolute path"),
+    (base(fleet={"hosts": 1}), "fleet.hosts: unknown key"),
+    (base(metrics={"textfile": "dsstage.prom"}), "metrics.textfile: 'dsstage.prom' is not an absolute path"),
 ])
 def test_config_errors_name_file_key_and_fix(data, needle):
     msg = error(data)
