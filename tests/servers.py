@@ -84,7 +84,7 @@ class SshServer:
         workdir.mkdir(parents=True, exist_ok=True)
         os.chmod(workdir, 0o700)
         self.key = workdir / "client_key"
-        host_key = workdir / "host_key"
+        self.host_key = host_key = workdir / "host_key"
         for k in (self.key, host_key):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(k)], check=True)
         auth = workdir / "authorized_keys"
@@ -105,6 +105,12 @@ class SshServer:
     def rsh(self) -> str:
         return (f"ssh -p {self.port} -i {self.key} -o BatchMode=yes -o StrictHostKeyChecking=no "
                 "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
+
+    @property
+    def known_hosts_line(self) -> str:
+        """This server's line of a known_hosts file, as ``ssh-keyscan -p PORT 127.0.0.1`` prints it."""
+        kind, blob = (self.host_key.with_suffix(".pub")).read_text().split()[:2]
+        return f"[127.0.0.1]:{self.port} {kind} {blob}"
 
     def stop(self) -> None:
         stop(self.proc)
