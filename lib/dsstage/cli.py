@@ -101,10 +101,33 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_release)
 
-    c = sub.add_parser("status", help="what is cached on which node, what is staging, what the queue wants")
-    c.add_argument("--no-queue", action="store_true", help="do not ask Slurm for the queue")
-    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c = sub.add_parser("status", help="what is cached on which node, what is staging, what the queue wants",
+                       description="Reads the nodes' reports in the state directory (or, with --live, asks the "
+                                   "nodes over SSH) and the queue's demand. A report older than report.max_age, or "
+                                   "of a node Slurm says is down, is shown as stale.")
+    c.add_argument("--dataset", help="only these datasets (comma-separated)")
+    c.add_argument("--node", "--nodes", dest="nodes", metavar="HOSTLIST", help="only these nodes, e.g. n[1-8,10]")
+    c.add_argument("--user", help="only this user's jobs and leases")
+    c.add_argument("--job", help="explain why this job's data is or is not ready, and show only what it uses")
+    c.add_argument("--live", action="store_true", help="ask the nodes over SSH (fleet settings) instead of reading "
+                                                       "their published reports")
+    c.add_argument("--all", action="store_true", help="every row (the text view shows at most 20 per section)")
+    c.add_argument("--no-queue", action="store_true", help="do not ask Slurm for the queue or the nodes' states")
+    c.add_argument("--json", action="store_true", help="machine-readable output (see docs/admin-guide.md)")
     c.set_defaults(handler=cmd_status)
+
+    c = sub.add_parser("report", help="rebuild and publish this node's report (dsstage-report.timer runs it)")
+    c.add_argument("--json", action="store_true", help="print the report")
+    c.set_defaults(handler=cmd_report)
+
+    c = sub.add_parser("warm", help="stage a dataset without a job, here or on nodes over SSH",
+                       description="Make the current version of NAME ready (verified) without keeping a lease: "
+                                   "ahead of a reservation or a campaign. Retention keeps it as for any copy.")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
+    c.add_argument("--progress-json", action="store_true", help=argparse.SUPPRESS)  # for --nodes
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_warm)
 
     c = sub.add_parser("export-catalog", help="write the catalog that job_submit.lua checks (Lua)")
     c.add_argument("-o", "--output", help="file to write (atomically); default: standard output")
@@ -116,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "plan to every tier, as the Epilog does. --dry-run shows the plan and its reasons.")
     c.add_argument("name", nargs="?", help="dataset name (default: every copy, by the retention plan)")
     c.add_argument("--force", action="store_true", help="evict NAME even if pending or running jobs want it")
+    c.add_argument("--reason", help="why (logged; required with --force --nodes)")
+    c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
     c.add_argument("--dry-run", action="store_true", help="show what would be evicted and why; change nothing")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_evict)
@@ -141,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("verify", help="check the local copy against the manifest")
     c.add_argument("name", help="dataset name")
     c.add_argument("--full", action="store_true", help="re-hash every file and repair what is wrong")
+    c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_verify)
     return p
@@ -307,6 +333,18 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_evict(args: argparse.Namespace) -> int:
     conf = _config(args)
+    if args.nodes:
+        if not args.name:
+            raise DsstageError("evict --nodes needs a dataset name: on the nodes, dsstage evict NAME")
+        if args.force and not args.reason:
+            raise DsstageError("--force on many nodes needs --reason TEXT: it is logged on every node, "
+                               "because it takes data from jobs that wait for it")
+        if args.dry_run:
+            raise DsstageError("--dry-run is for one node: run dsstage evict --dry-run there")
+        extra = ["--force", "--reason", args.reason] if args.force else []
+        return _fleet(args, conf, "evict", ["evict", args.name, *extra])
+    if args.force and args.reason:
+        log.warning("evicting %s by force: %s", args.name or "by the plan", args.reason)
     store = Store(conf, args.node)
     dem, snap = store.demand()
     if dem.stale:
@@ -353,6 +391,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     conf = _config(args)
+    if args.nodes:
+        return _fleet(args, conf, "verify", ["verify", args.name, *(["--full"] if args.full else [])])
     result = Store(conf, args.node).verify(args.name, full=args.full)
     _emit(args, result.to_dict(),
           lambda: print(f"{result.dataset}: {'OK' if result.ok else 'NOT READY'} ({result.mode}): {result.reason}"))
@@ -363,33 +403,127 @@ def cmd_status(args: argparse.Namespace) -> int:
     conf = _config(args)
     from . import slurm, status
     from .ui import console
-    st = status.collect(conf, None if args.no_queue else slurm.client(conf.slurm_bin))
+    filt = status.Filter.parse(dataset=args.dataset, nodes=args.nodes, user=args.user, job=args.job)
+    client = None if args.no_queue else slurm.client(conf.slurm_bin)
+    reports, unreachable = None, None
+    if args.live:
+        reports, unreachable = _live_reports(conf, args.nodes, client)
+    whole = status.collect(conf, client, reports=reports, unreachable=unreachable)
+    st = status.select(whole, filt) if filt else whole
+    data = status.to_json(st)
+    if args.job:
+        data["explain"] = status.explain_job(whole, args.job)
 
     def text() -> None:
-        from rich.table import Table
         out = console()
-        table = Table(title="cached on nodes", title_justify="left")
-        for col in ("node", "tier", "dataset", "version", "state", "size", "files", "jobs"):
-            table.add_column(col)
-        for c in sorted(st.copies, key=lambda c: (str(c.get("node")), str(c.get("dataset")))):
-            state = str(c.get("state", ""))
-            if state == "ready" and not c.get("current"):
-                state = "ready (old version)"
-            table.add_row(str(c.get("node")), str(c.get("tier")), str(c.get("dataset")), str(c.get("version")),
-                          state, human(int(str(c.get("bytes") or 0))), str(c.get("files") or ""),
-                          ",".join(c.get("leases") or []) or "-")
-        out.print(table if st.copies else "No node has reported a cached dataset yet.")
-        if st.queue_error:
-            out.print(f"[yellow]queue unavailable: {st.queue_error}[/]")
-        elif not args.no_queue:
-            q = Table(title="wanted by the queue", title_justify="left")
-            for col in ("dataset", "pending", "running", "jobs"):
-                q.add_column(col)
-            for r in st.demand:
-                q.add_row(r["dataset"], str(r["pending"]), str(r["running"]), ",".join(r["jobs"][:10]))
-            out.print(q if st.demand else "No queued job requests a dataset.")
-    _emit(args, st.to_dict(), text)
+        plain = not out.is_terminal
+        secs = status.sections(st, show_queue=not args.no_queue, plain=plain, all_rows=args.all)
+        if plain:
+            sys.stdout.write(status.render_plain(st, secs))
+        else:
+            status.render_rich(st, secs, out)
+        if args.job:
+            print("\n" + data["explain"] if plain else "")
+            if not plain:
+                out.print(data["explain"])
+    _emit(args, data, text)
     return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    store = Store(conf, args.node)
+    rep = store.report()
+    if not rep:
+        raise DsstageError(f"cannot write the report of {store.node} (see the warning above)")
+    copies = rep.get("copies")
+    _emit(args, rep, lambda: print(f"{store.node}: report of {len(copies) if isinstance(copies, list) else 0} "
+                                   "copies written"))
+    return 0
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    conf = _config(args)
+    if args.nodes:
+        return _fleet(args, conf, "warm", ["warm", args.name])
+    cat.lookup(conf, args.name)
+    progress = ProgressLines() if args.progress_json else None
+    result = Store(conf, args.node).warm(args.name, user=cat.User.lookup(), progress=progress)
+    _emit(args, result.to_dict(), lambda: print(f"{result.dataset}: {result.path}  ({_how(result)}, "
+                                                f"{result.seconds:.2f}s, no lease)"))
+    return 0
+
+
+class ProgressLines:
+    """A stage's progress as JSON lines on stderr, for the progress bars of a fleet
+    operation: ``{"progress": {"phase", "done", "total"}}``, at most twice a second."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        import threading
+        import time
+        self.clock = time.monotonic
+        self.every, self.last, self.phase, self.done = every, 0.0, "", 0
+        self.mutex = threading.Lock()
+
+    def __call__(self, phase: str, delta: int, total: int) -> None:
+        with self.mutex:
+            if phase != self.phase:
+                self.phase, self.done = phase, 0
+            self.done += delta
+            now = self.clock()
+            if now - self.last < self.every and self.done < total:
+                return
+            self.last = now
+            sys.stderr.write(json.dumps({"progress": {"phase": phase, "done": self.done, "total": total}}) + "\n")
+            sys.stderr.flush()
+
+
+def _fleet(args: argparse.Namespace, conf: cfg.Config, what: str, argv: list[str]) -> int:
+    """Run ``dsstage <argv> --json`` on ``--nodes`` over SSH, with a bar per node and a summary."""
+    from . import fleet
+    targets = fleet.addresses(fleet.expand(args.nodes), conf.slurm_bin)
+    remote = [*argv, "--json", *(["--progress-json"] if what == "warm" else [])]
+    with fleet.progress_view(list(targets), what, not args.json) as (on_progress, on_done):
+        answers = fleet.run(conf.fleet, targets, lambda _node: remote, on_progress=on_progress, on_done=on_done)
+    data = {node: {"ok": a.ok, "address": a.address, "exit_code": a.exit_code, "error": a.error or None,
+                   "result": a.result, "seconds": a.seconds} for node, a in sorted(answers.items())}
+    _emit(args, data, lambda: fleet.print_summary(answers, _describe(what)))
+    return fleet.exit_code(answers)
+
+
+def _describe(what: str) -> Callable[[Any], str]:
+    """A node's JSON answer to a fleet operation, in a few words for its summary line."""
+    def warm(r: Any) -> str:
+        return f"{r.get('action')}, {r.get('seconds', 0):.1f}s" if isinstance(r, dict) else ""
+
+    def evict(r: Any) -> str:
+        rows = r if isinstance(r, list) else []
+        if not rows:
+            return "no copy here"
+        return "; ".join(f"{e.get('action')} {e.get('version')} ({e.get('reason')})" for e in rows)
+
+    def verify(r: Any) -> str:
+        return (f"{'OK' if r.get('ok') else 'NOT READY'}: {r.get('reason')}") if isinstance(r, dict) else ""
+    return {"warm": warm, "evict": evict, "verify": verify}[what]
+
+
+def _live_reports(conf: cfg.Config, nodes: str | None,
+                  client: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """``dsstage report --json`` on every node (``nodes``, else every node Slurm knows)."""
+    from . import fleet
+    if nodes:
+        names = fleet.expand(nodes)
+    elif client is not None:
+        names = sorted(client.nodes())
+    else:
+        raise DsstageError("--live needs the nodes: give --node HOSTLIST (or let dsstage ask Slurm: "
+                           "leave out --no-queue)")
+    targets = fleet.addresses(names, conf.slurm_bin)
+    answers = fleet.run(conf.fleet, targets, lambda _node: ["report", "--json"])
+    reports = [a.result for a in answers.values() if a.ok and isinstance(a.result, dict)]
+    failed = {n: (a.error or "no report in its answer") for n, a in answers.items()
+              if not (a.ok and isinstance(a.result, dict))}
+    return reports, failed
 
 
 def cmd_export_catalog(args: argparse.Namespace) -> int:

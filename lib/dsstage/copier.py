@@ -29,7 +29,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import blake3
@@ -233,11 +233,13 @@ def present(dest: Tree, rel: str) -> bool:
 
 def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads: int = THREADS,
                   bwlimit: float = 0, *, deadline: float | None = None,
-                  reader: Identity | None = None) -> tuple[TransferStats, list[Mismatch]]:
+                  reader: Identity | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[TransferStats, list[Mismatch]]:
     """Copy ``entries`` that are not yet below ``dest_fd`` (at most ``bwlimit`` bytes/s if
     set); return stats and the files that were missing or did not match the manifest
     (nothing is written for those). Raises OutOfTime when ``deadline`` (monotonic) passes:
-    what was copied stays, the next call resumes."""
+    what was copied stays, the next call resumes. ``progress(bytes_delta, bytes_total)``
+    is called as batches finish."""
     limit = RateLimit(bwlimit)
     src_fd = open_source_root(src_root, reader)
     stop = threading.Event()
@@ -247,6 +249,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
                 todo = [e for e in entries if not present(dest, e.path)]
             except OSError as exc:
                 raise local_error(exc, "reading the staging area") from None
+            total = sum(e.size for e in todo)
 
             def work(batch: Sequence[Entry]) -> list[tuple[Entry, Mismatch | None]]:
                 out = []
@@ -267,6 +270,8 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
                             else:
                                 stats.files += 1
                                 stats.bytes += e.size
+                        if progress:
+                            progress(sum(e.size for e, _f in results), total)
                 except BaseException:
                     stop.set()
                     raise

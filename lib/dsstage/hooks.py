@@ -26,8 +26,7 @@ from . import catalog as cat
 from . import config as cfg
 from . import nodefs
 from .config import Config, Dataset
-from .errors import AccessDenied, DsstageError, StoreError, UnknownDataset, UnsafeStore
-from .fsutil import write_json
+from .errors import AccessDenied, DsstageError, StoreError, UnknownDataset, UnsafeStore, VerifyError
 from .store import Store
 
 if TYPE_CHECKING:
@@ -129,15 +128,29 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
     for name in names:
         ds = conf.datasets.get(name)
         try:
-            result = store.stage(name, user=user, job_id=ctx.job_id, on_staging=lambda: write_node_report(store),
-                                 deadline=deadline)
+            result = store.stage(name, user=user, job_id=ctx.job_id, deadline=deadline)
         except DsstageError as exc:
             log.warning("job %s: %s: %s", ctx.job_id, name, exc)
             outcomes.append(on_failure(name, ds, exc))
+            store.count(failure_events(name, outcomes[-1], exc) if ds else [])
             continue
         log.info("job %s: %s %s at %s in %.2fs", ctx.job_id, name, result.action, result.path, result.seconds)
         outcomes.append(Outcome(name, "local", result.path, result.action))
+        label = {"dataset": name}
+        store.count([("misses", label, 1), ("staged_bytes", label, result.transferred_bytes),
+                     ("staged_seconds", label, result.seconds)] if result.action == "staged" else [("hits", label, 1)])
     return outcomes
+
+
+def failure_events(name: str, outcome: Outcome, exc: DsstageError) -> list[tuple[str, dict[str, str], float]]:
+    """What a failed stage adds to the metrics: the fallback or hold, and a failed verification."""
+    label = {"dataset": name}
+    events: list[tuple[str, dict[str, str], float]] = []
+    if outcome.action in ("fallback", "hold"):
+        events.append(("fallbacks" if outcome.action == "fallback" else "holds", label, 1))
+    if isinstance(exc, VerifyError):
+        events.append(("verify_failures", label, 1))
+    return events
 
 
 def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = None,
@@ -156,7 +169,7 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
         slurm = slurm or _slurm()
     else:
         slurm = slurm or _slurm(conf.slurm_bin)
-        store = Store(conf, ctx.node or None)
+        store = Store(conf, ctx.node or None, run_dir=run_dir)
         budget = conf.prolog_budget
         outcomes = stage_all(ctx, conf, store, deadline=started + max(1.0, budget - DECIDE_MARGIN))
         write_config_cache(run_dir, conf)
@@ -178,7 +191,7 @@ def decide(ctx: JobContext, outcomes: list[Outcome], *, run_dir: str, slurm: Slu
             outcomes = [*outcomes, Outcome(ctx.request or "", "drain", None, f"{blame} on {ctx.node}: {exc}")]
     action = job_action(outcomes)
     if store is not None:
-        write_node_report(store)
+        store.report()
     if action == "hold":  # for a drain Slurm requeues and holds the job itself
         try:
             done = slurm.hold(ctx.job_id, hold_reason(outcomes))
@@ -207,7 +220,7 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
         # leases stay; they are reclaimed once the job is known to be gone
         log.error("job %s: cannot release leases, configuration broken: %s", ctx.job_id, exc)
         return 0
-    store = Store(conf, ctx.node or None)
+    store = Store(conf, ctx.node or None, run_dir=run_dir)
     try:
         released = store.release_job(ctx.job_id)
         log.info("job %s: released %s", ctx.job_id, ", ".join(x.dataset for x in released) or "nothing")
@@ -216,7 +229,7 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
         # leases stay; they are reclaimed once the job is gone
         log.error("job %s: releasing leases or applying retention failed: %s", ctx.job_id, exc)
         return 1 if exc.blame == "node" else 0
-    write_node_report(store)
+    store.report()
     return 0
 
 
@@ -255,22 +268,13 @@ def write_config_cache(run_dir: str, conf: Config) -> None:
     record = nodefs.cache_record(conf.origin, conf.state_dir, {
         name: {"root": conf.tiers[ds.tier].path, "verify": ds.verify,
                "groups": list(ds.groups) if ds.groups is not None else None}
-        for name, ds in conf.datasets.items()})
+        for name, ds in conf.datasets.items()}, conf.report.user)
     if record["key"] is None:
         return
     try:
         nodefs.write_cache(run_dir, record)
     except (OSError, DsstageError) as exc:
         log.warning("cannot write the configuration cache in %s: %s", run_dir, exc)
-
-
-def write_node_report(store: Store) -> None:
-    """What this node holds, for `dsstage status` on a login node (best effort)."""
-    path = nodefs.node_report(store.config.state_dir, store.node)
-    try:
-        write_json(path, {"node": store.node, "time": time.time(), "copies": store.inventory()}, fsync=False)
-    except (OSError, DsstageError) as exc:
-        log.warning("cannot write the node report %s: %s", path, exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,12 +19,13 @@ from .fsutil import read_json, write_json
 
 
 class DatasetLock:
-    def __init__(self, path: str, *, timeout: float, job_id: str = "", what: str = "") -> None:
+    def __init__(self, path: str, *, timeout: float, job_id: str = "", what: str = "", action: str = "") -> None:
         self.path = path
         self.owner_path = path + ".owner"
         self.timeout = timeout
         self.job_id = job_id
         self.what = what or os.path.basename(path)
+        self.action = action  # what the holder does (stage, verify, evict): for status
         self._lock = filelock.UnixFileLock(path, timeout=timeout, mode=0o600)
 
     def __enter__(self) -> DatasetLock:
@@ -38,7 +39,8 @@ class DatasetLock:
                               "still running: wait for it, or raise lock_timeout in the configuration") from None
         except OSError as exc:
             raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
-        record = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": self.job_id, "since": time.time()}
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": self.job_id, "since": time.time(),
+                  "action": self.action}
         try:
             write_json(self.owner_path, record, fsync=False)
         except OSError:
@@ -55,7 +57,7 @@ class DatasetLock:
 
 
 def read_owner(lock_path: str) -> dict[str, object]:
-    """Who holds (or last held) the lock at ``lock_path``: host, pid, job id, since."""
+    """Who holds (or last held) the lock at ``lock_path``: host, pid, job id, since, action."""
     return read_json(lock_path + ".owner")
 
 

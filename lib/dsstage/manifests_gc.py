@@ -16,13 +16,14 @@ import os
 
 from .config import Config
 from .manifest import CURRENT, SUFFIX, Catalog
-from .nodefs import node_reports, read_current, version_id
+from .nodefs import read_current, version_id
+from .report import read_all
 
 
 def held_versions(state_dir: str) -> set[tuple[str, str]]:
     """(dataset, version) of every copy in a node report, whatever its state."""
     return {(str(c.get("dataset", "")), str(c.get("version", "")))
-            for _node, _time, copies in node_reports(state_dir) for c in copies}
+            for r in read_all(state_dir) for c in r["copies"]}
 
 
 def prune(conf: Config, now: float) -> list[tuple[str, str]]:

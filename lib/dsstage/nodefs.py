@@ -517,46 +517,6 @@ def remove_task_file(run_dir: str, node: str, job_id: str) -> None:
         unlink_at(run.has_dir(*parts), name)
 
 
-# -- the node report (what `dsstage status` shows) ----------------------------------------------
-
-def node_report(state_dir: str, node: str) -> str:
-    return os.path.join(state_dir, "nodes", f"{node}.json")
-
-
-def node_reports(state_dir: str) -> list[tuple[str, float, list[dict[str, Any]]]]:
-    """Every node report in ``state_dir``: (node, report time, its copies), by node file."""
-    directory = os.path.join(state_dir, "nodes")
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith("."))
-    except FileNotFoundError:
-        return []
-    out = []
-    for name in names:
-        report = read_json(os.path.join(directory, name))
-        copies = report.get("copies")
-        out.append((str(report.get("node") or name[:-5]), float(str(report.get("time") or 0)),
-                    [c for c in copies if isinstance(c, dict)] if isinstance(copies, list) else []))
-    return out
-
-
-def note_leases(report_path: str, job_id: str, copies: Sequence[tuple[str, str]]) -> None:
-    """Add ``job_id`` to the leases of (dataset, version) rows of a node report, best effort:
-    the full Prolog and the Epilog rewrite the whole report from the store."""
-    report = read_json(report_path)
-    rows = report.get("copies")
-    if not isinstance(rows, list):
-        return
-    wanted = set(copies)
-    for row in rows:
-        if isinstance(row, dict) and (row.get("dataset"), row.get("version")) in wanted:
-            row["leases"] = sorted(set(row.get("leases") or []) | {job_id})
-    report["time"] = time.time()
-    try:
-        write_json(report_path, report, fsync=False)
-    except OSError:
-        pass
-
-
 # -- the configuration cache -----------------------------------------------------------------------
 
 def config_key(path: str) -> list[int] | None:
@@ -568,8 +528,10 @@ def config_key(path: str) -> list[int] | None:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, st.st_mode]
 
 
-def cache_record(origin: str, state_dir: str, datasets: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    return {"origin": origin, "key": config_key(origin), "state_dir": state_dir, "datasets": dict(datasets)}
+def cache_record(origin: str, state_dir: str, datasets: Mapping[str, Mapping[str, Any]],
+                 report_user: str | None = None) -> dict[str, Any]:
+    return {"origin": origin, "key": config_key(origin), "state_dir": state_dir, "datasets": dict(datasets),
+            "report_user": report_user}
 
 
 def write_cache(run_dir: str, record: Mapping[str, Any]) -> bool:

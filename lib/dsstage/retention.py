@@ -134,6 +134,7 @@ class Decision:
     copy: Copy
     evict: bool
     reason: str
+    rule: str = ""  # the reason as a short key, for metrics: forced, bad, old_version, idle, pressure, make_room
 
     @property
     def action(self) -> str:
@@ -185,7 +186,8 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
             if wanted and not force:
                 d = Decision(c, False, f"{wanted}: not evicted without --force")
             else:
-                d = Decision(c, True, "asked to evict" + (f" (with --force, although {wanted})" if wanted else ""))
+                d = Decision(c, True, "asked to evict" + (f" (with --force, although {wanted})" if wanted else ""),
+                             "forced" if wanted else "asked")
         if d is not None:
             decided[c.key] = d
         else:
@@ -209,7 +211,7 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
             why = _pressure_reason(c, demand, node, space, now)
             if c.key in recent:
                 why += f" (within min_keep {_duration(policy.min_keep)}, but the stage cannot fit otherwise)"
-            decided[c.key] = Decision(c, True, why)
+            decided[c.key] = Decision(c, True, why, "make_room" if space.need else "pressure")
         else:
             decided[c.key] = Decision(c, False, _keep_reason(c, demand, node, now, policy))
     for c in pressured:
@@ -226,12 +228,12 @@ def _rule(c: Copy, demand: Demand, now: float, policy: Policy, node: str, ready_
     if c.dataset in protected:
         return Decision(c, False, "its files are reused by the stage in progress")
     if not c.ready:
-        return Decision(c, True, "flagged bad, no lease: no job can get it")
+        return Decision(c, True, "flagged bad, no lease: no job can get it", "bad")
     if not c.current and c.dataset in ready_current:
-        return Decision(c, True, "old version (the current one is ready here), no lease")
+        return Decision(c, True, "old version (the current one is ready here), no lease", "old_version")
     idle = now - c.last_used
     if policy.max_idle and not demand.stale and idle >= policy.max_idle and not demand.wants.get(c.dataset):
-        return Decision(c, True, f"idle {_duration(idle)}, no demand")
+        return Decision(c, True, f"idle {_duration(idle)}, no demand", "idle")
     return None
 
 

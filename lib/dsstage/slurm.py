@@ -69,8 +69,38 @@ def datasets_of(admin_comment: str) -> tuple[str, ...]:
     return tuple(n for n in m.group(1).split(",") if n) if m else ()
 
 
+@dataclass(frozen=True)
+class Node:
+    """A node as Slurm knows it: its name, the address to reach it, its state."""
+
+    name: str
+    addr: str
+    state: str  # lower case, as sinfo %T prints it: idle, mixed, allocated, down*, drained, ...
+
+    @property
+    def down(self) -> str:
+        """Why its report cannot be current ("" if slurmctld hears from it): down, failed,
+        or not responding (sinfo's trailing ``*``)."""
+        if self.state.endswith("*"):
+            return f"{self.state.rstrip('*')}, not responding"
+        if self.state.startswith(("down", "fail", "unknown", "future", "power")):
+            return self.state
+        return ""
+
+
+def parse_nodes(text: str) -> dict[str, Node]:
+    """``sinfo -h -N -o "%N|%o|%T"`` output: one line per node and partition."""
+    out: dict[str, Node] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0]:
+            out[parts[0]] = Node(parts[0], parts[1] or parts[0], parts[2].lower())
+    return out
+
+
 class SlurmClient(Protocol):
     def queue(self) -> list[Job]: ...
+    def nodes(self) -> dict[str, Node]: ...
     def job_alive(self, job_id: str) -> bool: ...
     def hold(self, job_id: str, reason: str) -> str: ...
 
@@ -207,7 +237,7 @@ def _job(*, job_id: str, user: str | None, state: str, partition: str | None, pr
 #: they act on or which cluster they ask (seen: SQUEUE_USERS filters squeue's jobs,
 #: SQUEUE_ARRAY splits arrays, SLURM_TIME_FORMAT changes dates; SCANCEL_* filter scancel,
 #: SLURM_CLUSTERS picks another cluster). None of it may come from whoever runs dsstage.
-_CLIENT_ENV_DROP = ("SQUEUE_", "SCONTROL_", "SCANCEL_", "SLURM_CLUSTERS", "SLURM_TIME_FORMAT")
+_CLIENT_ENV_DROP = ("SQUEUE_", "SINFO_", "SCONTROL_", "SCANCEL_", "SLURM_CLUSTERS", "SLURM_TIME_FORMAT")
 
 
 def client_env() -> dict[str, str]:
@@ -247,6 +277,10 @@ class CliSlurm:
         argv = self.queue_argv()
         out = proc.run(argv, timeout=self.timeout, env=client_env()).stdout
         return list(parse_job_records(out, QUEUE_FORMAT).values())
+
+    def nodes(self) -> dict[str, Node]:
+        """Every node: one ``sinfo`` call. Raises CommandError if it fails."""
+        return parse_nodes(self._run("sinfo", "-h", "-N", "-o", "%N|%o|%T").stdout)
 
     def job_alive(self, job_id: str) -> bool:
         try:
@@ -313,6 +347,7 @@ class FakeSlurm:
     """
 
     jobs: dict[str, Job] = field(default_factory=dict)
+    node_table: dict[str, Node] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)
     cancelled: dict[str, str] = field(default_factory=dict)
     notified: dict[str, str] = field(default_factory=dict)
@@ -327,6 +362,9 @@ class FakeSlurm:
         """The jobs in an active state, as CliSlurm.queue lists them (a held job is; a
         cancelled allocation is not)."""
         return [j for j in self.jobs.values() if j.state in _ALIVE]
+
+    def nodes(self) -> dict[str, Node]:
+        return dict(self.node_table)
 
     def job_alive(self, job_id: str) -> bool:
         return job_id in self.jobs
@@ -426,6 +464,9 @@ class PySlurm:
 
     def job_alive(self, job_id: str) -> bool:
         return self.cli.job_alive(job_id)
+
+    def nodes(self) -> dict[str, Node]:
+        return self.cli.nodes()
 
     def hold(self, job_id: str, reason: str) -> str:
         """CliSlurm.hold (see the class docstring for why)."""

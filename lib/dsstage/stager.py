@@ -111,10 +111,19 @@ def link_reuse(dest: Tree, entries: Sequence[Entry],
 
 def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, transfer: Transfer,
          older: Sequence[tuple[int, Manifest]] = (), *, deadline: float | None = None,
-         reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None) -> FillReport:
+         reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None,
+         progress: Callable[[str, int, int], None] | None = None) -> FillReport:
     """Make the staging area ``dest_fd`` (at ``dest_path``) hold exactly ``manifest``; raise
     VerifyError if the source cannot, OutOfTime when ``deadline`` passes (work is kept).
-    ``linked`` receives what was hard-linked from each older version."""
+    ``linked`` receives what was hard-linked from each older version. ``progress(phase,
+    delta, total)``: "copying" in bytes, then (rsync sources) "verifying" in files."""
+    def copying(delta: int, total: int) -> None:
+        if progress:
+            progress("copying", delta, total)
+
+    def verifying(total: int) -> Callable[[int], None] | None:
+        return (lambda delta: progress("verifying", delta, total)) if progress else None
+
     report = FillReport()
     with Tree(dest_fd, create=True) as dest:
         resumed = [e for e in manifest.entries if copier.present(dest, e.path)]
@@ -128,10 +137,10 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
         if source.kind == "local":
             return copier.copy_verified(source.path, dest_fd, entries, threads=copier.THREADS,
                                         bwlimit=transfer.bwlimit * 1024 * transfer.streams,
-                                        deadline=deadline, reader=reader)
-        stats = fetch(source, dest_path, entries, transfer, deadline=deadline)
+                                        deadline=deadline, reader=reader, progress=copying)
+        stats = fetch(source, dest_path, entries, transfer, deadline=deadline, progress=copying)
         _check_time(deadline)
-        return stats, check_tree(dest_fd, entries, transfer.hash_threads)
+        return stats, check_tree(dest_fd, entries, transfer.hash_threads, verifying(len(entries)))
 
     if resumed and source.kind == "local":
         # left by an interrupted stage: renamed into place only once verified, but a crash

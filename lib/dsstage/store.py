@@ -44,7 +44,7 @@ from . import access, background, nodefs, publish, retention, space
 from . import catalog as cat
 from .config import Config, Dataset, Tier
 from .errors import DsstageError, LockTimeout, NoSpace, OutOfTime, StateError, VerifyError, local_error
-from .lease import Lease, LeaseBook, check_job_id, holder_alive
+from .lease import Lease, LeaseBook, check_job_id, default_holder, holder_alive
 from .manifest import Catalog, Manifest
 from .nodefs import Layout, RootDir, version_id
 
@@ -138,9 +138,11 @@ class Store:
     """The store of one node, over all tiers of a configuration."""
 
     def __init__(self, config: Config, node: str | None = None, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, run_dir: str | None = None) -> None:
         self.config = config
         self.node = node or node_name()
+        #: node-local runtime state (the node's report, the metrics' counters)
+        self.run_dir = run_dir or os.environ.get("DSSTAGE_RUN_DIR") or nodefs.RUN_DIR
         self.manifests = Catalog(config.state_dir)
         self.clock = clock
         self._reader: Identity | None | bool = False
@@ -184,11 +186,14 @@ class Store:
     # -- staging ---------------------------------------------------------------
 
     def stage(self, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,
-              on_staging: Callable[[], None] | None = None, deadline: float | None = None) -> StageResult:
+              on_staging: Callable[[], None] | None = None, deadline: float | None = None,
+              progress: Callable[[str, int, int], None] | None = None) -> StageResult:
         """Make the current version of ``name`` ready on this node and lease it to ``job_id``.
 
-        ``on_staging`` is called (holding the lock) before a transfer starts, so that a
-        node report can show the dataset as staging. ``deadline`` (time.monotonic()) bounds
+        Before a transfer starts (holding the lock) the node report is rebuilt, so that it
+        shows the dataset as staging, and ``on_staging`` is called; the transfer notes its
+        progress in the report at most every ``report.interval`` seconds, and to
+        ``progress(phase, delta, total)`` if given. ``deadline`` (time.monotonic()) bounds
         the lock wait and the transfer: OutOfTime, with the work so far kept."""
         started = time.monotonic()
         ds = self.dataset(name)
@@ -214,7 +219,8 @@ class Store:
             wait = self.config.lock_timeout
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
-            with DatasetLock(layout.lock(name), timeout=wait, job_id=job_id, what=f"dataset {name!r} on {self.node}"):
+            with DatasetLock(layout.lock(name), timeout=wait, job_id=job_id, what=f"dataset {name!r} on {self.node}",
+                             action="stage"):
                 with local_errors(f"staging {name!r} into {layout.root}"):
                     self._apply_access(tier, ds)
                     state = self.ready_state(tier, name, digest)
@@ -223,9 +229,10 @@ class Store:
                         result.action = "repaired" if vr.repaired or vr.removed_extras else "cached"
                     elif not state.ready:
                         log.info("staging %s version %s on %s: %s", name, version_id(digest), self.node, state.reason)
+                        self.report()
                         if on_staging:
                             on_staging()
-                        report = self._stage_locked(tier, ds, digest, deadline)
+                        report = self._stage_locked(tier, ds, digest, deadline, job_id, progress)
                         result.action = "staged"
                         result.transferred_files = report.transferred.files
                         result.transferred_bytes = report.transferred.bytes
@@ -234,7 +241,9 @@ class Store:
         result.seconds = time.monotonic() - started
         return result
 
-    def _stage_locked(self, tier: RootDir, ds: Dataset, digest: str, deadline: float | None) -> FillReport:
+    def _stage_locked(self, tier: RootDir, ds: Dataset, digest: str, deadline: float | None,
+                      job_id: str = "", progress: Callable[[str, int, int], None] | None = None) -> FillReport:
+        from . import report as node_report
         from . import stager
         name = ds.name
         manifest = self.load_manifest(name, digest)
@@ -252,7 +261,10 @@ class Store:
             sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
             report = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, self.config.transfer,
                                  [(fd, m) for fd, m in older], deadline=deadline, reader=self.reader(),
-                                 linked=linked)
+                                 linked=linked, progress=node_report.ProgressNote(
+                                     self.run_dir, self.node, tier_conf.name, name, version_id(digest), job_id,
+                                     interval=self.config.report.interval,
+                                     publish_to=node_report.publish_target(self.config), also=progress))
             versions = [version_id(m.digest) for _fd, m in older]
             publish.publish(tier, name, digest, {
                 "files": manifest.files, "bytes": manifest.total_bytes, "staged_at": self.clock(),
@@ -389,7 +401,7 @@ class Store:
                     # count (in the trash record, or by its mark put back)
                     with space.tier_lock(tier):  # type: ignore[attr-defined]
                         if c.version in tier.names("datasets", c.dataset):  # else evicted since the plan
-                            out.append(self._evict_version(tier, book, c, d.reason))
+                            out.append(self._evict_version(tier, book, c, d.reason, d.rule))
             except LockTimeout:
                 out.append(Eviction(c.dataset, c.version, "kept", "busy: a stage or verify holds its lock; "
                                     f"planned: {d.reason}", c.bytes, c.tier))
@@ -397,7 +409,8 @@ class Store:
             background.purge_later(layout)
         return out
 
-    def _evict_version(self, tier: RootDir, book: LeaseBook, c: retention.Copy, reason: str) -> Eviction:
+    def _evict_version(self, tier: RootDir, book: LeaseBook, c: retention.Copy, reason: str,
+                       rule: str = "") -> Eviction:
         """Evict one copy, following the protocol in the module doc: under the dataset lock
         the ready mark goes first, then the leases are read; a copy with a lease gets its
         mark back and stays. The copy is renamed into the tier's trash (instant, whatever
@@ -418,6 +431,8 @@ class Store:
         except BaseException:
             space.forget(tier, space.trash_record(entry))
             raise
+        labels = {"dataset": name, "reason": rule or "other"}
+        self.count([("evictions", labels, 1), ("evicted_bytes", labels, size)])
         return Eviction(name, version, "evicted", reason, size, c.tier)
 
     def _remove_left_staging(self, tier: RootDir, layout: Layout, tier_conf: Tier, names: tuple[str, ...],
@@ -537,8 +552,8 @@ class Store:
                 return VerifyResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), mode="quick",
                                     ok=state.ready, reason=state.reason)
             from .lock import DatasetLock
-            with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, what=f"dataset {name!r}"), \
-                    local_errors(f"verifying {name!r} in {layout.root}"):
+            with DatasetLock(layout.lock(name), timeout=self.config.lock_timeout, what=f"dataset {name!r}",
+                             action="verify"), local_errors(f"verifying {name!r} in {layout.root}"):
                 return self._verify_full_locked(tier, ds, digest)
 
     def _verify_full_locked(self, tier: RootDir, ds: Dataset, digest: str) -> VerifyResult:
@@ -550,6 +565,8 @@ class Store:
         vfd = tier.dir("datasets", ds.name, vid)
         vdir = tier.path("datasets", ds.name, vid)
         bad = stager.check_tree(vfd, manifest.entries, self.config.transfer.hash_threads)
+        if bad:
+            self.count([("verify_failures", {"dataset": ds.name}, 1)])
         result = VerifyResult(dataset=ds.name, digest=digest, path=vdir, mode="full", ok=True,
                               reason="every file matches the manifest", checked_files=manifest.files)
         result.removed_extras = stager.sweep_extras(vfd, manifest.entries)
@@ -588,54 +605,36 @@ class Store:
 
     # -- what is here ------------------------------------------------------------
 
-    def inventory(self) -> list[dict[str, object]]:
-        """Every dataset copy on this node, with its state and leases (for status)."""
-        from .lock import is_held, read_owner
-        rows: list[dict[str, object]] = []
-        for tier_conf in self.config.tiers.values():
-            layout = self.layout(tier_conf)
-            try:
-                tier = open_tier(layout, create=False)
-            except (DsstageError, FileNotFoundError):
-                continue
-            with tier:
-                rows += self._tier_rows(tier, tier_conf, layout, is_held, read_owner)
-        return rows
+    def warm(self, name: str, *, user: cat.User, progress: Callable[[str, int, int], None] | None = None,
+             deadline: float | None = None) -> StageResult:
+        """Make ``name`` ready on this node without keeping a lease (``dsstage warm``, ahead
+        of a reservation or a campaign): the copy then stays as retention decides, its last
+        use being now."""
+        holder, pid = default_holder()
+        result = self.stage(name, user=user, job_id=holder, pid=pid, progress=progress, deadline=deadline)
+        self.release(name, holder)
+        result.job_id = ""
+        return result
 
-    def _tier_rows(self, tier: RootDir, tier_conf: Tier, layout: Layout, is_held: Callable[[str], bool],
-                   read_owner: Callable[[str], dict[str, object]]) -> list[dict[str, object]]:
-        rows: list[dict[str, object]] = []
-        book = LeaseBook(tier)
-        staging = tier.names("staging")
-        names = set(tier.names("datasets")) | {n.rpartition(".")[0] for n in staging}
-        for name in sorted(names):
+    def report(self) -> dict[str, object]:
+        """Rebuild and publish this node's report (see dsstage.report), and write the
+        metrics' textfile if configured; best effort."""
+        from . import report
+        rep = report.refresh(self, self.run_dir)
+        textfile = self.config.metrics.textfile
+        if rep and textfile:
+            from . import metrics
             try:
-                current = self.manifests.current(name)
-            except (DsstageError, OSError):
-                current = None
-            leases = book.of_dataset(name)
-            staging_now = is_held(layout.lock(name))
-            for version in tier.names("datasets", name):
-                mark = nodefs.read_json_at(tier.has_dir("ready", name), nodefs.mark_name(version))
-                digest = str(mark.get("digest", ""))
-                state = "ready" if mark and not mark.get("bad") else "damaged" if mark else "incomplete"
-                rows.append({"node": self.node, "tier": tier_conf.name, "dataset": name, "version": version,
-                             "state": state, "current": bool(current and digest == current),
-                             "bytes": mark.get("bytes", 0), "files": mark.get("files", 0),
-                             "leases": sorted(lease.job_id for lease in leases if lease.digest == digest)})
-            for entry in staging:
-                if entry.rpartition(".")[0] != name:
-                    continue
-                version = entry.rpartition(".")[2]
-                row: dict[str, object] = {
-                    "node": self.node, "tier": tier_conf.name, "dataset": name, "version": version,
-                    "current": bool(current and version_id(current) == version), "bytes": 0, "files": 0, "leases": []}
-                if staging_now:
-                    row.update(state="staging", job_id=read_owner(layout.lock(name)).get("job_id", ""))
-                else:
-                    row.update(state="interrupted")  # left by a killed stage: resumed or removed by the next
-                rows.append(row)
-        return rows
+                metrics.export(textfile.replace("{node}", self.node), self.run_dir, self.node, rep["tiers"],
+                               rep["copies"])
+            except (OSError, DsstageError) as exc:
+                log.warning("cannot write the metrics file %s: %s", textfile, exc)
+        return rep
+
+    def count(self, events: list[tuple[str, dict[str, str], float]]) -> None:
+        """Add to this node's metrics counters (see dsstage.metrics; never raises for I/O)."""
+        from . import metrics
+        metrics.count(self.run_dir, self.node, events)
 
 
 def _lock(layout: Layout, name: str, wait: float, held: str) -> AbstractContextManager[object]:

@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -91,20 +91,24 @@ def rsync_argv(source: Source, dest: str, list_file: str, transfer: Transfer) ->
 
 
 def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfer, *,
-          deadline: float | None = None) -> TransferStats:
+          deadline: float | None = None, progress: Callable[[int, int], None] | None = None) -> TransferStats:
     """Copy ``entries`` from ``source`` into ``dest`` with parallel rsync streams; stop with
-    OutOfTime at ``deadline`` (monotonic; what arrived is kept)."""
+    OutOfTime at ``deadline`` (monotonic; what arrived is kept). ``progress(bytes_delta,
+    bytes_total)`` is called as each stream's share is done."""
     total = TransferStats()
     if not entries:
         return total
     lists = plan_streams(entries, transfer.streams)
     with tempfile.TemporaryDirectory(prefix="dsstage-lists-") as tmp:
         files = []
+        share: dict[str, int] = {}
+        whole = sum(e.size for e in entries)
         for i, lst in enumerate(lists):
             path = os.path.join(tmp, f"list{i}")
             with open(path, "wb") as fh:
                 fh.write(b"\0".join(os.fsencode(e.path) for e in lst) + b"\0")
             files.append(path)
+            share[path] = sum(e.size for e in lst)
 
         def one(list_file: str) -> TransferStats:
             argv = rsync_argv(source, dest, list_file, transfer)
@@ -127,6 +131,8 @@ def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfe
                                   "check that the source is up and reachable from this node")
             if res.returncode:
                 log.info("rsync could not copy some files from %s; verification will name them", source.raw)
+            if progress:
+                progress(share[list_file], whole)
             return parse_stats(res.stdout)
 
         with ThreadPoolExecutor(max_workers=len(files), thread_name_prefix="rsync") as pool:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import nodefs
+from . import metrics, nodefs, report
 from .errors import DsstageError
 from .nodefs import Layout, RootDir
 
@@ -52,7 +52,8 @@ def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
     state_dir, catalog = cache["state_dir"], cache["datasets"]
     tiers: dict[str, RootDir] = {}
     try:
-        return _lease_all(names, catalog, tiers, state_dir, run_dir, job_id, node, user, uid, gid, log)
+        return _lease_all(names, catalog, tiers, state_dir, run_dir, job_id, node, user, uid, gid, log,
+                          cache.get("report_user"))
     except (OSError, DsstageError):
         return None  # the full Prolog decides, and says why
     finally:
@@ -61,7 +62,8 @@ def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
 
 
 def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str, RootDir], state_dir: str,
-               run_dir: str, job_id: str, node: str, user: str, uid: int, gid: int, log: Any) -> int | None:
+               run_dir: str, job_id: str, node: str, user: str, uid: int, gid: int, log: Any,
+               report_user: str | None = None) -> int | None:
     picked: list[tuple[str, str, RootDir]] = []
     groups: set[str] | None = None
     for name in names:
@@ -95,8 +97,12 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
         return None
     paths = [(name, Layout(tier.root).version_dir(name, digest)) for name, digest, tier in picked]
     nodefs.write_task_file(run_dir, node, job_id, nodefs.export_lines(paths), gid)
-    nodefs.note_leases(nodefs.node_report(state_dir, node), job_id,
-                       [(name, nodefs.version_id(digest)) for name, digest, _ in picked])
+    try:
+        leased = [(name, nodefs.version_id(digest)) for name, digest, _ in picked]
+        report.note_leases(run_dir, node, job_id, user, leased, (state_dir, report_user))
+    except (OSError, DsstageError, ValueError):
+        pass  # the report is informative; the next rebuild has the lease
+    metrics.count(run_dir, node, [("hits", {"dataset": name}, 1) for name, _d, _t in picked])
     if log:
         for name, path in paths:
             log(f"job {job_id}: {name} cached at {path} (warm path)")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dsstage import hooks, nodefs
+from dsstage import hooks, nodefs, report
 from dsstage.errors import OutOfTime, StateError, UnsafeStore
 from dsstage.slurm import FakeSlurm
 from helpers import Env
@@ -140,7 +140,7 @@ def test_superseded_staging_areas_are_removed_and_shown(env: Env, coco: Path):
     env.cli("stage", "coco", "--job-id", "1")
     left.mkdir(mode=0o700)
     (left / "partial").write_bytes(b"p")
-    rows = env.store().inventory()
+    rows = report.build(env.store())["copies"]
     assert {"dataset": "coco", "version": "0123456789abcdef", "state": "interrupted"}.items() <= \
         next(r for r in rows if r["version"] == "0123456789abcdef").items()
     (coco / "new").write_bytes(b"n")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dsstage import report
 from helpers import Env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -598,5 +599,5 @@ def test_a_stage_refused_for_space_leaves_no_staging_area(env: Env):
     env.cli("manifest", "build", "ds")
     res = env.cli("stage", "ds", "--job-id", "1", check=False)
     assert res.returncode == 75 and "needs 4.9 KiB more" in res.stderr
-    rows = [(r["dataset"], r["state"]) for r in env.store().inventory()]
+    rows = [(r["dataset"], r["state"]) for r in report.build(env.store())["copies"]]
     assert sorted(os.listdir(env.tier_root() / "staging")) == [] and rows == [], rows

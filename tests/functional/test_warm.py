@@ -45,7 +45,10 @@ def test_warm_path_leases_and_exports(env: Env, ready):
     assert task == full  # the same lines as the full Prolog wrote for job 2
     report = json.loads((env.state / "nodes" / f"{env.node}.json").read_text())
     row = next(r for r in report["copies"] if r["dataset"] == "coco")
-    assert {"2", "77"} <= set(row["leases"])  # status shows the warm path's job too
+    assert {"2", "77"} <= {x["job_id"] for x in row["leases"]}  # status shows the warm path's job too
+    assert row["decision"] == {"action": "keep", "reason": "leased by job 77"}
+    local = json.loads((ready / "reports" / f"{env.node}.json").read_text())
+    assert local == report  # the node-local report and its published copy
     assert task[0].startswith("export DSSTAGE_PATH_COCO=" + str(env.tier_root() / "datasets" / "coco"))
 
 

@@ -106,10 +106,12 @@ def test_the_poller_carries_its_counts_from_round_to_round(tmp_path):
     assert demand.read(c.state_dir).uses["coco"] == pytest.approx(2.0, rel=1e-3)
 
 
-def test_status_counts_demand_from_the_snapshot():
-    assert status.demand_rows(demand.build(JOBS, NOW)) == [
-        {"dataset": "coco", "pending": 2, "running": 1, "jobs": ["10", "11", "12"]},
-        {"dataset": "in22k", "pending": 1, "running": 1, "jobs": ["11", "15"]}]
+def test_status_lists_each_job_that_wants_data_once():
+    rows = status.queue_rows(demand.build(JOBS, NOW))
+    assert [(r["job_id"], r["state"], r["datasets"]) for r in rows] == [
+        ("10", "pending", ["coco"]), ("11", "pending", ["coco", "in22k"]),
+        ("12", "running", ["coco"]), ("15", "running", ["in22k"])]
+    assert rows[0]["start"] == NOW + 1200 and rows[0]["nodes"] == "n[1-2]" and rows[0]["user"] == "ana"
 
 
 def test_status_asks_slurm_only_without_a_fresh_snapshot(tmp_path):
@@ -117,13 +119,13 @@ def test_status_asks_slurm_only_without_a_fresh_snapshot(tmp_path):
     slurm = FakeSlurm()
     for job in JOBS:
         slurm.submit(job)
-    assert status.collect(c, slurm, clock=lambda: NOW).demand[0]["jobs"] == ["10", "11", "12"]
+    assert [q["job_id"] for q in status.collect(c, slurm, clock=lambda: NOW).queue] == ["10", "11", "12", "15"]
 
     class Refusing(FakeSlurm):
         def queue(self) -> list[Job]:
             raise AssertionError("asked Slurm although the snapshot is fresh")
     demand.write(c.state_dir, demand.build(JOBS[:1], NOW))
-    assert status.collect(c, Refusing(), clock=lambda: NOW + 5).demand[0]["jobs"] == ["10"]
+    assert [q["job_id"] for q in status.collect(c, Refusing(), clock=lambda: NOW + 5).queue] == ["10"]
 
 
 def test_poller_once_writes_the_snapshot_and_a_failure_is_exit_1(tmp_path):

@@ -1,0 +1,393 @@
+"""Node reports: what each node holds and is doing, for `dsstage status` on a login node.
+
+A report (FORMAT 2) is one JSON document per node::
+
+    {"format": 2, "node": "n1", "time": <epoch>, "demand": {"age": s, "stale": bool},
+     "tiers": [{"tier", "path", "capacity", "used", "reserved", "free", "high", "low"}],
+     "copies": [{"tier", "dataset", "version", "state", "current", "bytes", "files",
+                 "leases": [{"job_id", "user", "since"}], "last_used",
+                 "decision": {"action": "keep"|"evict", "reason"} | null,
+                 "progress": {"phase", "unit", "done", "total", "rate", "eta", "since"} | null,
+                 "job_id"}]}
+
+``state`` is one of ready, staging, verifying, evicting, failed (a copy flagged bad),
+incomplete (a version directory without its ready mark) and interrupted (a staging area
+left by a killed stage). ``decision`` is the retention planner's current verdict on the
+copy, with its reason, as the next Epilog would apply it.
+
+Where. The node keeps its report in ``<run_dir>/reports/<node>.json`` (node-local, root's)
+and publishes a copy to ``<state_dir>/nodes/<node>.json`` for login nodes. A shared
+``state_dir`` is often NFS exported with ``root_squash``, where root on a node writes as
+nobody: with ``report.user`` set, the published copy is written with that user's
+file-system identity (setfsuid, the same switch that reads sources as ``source_user``),
+so ``<state_dir>/nodes`` can belong to that user and nothing else in ``state_dir`` need
+be writable from the nodes. Without a shared ``state_dir``, ``dsstage status --live``
+asks each node over SSH for a report built there and then.
+
+When. The full Prolog and the Epilog rebuild the report from the store; a stage writes
+its progress at most every ``report.interval`` seconds; the warm Prolog adds its leases.
+``dsstage report`` (run by dsstage-report.timer) rebuilds it, so that an idle node's
+report stays recent and a report older than ``report.max_age`` means the node is not
+reporting (status then shows it as stale, never as fact).
+
+Concurrency. Several Prologs and Epilogs may run on a node at once: every change, a
+rebuild or a small update, is made holding an flock on ``<run_dir>/reports/<node>.lock``,
+reading the node-local report and writing it back, so no writer loses another's change (a
+rebuild reads the store after taking the lock, so it sees every change committed before).
+
+This module imports only the standard library at load time: the warm Prolog uses it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from . import nodefs
+from .nodefs import RootDir
+
+if TYPE_CHECKING:
+    from .store import Store
+
+FORMAT = 2
+REPORTS = "reports"  # below the run directory
+NODES = "nodes"  # below the state directory
+STATES = ("ready", "staging", "verifying", "evicting", "failed", "incomplete", "interrupted")
+
+
+def published_path(state_dir: str, node: str) -> str:
+    return os.path.join(state_dir, NODES, f"{node}.json")
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+@contextmanager
+def _locked(run_dir: str, node: str) -> Iterator[int]:
+    """Hold this node's report lock; yield the descriptor of the reports directory."""
+    if not node or "/" in node or node.startswith(".") or "\0" in node:
+        raise ValueError(f"node name {node!r}")
+    with RootDir(run_dir) as run:
+        reports = run.dir(REPORTS)
+        lock = os.open(f"{node}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                       dir_fd=reports)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield reports
+        finally:
+            os.close(lock)
+
+
+def update(run_dir: str, node: str, change: Callable[[dict[str, Any]], bool],
+           publish_to: tuple[str, str | None] | None = None) -> dict[str, Any] | None:
+    """Apply ``change`` to this node's report under its lock, write it if ``change`` says
+    so, and publish it to ``publish_to`` = (state_dir, report user). None if there is no
+    report yet (the next rebuild writes one)."""
+    with _locked(run_dir, node) as reports:
+        report = nodefs.read_json_at(reports, f"{node}.json")
+        if not report or not change(report):
+            return None
+        report["time"] = time.time()
+        nodefs.write_json_at(reports, f"{node}.json", report, fsync=False)
+    if publish_to:
+        publish(publish_to[0], node, report, publish_to[1])
+    return report
+
+
+def replace(run_dir: str, node: str, build: Callable[[Mapping[str, Any]], dict[str, Any]],
+            publish_to: tuple[str, str | None] | None = None) -> dict[str, Any]:
+    """Rebuild this node's report under its lock: ``build(previous)`` gives the new one."""
+    with _locked(run_dir, node) as reports:
+        report = build(nodefs.read_json_at(reports, f"{node}.json"))
+        nodefs.write_json_at(reports, f"{node}.json", report, fsync=False)
+    if publish_to:
+        publish(publish_to[0], node, report, publish_to[1])
+    return report
+
+
+def local(run_dir: str, node: str) -> dict[str, Any]:
+    """This node's own report, as last written ({} if none)."""
+    try:
+        with RootDir(run_dir, create=False) as run:
+            return nodefs.read_json_at(run.has_dir(REPORTS), f"{node}.json")
+    except (OSError, nodefs.UnsafeStore):
+        return {}
+
+
+def publish(state_dir: str, node: str, report: Mapping[str, Any], user: str | None) -> bool:
+    """Copy the report to the shared state directory, as ``user`` if set (root_squash);
+    False (and a warning) if it cannot be written: the node-local report stays right."""
+    import logging
+    log = logging.getLogger("dsstage")
+    path = published_path(state_dir, node)
+    try:
+        from . import identity
+        who = identity.lookup(user, "report.user") if user else None
+        with identity.acting_as(who):
+            try:
+                nodefs.write_json(path, report, fsync=False)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                nodefs.write_json(path, report, fsync=False)
+        return True
+    except Exception as exc:  # noqa: BLE001 - a report is never worth failing a job
+        hint = (f"; on NFS with root_squash, make {os.path.dirname(path)} belong to an unprivileged user and set "
+                "report.user" if isinstance(exc, PermissionError) and not user else "")
+        log.warning("cannot publish the node report %s: %s%s", path, exc, hint)
+        return False
+
+
+def note_leases(run_dir: str, node: str, job_id: str, user: str, copies: Sequence[tuple[str, str]],
+                publish_to: tuple[str, str | None] | None = None) -> None:
+    """The warm Prolog's change: ``job_id`` of ``user`` leases these (dataset, version)
+    copies, which are used now and kept while the lease lasts."""
+    now = time.time()
+    wanted = set(copies)
+
+    def change(report: dict[str, Any]) -> bool:
+        changed = False
+        for row in report.get("copies") or []:
+            if isinstance(row, dict) and (row.get("dataset"), row.get("version")) in wanted:
+                leases = [x for x in row.get("leases") or [] if isinstance(x, dict) and x.get("job_id") != job_id]
+                row["leases"] = [*leases, {"job_id": job_id, "user": user, "since": now}]
+                row["last_used"] = now
+                row["decision"] = {"action": "keep", "reason": f"leased by job {job_id}"}
+                changed = True
+        return changed
+    update(run_dir, node, change, publish_to)
+
+
+def progress_row(phase: str, unit: str, done: int, total: int, since: float, now: float) -> dict[str, Any]:
+    """Progress with its rate and ETA (None until something has moved)."""
+    elapsed = max(now - since, 1e-3)
+    rate = done / elapsed if done else 0.0
+    eta = (total - done) / rate if rate > 0 and total >= done else None
+    return {"phase": phase, "unit": unit, "done": done, "total": total, "rate": rate, "eta": eta, "since": since}
+
+
+class ProgressNote:
+    """A stage's progress into the report, at most every ``interval`` seconds.
+
+    Called as ``note(phase, delta, total)`` from the stager (any thread): ``phase`` is
+    "copying" (bytes) or "verifying" (files)."""
+
+    def __init__(self, run_dir: str, node: str, tier: str, dataset: str, version: str, job_id: str, *,
+                 interval: float, publish_to: tuple[str, str | None] | None,
+                 clock: Callable[[], float] = time.time,
+                 also: Callable[[str, int, int], None] | None = None) -> None:
+        import threading
+        self.run_dir, self.node, self.publish_to = run_dir, node, publish_to
+        self.key = (tier, dataset, version)
+        self.job_id, self.interval, self.clock = job_id, interval, clock
+        self.phase, self.done, self.total = "", 0, 0
+        self.since = self.last = clock()
+        self._mutex = threading.Lock()
+        self.also = also
+
+    def __call__(self, phase: str, delta: int, total: int) -> None:
+        if self.also:
+            self.also(phase, delta, total)
+        with self._mutex:
+            now = self.clock()
+            if phase != self.phase:
+                self.phase, self.done, self.since = phase, 0, now
+            self.done += delta
+            self.total = total
+            if now - self.last < self.interval and self.done < self.total:
+                return
+            self.last = now
+            row = progress_row(phase, "files" if phase == "verifying" else "bytes", self.done, total, self.since, now)
+        try:
+            update(self.run_dir, self.node, lambda r: self._apply(r, row), self.publish_to)
+        except (OSError, nodefs.UnsafeStore, ValueError):
+            pass  # progress is informative; the stage goes on
+
+    def _apply(self, report: dict[str, Any], progress: dict[str, Any]) -> bool:
+        rows = report.setdefault("copies", [])
+        for row in rows:
+            if isinstance(row, dict) and (row.get("tier"), row.get("dataset"), row.get("version")) == self.key:
+                break
+        else:
+            row = {"tier": self.key[0], "dataset": self.key[1], "version": self.key[2], "current": True,
+                   "bytes": 0, "files": 0, "leases": [], "last_used": None, "decision": None}
+            rows.append(row)
+        row.update(state="verifying" if progress["phase"] == "verifying" else "staging", job_id=self.job_id,
+                   progress=progress)
+        return True
+
+
+# -- building from the store ------------------------------------------------------------------
+
+def build(store: Store, previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """This node's report from its store: tiers, copies, leases and the planner's decisions.
+    A stage still running keeps the progress it last noted in ``previous``."""
+    from . import space
+    from .errors import DsstageError
+    from .lease import LeaseBook
+    from .lock import is_held, read_owner
+    from .store import open_tier
+    now = store.clock()
+    dem, _snap = store.demand()
+    before = {(r.get("tier"), r.get("dataset"), r.get("version")): r
+              for r in (previous or {}).get("copies") or [] if isinstance(r, dict)}
+    tiers, rows = [], []
+    for tier_conf in store.config.tiers.values():
+        layout = store.layout(tier_conf)
+        try:
+            tier = open_tier(layout, create=False)
+        except (DsstageError, FileNotFoundError):
+            continue
+        with tier:
+            use = space.usage(tier)
+            sp = store.space_of(tier, tier_conf, use=use)
+            _cap, free = space.capacity_of(tier_conf.capacity, tier.fd)
+            tiers.append({"tier": tier_conf.name, "path": layout.root, "capacity": sp.capacity, "used": use.copies,
+                          "reserved": use.reserved, "free": free, "high": sp.high, "low": sp.low})
+            copies = store.copies(tier, tier_conf)
+            plan = store.plan(tier, tier_conf, dem, space=sp)
+            decided = {(d.copy.dataset, d.copy.version): d for d in plan.decisions}
+            book = LeaseBook(tier)
+            for c in copies:
+                leases = [x for x in book.of_dataset(c.dataset) if nodefs.version_id(x.digest) == c.version]
+                mark = nodefs.read_json_at(tier.has_dir("ready", c.dataset), nodefs.mark_name(c.version))
+                state = "failed" if mark.get("bad") else "ready" if mark else "incomplete"
+                lock = layout.lock(c.dataset)
+                if state == "ready" and is_held(lock) and read_owner(lock).get("action") == "verify":
+                    state = "verifying"
+                d = decided.get((c.dataset, c.version))
+                rows.append({"tier": tier_conf.name, "dataset": c.dataset, "version": c.version, "state": state,
+                             "current": c.current, "bytes": c.bytes, "files": space.as_bytes(mark.get("files")),
+                             "leases": [{"job_id": x.job_id, "user": x.user, "since": x.taken} for x in leases],
+                             "last_used": c.last_used or None,
+                             "decision": {"action": d.action, "reason": d.reason} if d else None,
+                             "progress": None})
+            rows += _staging_rows(store, tier, tier_conf.name, layout, before, is_held, read_owner)
+            rows += _trash_rows(tier, tier_conf.name)
+    return {"format": FORMAT, "node": store.node, "time": now, "demand": {"age": dem.age, "stale": dem.stale},
+            "tiers": tiers, "copies": rows}
+
+
+def _staging_rows(store: Store, tier: RootDir, tier_name: str, layout: Any, before: Mapping[Any, Any],
+                  is_held: Callable[[str], bool],
+                  read_owner: Callable[[str], dict[str, object]]) -> list[dict[str, Any]]:
+    from . import space
+    rows = []
+    reserved = tier.has_dir("reserved")
+    for entry in tier.names("staging"):
+        name, _dot, version = entry.rpartition(".")
+        if not name or version == "repair":
+            continue
+        try:
+            current = store.manifests.current(name)
+        except Exception:  # noqa: BLE001 - a damaged manifest entry: shown as not current
+            current = None
+        row: dict[str, Any] = {"tier": tier_name, "dataset": name, "version": version,
+                               "current": bool(current and nodefs.version_id(current) == version),
+                               "bytes": space.as_bytes(nodefs.read_json_at(reserved, space.stage_record(entry))
+                                                       .get("bytes")),
+                               "files": 0, "leases": [], "last_used": None, "decision": None, "progress": None}
+        if is_held(layout.lock(name)):
+            prev = before.get((tier_name, name, version)) or {}
+            progress = prev.get("progress") if prev.get("state") in ("staging", "verifying") else None
+            row.update(state=prev.get("state") if progress else "staging", progress=progress,
+                       job_id=str(read_owner(layout.lock(name)).get("job_id") or ""))
+        else:
+            row.update(state="interrupted")  # left by a killed stage: resumed or removed by the next
+        rows.append(row)
+    return rows
+
+
+def _trash_rows(tier: RootDir, tier_name: str) -> list[dict[str, Any]]:
+    """Evicted copies whose files the background purge is still deleting."""
+    from . import space
+    rows = []
+    reserved = tier.has_dir("reserved")
+    for entry in tier.names("trash"):
+        parts = entry.split(".")
+        if len(parts) < 3:
+            continue
+        rows.append({"tier": tier_name, "dataset": ".".join(parts[:-2]), "version": parts[-2], "state": "evicting",
+                     "current": False, "files": 0, "leases": [], "last_used": None, "decision": None,
+                     "progress": None,
+                     "bytes": space.as_bytes(nodefs.read_json_at(reserved, space.trash_record(entry)).get("bytes"))})
+    return rows
+
+
+def refresh(store: Store, run_dir: str) -> dict[str, Any]:
+    """Rebuild this node's report from its store, write it and publish it (best effort:
+    a failure is logged, never raised)."""
+    import logging
+
+    from .errors import DsstageError
+    log = logging.getLogger("dsstage")
+    try:
+        return replace(run_dir, store.node, lambda prev: build(store, prev), publish_target(store.config))
+    except DsstageError as exc:  # the store's own fault: the operation at hand meets and reports it
+        log.info("the node report of %s is not rebuilt: %s", store.node, exc)
+    except Exception as exc:  # noqa: BLE001 - status is informative; the hooks go on
+        log.warning("cannot write the node report of %s: %s", store.node, exc)
+    return {}
+
+
+def publish_target(config: Any) -> tuple[str, str | None]:
+    return config.state_dir, config.report.user
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+def read_all(state_dir: str) -> list[dict[str, Any]]:
+    """Every published node report (format 1 reports read as best they can), by node."""
+    directory = os.path.join(state_dir, NODES)
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith("."))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for name in names:
+        report = nodefs.read_json(os.path.join(directory, name))
+        out.append(normalize(report, name[:-5]))
+    return out
+
+
+def normalize(report: Mapping[str, Any], node: str = "") -> dict[str, Any]:
+    """A report with every field of FORMAT 2 present and of the right type (a damaged or
+    older report is shown with what it has, never trusted beyond it)."""
+    copies = [c for c in report.get("copies") or [] if isinstance(c, dict)] \
+        if isinstance(report.get("copies"), list) else []
+    for c in copies:
+        c["leases"] = [x if isinstance(x, dict) else {"job_id": str(x), "user": "", "since": None}
+                       for x in c.get("leases") or []]
+        c.setdefault("state", "unknown")
+        c.setdefault("decision", None)
+        c.setdefault("progress", None)
+    try:
+        when = float(report.get("time") or 0)
+    except (TypeError, ValueError):
+        when = 0.0
+    tiers = [t for t in report.get("tiers") or [] if isinstance(t, dict)] \
+        if isinstance(report.get("tiers"), list) else []
+    demand = report.get("demand") if isinstance(report.get("demand"), dict) else {}
+    return {"format": report.get("format", 1), "node": str(report.get("node") or node), "time": when,
+            "tiers": tiers, "copies": copies, "demand": demand}
+
+
+def stale_reason(report: Mapping[str, Any], now: float, max_age: float, down: Mapping[str, str]) -> str:
+    """Why a report is not to be taken as fact ("" if it is current): its node is down in
+    Slurm, or it has not been written for longer than ``max_age``."""
+    node = str(report.get("node"))
+    if node in down:
+        return f"node {down[node]}"
+    age = now - float(report.get("time") or 0)
+    if age > max_age:
+        return f"report {_ago(age)} old"
+    return ""
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{max(seconds, 0):.0f} s"
