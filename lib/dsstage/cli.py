@@ -407,7 +407,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     client = None if args.no_queue else slurm.client(conf.slurm_bin)
     reports, unreachable = None, None
     if args.live:
-        reports, unreachable = _live_reports(conf, args.nodes, client)
+        reports, unreachable = _live_reports(args, conf, args.nodes, client)
     whole = status.collect(conf, client, reports=reports, unreachable=unreachable)
     st = status.select(whole, filt) if filt else whole
     data = status.to_json(st)
@@ -480,7 +480,7 @@ class ProgressLines:
 
 def _fleet(args: argparse.Namespace, conf: cfg.Config, what: str, argv: list[str]) -> int:
     """Run ``dsstage <argv> --json`` on ``--nodes`` over SSH, with a bar per node and a summary."""
-    from . import fleet
+    fleet = _fleet_module(args)
     targets = fleet.addresses(fleet.expand(args.nodes), conf.slurm_bin)
     remote = [*argv, "--json", *(["--progress-json"] if what == "warm" else [])]
     with fleet.progress_view(list(targets), what, not args.json) as (on_progress, on_done):
@@ -507,10 +507,19 @@ def _describe(what: str) -> Callable[[Any], str]:
     return {"warm": warm, "evict": evict, "verify": verify}[what]
 
 
-def _live_reports(conf: cfg.Config, nodes: str | None,
+def _fleet_module(args: argparse.Namespace) -> Any:
+    """dsstage.fleet, with paramiko's tracebacks for failed connections kept out of the way
+    (each node's failure is one line of the summary; --debug shows them)."""
+    from . import fleet
+    if not args.debug:
+        logging.getLogger(fleet.SSH_LOGGER).setLevel(logging.CRITICAL)
+    return fleet
+
+
+def _live_reports(args: argparse.Namespace, conf: cfg.Config, nodes: str | None,
                   client: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """``dsstage report --json`` on every node (``nodes``, else every node Slurm knows)."""
-    from . import fleet
+    fleet = _fleet_module(args)
     if nodes:
         names = fleet.expand(nodes)
     elif client is not None:

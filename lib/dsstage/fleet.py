@@ -46,10 +46,9 @@ from typing import TYPE_CHECKING, Any
 
 import paramiko
 
-from . import proc
 from .config import Fleet
 from .errors import CommandError, ConfigError, DsstageError
-from .slurm import client_env, expand_nodes
+from .slurm import CliSlurm, Node, expand_nodes
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -124,36 +123,6 @@ def expand(nodes_expr: str) -> list[str]:
     return names
 
 
-def sinfo_argv(slurm_bin: str) -> list[str]:
-    """The one sinfo command of ``addresses``: NodeName and NodeAddr of every node in every
-    partition (``-a``: hidden ones too), one per line."""
-    return [os.path.join(slurm_bin, "sinfo"), "-h", "-a", "-N", "-o", "%N %o"]
-
-
-def parse_addresses(text: str) -> dict[str, str]:
-    """Node name -> NodeAddr from ``sinfo -h -N -o "%N %o"`` output.
-
-    A node is listed once per partition: the first line of a node wins (Slurm gives every
-    line of a node the same address). Lines that are not two plain words are skipped with a
-    warning: nothing is connected to that was not a host name or an address.
-    """
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        words = line.split()
-        if not words:
-            continue
-        if len(words) != 2 or not NODE_RE.fullmatch(words[0]) or not ADDRESS_RE.fullmatch(words[1]):
-            log.warning("sinfo: ignoring a line that is no node name and address: %r", line[:200])
-            continue
-        found.setdefault(words[0], words[1])
-    return found
-
-
-def _sinfo_env() -> dict[str, str]:
-    # SINFO_FORMAT, SINFO_SORT, SINFO_PARTITION ... change what sinfo prints
-    return {k: v for k, v in client_env().items() if not k.startswith("SINFO_")}
-
-
 def addresses(nodes: Sequence[str], slurm_bin: str | None) -> dict[str, str]:
     """Node name -> the address to connect to: Slurm's NodeAddr, asked once with sinfo.
 
@@ -166,11 +135,24 @@ def addresses(nodes: Sequence[str], slurm_bin: str | None) -> dict[str, str]:
     known: dict[str, str] = {}
     if slurm_bin and nodes:
         try:
-            out = proc.run(sinfo_argv(slurm_bin), timeout=SINFO_TIMEOUT, env=_sinfo_env()).stdout
-            known = parse_addresses(out)
+            known = node_addresses(CliSlurm(slurm_bin, timeout=SINFO_TIMEOUT).nodes())
         except CommandError as exc:
             log.warning("cannot ask Slurm for the nodes' addresses (%s): connecting to the node names", exc)
     return {node: known.get(node, node) for node in nodes}
+
+
+def node_addresses(nodes: Mapping[str, Node]) -> dict[str, str]:
+    """Node name -> NodeAddr of the nodes Slurm listed; a name or an address that is not a
+    plain host name or address is skipped with a warning: nothing is connected to that
+    was not one."""
+    found: dict[str, str] = {}
+    for n in nodes.values():
+        if NODE_RE.fullmatch(n.name) and ADDRESS_RE.fullmatch(n.addr):
+            found[n.name] = n.addr
+        else:
+            log.warning("sinfo: ignoring node %r with address %r: not a host name or address", n.name[:100],
+                        n.addr[:100])
+    return found
 
 
 # -- the remote command (pure) ------------------------------------------------------------

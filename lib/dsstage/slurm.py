@@ -89,11 +89,12 @@ class Node:
 
 
 def parse_nodes(text: str) -> dict[str, Node]:
-    """``sinfo -h -N -o "%N|%o|%T"`` output: one line per node and partition."""
+    """``sinfo -h -N -o "%N|%o|%T"`` output: one line per node and partition (the first
+    line of a node wins; Slurm prints the same for each). Other lines are skipped."""
     out: dict[str, Node] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0]:
+        if len(parts) == 3 and parts[0] and parts[0] not in out:
             out[parts[0]] = Node(parts[0], parts[1] or parts[0], parts[2].lower())
     return out
 
@@ -279,8 +280,9 @@ class CliSlurm:
         return list(parse_job_records(out, QUEUE_FORMAT).values())
 
     def nodes(self) -> dict[str, Node]:
-        """Every node: one ``sinfo`` call. Raises CommandError if it fails."""
-        return parse_nodes(self._run("sinfo", "-h", "-N", "-o", "%N|%o|%T").stdout)
+        """Every node, in every partition (``-a``: hidden ones too): one ``sinfo`` call.
+        Raises CommandError if it fails."""
+        return parse_nodes(self._run("sinfo", "-h", "-a", "-N", "-o", "%N|%o|%T").stdout)
 
     def job_alive(self, job_id: str) -> bool:
         try:

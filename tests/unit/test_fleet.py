@@ -9,21 +9,10 @@ import socket
 
 import paramiko
 import pytest
-from dsstage import fleet
+from dsstage import fleet, slurm
 from dsstage.config import Fleet
 from dsstage.errors import ConfigError, DsstageError
 from dsstage.fleet import Answer
-
-# ``sinfo -h -a -N -o "%N %o"`` on a cluster with two partitions sharing n1..n2; n10 has its
-# own address, gpu01 none set (Slurm prints the name)
-SINFO = """\
-n1 10.0.0.1
-n1 10.0.0.1
-n2 10.0.0.2
-n2 10.0.0.2
-n10 n10-ib.cluster
-gpu01 gpu01
-"""
 
 
 def test_expand_hostlists():
@@ -51,25 +40,23 @@ def test_node_names_refused(name):
         fleet.check_node(name)
 
 
-def test_parse_addresses_dedupes_partitions_and_skips_junk(caplog):
-    text = SINFO + "n3 10.0.0.3 extra\n\nn4 $(reboot)\n"
-    assert fleet.parse_addresses(text) == {"n1": "10.0.0.1", "n2": "10.0.0.2", "n10": "n10-ib.cluster",
+def test_node_addresses_skip_what_is_no_host(caplog):
+    nodes = slurm.parse_nodes("n1|10.0.0.1|idle\nn2|10.0.0.2|mixed\nn1|10.0.0.9|idle\nn10|n10-ib.cluster|down*\n"
+                              "gpu01||idle\nn3|10.0.0.3 extra|idle\n\nn4|$(reboot)|idle\nn5 junk\n")
+    assert fleet.node_addresses(nodes) == {"n1": "10.0.0.1", "n2": "10.0.0.2", "n10": "n10-ib.cluster",
                                            "gpu01": "gpu01"}
-    assert "ignoring a line" in caplog.text
+    assert "ignoring node" in caplog.text
+    assert nodes["n10"].down == "down, not responding" and nodes["n2"].down == ""
 
 
-def test_parse_addresses_takes_ipv6():
-    assert fleet.parse_addresses("n1 fd00::1\n") == {"n1": "fd00::1"}
+def test_node_addresses_take_ipv6():
+    assert fleet.node_addresses(slurm.parse_nodes("n1|fd00::1|idle\n")) == {"n1": "fd00::1"}
 
 
 def test_addresses_without_slurm_are_the_names():
     assert fleet.addresses(["n1", "n2"], None) == {"n1": "n1", "n2": "n2"}
     with pytest.raises(DsstageError):
         fleet.addresses(["n1", "bad name"], None)
-
-
-def test_sinfo_argv_asks_every_partition():
-    assert fleet.sinfo_argv("/opt/slurm/bin") == ["/opt/slurm/bin/sinfo", "-h", "-a", "-N", "-o", "%N %o"]
 
 
 def test_remote_command_quotes_every_argument():
