@@ -44,6 +44,7 @@ class Env:
         self.state = tmp_path / "state"
         self.nvme = tmp_path / "nvme"
         self.config_path = tmp_path / "dsstage.yaml"
+        self.run = tmp_path / "run"  # the node-local run directory (reports, metrics)
         self.datasets: dict[str, dict[str, Any]] = {}
         self.extra: dict[str, Any] = {}
         self.node = "n1"
@@ -78,12 +79,14 @@ class Env:
 
     def store(self, **kw: Any) -> Any:
         from dsstage.store import Store
-        return Store(self.config(), self.node, **kw)
+        kw.setdefault("run_dir", str(self.run))
+        return Store(self.config(), kw.pop("node", self.node), **kw)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["DSSTAGE_CONFIG"] = str(self.config_path)
         env["SLURMD_NODENAME"] = self.node
+        env["DSSTAGE_RUN_DIR"] = str(self.run)
         env.pop("SLURM_JOB_ID", None)
         return env
 

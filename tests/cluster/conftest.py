@@ -29,7 +29,7 @@ class Cluster:
         self.etc = directory / "etc"
         self.jobs = directory / "jobs"
         self.env = dict(os.environ, SLURM_CONF=str(self.etc / "slurm.conf"),
-                        DSSTAGE_CONFIG=str(self.etc / "dsstage.yaml"))
+                        DSSTAGE_CONFIG=str(self.etc / "dsstage.yaml"), DSSTAGE_RUN_DIR=str(directory / "dsstage-run"))
         self.venv_bin = top / ".venv" / "bin"
 
     # -- commands ------------------------------------------------------------------

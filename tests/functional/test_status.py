@@ -1,0 +1,136 @@
+"""`dsstage status` against nodes in a known state: real stores staged and leased on three
+nodes, their reports, a demand snapshot; then the plain 80-column text (golden), the JSON
+fields, stale reports, filters and a job's explanation."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers import Env
+
+from dsstage import demand, status
+from dsstage.catalog import User
+from dsstage.slurm import FakeSlurm, Job, Node
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "status-golden.txt"
+NOW = 1_800_000_000.0
+
+
+def _files(prefix: str, n: int, size: int) -> dict[str, bytes]:
+    return {f"{prefix}/{i:03d}.bin": bytes([i % 251]) * size for i in range(n)}
+
+
+@pytest.fixture
+def cluster(env: Env) -> Env:
+    """n1: coco (leased by job 101) and in22k; n2: coco; n3: coco, its report 1 h old;
+    job 200 pending for coco on n[2-3] in 20 min, job 101 running on n1."""
+    env.add("coco", _files("train", 20, 50_000))
+    env.add("in22k", _files("img", 10, 200_000))
+    env.extra["tiers"] = {"nvme": {"path": str(env.nvme) + "/{node}", "capacity": "10MB"}}
+    env.write()
+    env.cli("manifest", "build", "coco")
+    env.cli("manifest", "build", "in22k")
+    me = User.lookup(os.getuid())
+    for node, names in (("n1", ["coco", "in22k"]), ("n2", ["coco"]), ("n3", ["coco"])):
+        store = env.store(node=node, clock=lambda: NOW)
+        for name in names:
+            store.stage(name, user=me, job_id="101" if node == "n1" and name == "coco" else "1")
+            if not (node == "n1" and name == "coco"):
+                store.release(name, "1")
+        store.report()
+    for node, age in (("n1", 5), ("n2", 8), ("n3", 3600)):
+        path = env.state / "nodes" / f"{node}.json"
+        rep = json.loads(path.read_text())
+        rep["time"] = NOW - age
+        path.write_text(json.dumps(rep))
+    jobs = [Job("200", "ana", "PENDING", ("coco",), partition="gpu", priority=10, start_time=NOW + 1200,
+                sched_nodes="n[2-3]"),
+            Job("101", "bo", "RUNNING", ("coco",), partition="gpu", nodes="n1")]
+    demand.write(str(env.state), demand.build(jobs, NOW - 10))
+    return env
+
+
+def collect(env: Env, down: dict[str, str] | None = None) -> status.Status:
+    slurm = FakeSlurm(node_table={n: Node(n, "127.0.0.1", s) for n, s in (down or {}).items()})
+    return status.collect(env.config(), slurm, clock=lambda: NOW)
+
+
+def test_plain_text_is_the_golden_80_column_view(cluster: Env):
+    st = collect(cluster)
+    text = status.render_plain(st, status.sections(st, show_queue=True, plain=True))
+    text = text.replace(str(cluster.tmp), "<tmp>")
+    assert all(len(line) <= 80 for line in text.splitlines())
+    if os.environ.get("DSSTAGE_REGOLD"):  # to update it on purpose: DSSTAGE_REGOLD=1, then review the diff
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_json_fields_and_a_stale_node(cluster: Env):
+    data = status.to_json(collect(cluster))
+    assert data["format"] == 1 and data["time"] == NOW
+    nodes = {n["node"]: n for n in data["nodes"]}
+    assert nodes["n1"]["stale"] is None and nodes["n1"]["age"] == 5
+    assert nodes["n3"]["stale"] == "report 1 h old"  # older than report.max_age (15 min)
+    tier = nodes["n1"]["tiers"][0]
+    assert tier["tier"] == "nvme" and tier["capacity"] == 10_000_000 and tier["used"] == 3_000_000
+    assert {"free", "reserved", "high", "low", "path"} <= set(tier)
+    n1_coco = next(c for c in data["copies"] if c["node"] == "n1" and c["dataset"] == "coco")
+    assert n1_coco["state"] == "ready" and n1_coco["current"] is True and n1_coco["bytes"] == 1_000_000
+    assert [(x["job_id"], x["user"]) for x in n1_coco["leases"]] == [("101", User.lookup(os.getuid()).name)]
+    assert n1_coco["decision"] == {"action": "keep", "reason": "leased by job 101"}
+    assert all(c["stale"] == (c["node"] == "n3") for c in data["copies"])
+    groups = {(g["dataset"], g["state"]): g for g in data["datasets"]}
+    assert groups[("coco", "ready")]["nodes"] == "n[1-2]" and groups[("coco", "ready")]["count"] == 2
+    assert groups[("coco", "stale")]["nodes"] == "n3"  # not counted as there: its report is stale
+    q = data["queue"]
+    assert q["source"] == "snapshot" and q["age"] == 10 and q["error"] is None
+    assert [(j["job_id"], j["state"], j["nodes"], j["datasets"]) for j in q["jobs"]] == [
+        ("200", "pending", "n[2-3]", ["coco"]), ("101", "running", "n1", ["coco"])]
+
+
+def test_a_node_slurm_says_is_down_is_stale_whatever_its_reports_age(cluster: Env):
+    st = collect(cluster, down={"n2": "down*", "n1": "mixed"})
+    stale = {r["node"]: r["stale"] for r in st.nodes}
+    assert stale == {"n1": None, "n2": "node down, not responding", "n3": "report 1 h old"}
+
+
+def test_filters_by_dataset_node_user_and_job(cluster: Env):
+    st = collect(cluster)
+    only = status.select(st, status.Filter.parse(dataset="in22k"))
+    assert {(r["node"], c["dataset"]) for r in only.nodes for c in r["copies"]} == {("n1", "in22k")}
+    assert only.queue == []
+    only = status.select(st, status.Filter.parse(nodes="n[2-3]"))
+    assert [r["node"] for r in only.nodes] == ["n2", "n3"] and [q["job_id"] for q in only.queue] == ["200"]
+    only = status.select(st, status.Filter.parse(user="ana"))
+    assert [q["job_id"] for q in only.queue] == ["200"]
+    assert not any(r["copies"] for r in only.nodes)  # ana leases nothing
+    only = status.select(st, status.Filter.parse(job="200"))
+    assert [r["node"] for r in only.nodes] == ["n2", "n3"]
+    assert {c["dataset"] for r in only.nodes for c in r["copies"]} == {"coco"}
+    with pytest.raises(Exception, match="Slurm hostlist"):
+        status.Filter.parse(nodes="n[1-")
+
+
+def test_a_job_is_explained_in_one_paragraph(cluster: Env):
+    st = collect(cluster)
+    text = status.explain_job(st, "200")
+    assert text.startswith("Job 200 (ana, pending in gpu) wants coco. Slurm expects it to start in 20 min on n[2-3].")
+    assert "coco is ready on n2" in text and "not yet on n3" in text
+    assert "reports from n3 are stale, so what they hold is unknown" in text
+    assert "\n" not in text
+    assert "is not in the queue's demand" in status.explain_job(st, "999")
+
+
+def test_cli_status_plain_json_and_job(cluster: Env):
+    res = cluster.cli("status", "--no-queue")
+    assert res.stdout.startswith("3 nodes reporting") and "Wanted by the queue" not in res.stdout
+    assert all(len(line) <= 80 for line in res.stdout.splitlines())
+    data = json.loads(cluster.cli("status", "--json", "--no-queue", "--node", "n[1-2]").stdout)
+    assert [n["node"] for n in data["nodes"]] == ["n1", "n2"]
+    bad = cluster.cli("status", "--node", "n[1-", check=False)
+    assert bad.returncode != 0 and "Slurm hostlist" in bad.stderr
