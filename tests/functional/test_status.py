@@ -9,11 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import Env
-
 from dsstage import demand, status
 from dsstage.catalog import User
 from dsstage.slurm import FakeSlurm, Job, Node
+from helpers import Env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
 
