@@ -305,7 +305,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
     if not job_id:
         job_id, pid = default_holder()
     store = Store(conf, args.node)
-    results = [store.stage(ds.name, user=user, job_id=job_id, pid=pid, full=args.full) for ds in datasets]
+    try:
+        results = [store.stage(ds.name, user=user, job_id=job_id, pid=pid, full=args.full) for ds in datasets]
+    finally:
+        store.report()
 
     def text() -> None:
         for r in results:
@@ -324,7 +327,9 @@ def _how(r: StageResult) -> str:
 
 def cmd_release(args: argparse.Namespace) -> int:
     conf = _config(args)
-    released = Store(conf, args.node).release(args.name, args.job_id)
+    store = Store(conf, args.node)
+    released = store.release(args.name, args.job_id)
+    store.report()
     _emit(args, {"dataset": args.name, "job_id": args.job_id, "released": released},
           lambda: print(f"{args.name}: lease of job {args.job_id} "
                         + ("released" if released else "was not held")))
@@ -354,6 +359,8 @@ def cmd_evict(args: argparse.Namespace) -> int:
         result = store.evict(args.name, force=args.force, dry_run=args.dry_run, dem=dem)
     else:
         result = store.retain(dem, dry_run=args.dry_run, wait=conf.lock_timeout)
+    if not args.dry_run:
+        store.report()
     _emit(args, [asdict(e) for e in result],
           lambda: print("\n".join(f"{e.tier} {e.dataset} {e.version} ({human(e.bytes)}): {e.action}: {e.reason}"
                                   for e in result) or f"{args.name or 'nothing'}: no copy on this node"))
@@ -370,6 +377,7 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
         from . import slurm
         log.info("no fresh demand snapshot: asking Slurm about each lease's job")
         gone = store.reclaim(slurm.client(conf.slurm_bin).job_alive)
+    store.report()
     _emit(args, [asdict(x) for x in gone],
           lambda: print("\n".join(f"{x.dataset}: lease of job {x.job_id} reclaimed (job gone)" for x in gone)
                         or "no stale lease on this node"))
@@ -393,7 +401,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     conf = _config(args)
     if args.nodes:
         return _fleet(args, conf, "verify", ["verify", args.name, *(["--full"] if args.full else [])])
-    result = Store(conf, args.node).verify(args.name, full=args.full)
+    store = Store(conf, args.node)
+    try:
+        result = store.verify(args.name, full=args.full)
+    finally:
+        if args.full:
+            store.report()
     _emit(args, result.to_dict(),
           lambda: print(f"{result.dataset}: {'OK' if result.ok else 'NOT READY'} ({result.mode}): {result.reason}"))
     return 0 if result.ok else 1
@@ -448,7 +461,11 @@ def cmd_warm(args: argparse.Namespace) -> int:
         return _fleet(args, conf, "warm", ["warm", args.name])
     cat.lookup(conf, args.name)
     progress = ProgressLines() if args.progress_json else None
-    result = Store(conf, args.node).warm(args.name, user=cat.User.lookup(), progress=progress)
+    store = Store(conf, args.node)
+    try:
+        result = store.warm(args.name, user=cat.User.lookup(), progress=progress)
+    finally:
+        store.report()
     _emit(args, result.to_dict(), lambda: print(f"{result.dataset}: {result.path}  ({_how(result)}, "
                                                 f"{result.seconds:.2f}s, no lease)"))
     return 0

@@ -170,7 +170,10 @@ def test_status_shows_copies_and_queue(cluster):
     st = json.loads(res.stdout)
     nodes = {c["node"] for c in st["copies"] if c["dataset"] == "sample" and c["state"] == "ready"}
     assert {"n1", "n2"} <= nodes
-    assert st["queue_error"] == ""
+    assert st["queue"]["error"] is None and st["queue"]["source"] in ("snapshot", "slurm")
+    assert all(n["stale"] is None for n in st["nodes"])  # every node reported, and is up
+    plain = cluster.dsstage("status").stdout  # piped: the plain 80-column view
+    assert "Datasets on nodes" in plain and all(len(line) <= 80 for line in plain.splitlines())
 
 
 def test_reclaim_removes_leases_of_gone_jobs_only(cluster):
