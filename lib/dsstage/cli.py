@@ -435,10 +435,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             sys.stdout.write(status.render_plain(st, secs))
         else:
             status.render_rich(st, secs, out)
-        if args.job:
-            print("\n" + data["explain"] if plain else "")
-            if not plain:
-                out.print(data["explain"])
+        if args.job and plain:
+            import textwrap
+            print("\n" + textwrap.fill(data["explain"], status.WIDTH))
+        elif args.job:
+            out.print(data["explain"])
     _emit(args, data, text)
     return 0
 

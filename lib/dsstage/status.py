@@ -409,7 +409,7 @@ def _queue_section(st: Status, limit: int | None) -> Section:
         data = f"{len(have)}/{len(nodes)} ready" if nodes else "-"
         if q["state"] == "pending":
             when = ("in " + _age(q["start"] - st.time)) if q["start"] and q["start"] > st.time else \
-                "now" if q["start"] else "?"
+                "now" if q["start"] else "unknown"
         else:
             when = "running"
         rows.append((q["job_id"], q["user"], when, ",".join(q["datasets"]), q["nodes"] or "-", data))
