@@ -192,8 +192,9 @@ class ProgressNote:
             self.also(phase, delta, total)
         with self._mutex:
             now = self.clock()
-            if phase != self.phase:
-                self.phase, self.done, self.since = phase, 0, now
+            if phase != self.phase:  # the first phase is timed from the stage's start
+                self.since = now if self.phase else self.since
+                self.phase, self.done = phase, 0
             self.done += delta
             self.total = total
             if now - self.last < self.interval and self.done < self.total:

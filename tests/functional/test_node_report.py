@@ -312,8 +312,6 @@ def test_after_the_prolog_the_copy_is_ready_without_progress(staged: Staged):
     assert staged.after_local == staged.after_published
 
 
-@pytest.mark.xfail(strict=True, reason="lib bug: ProgressNote restarts the phase's clock at its first call "
-                   "(report.py, ProgressNote.__call__), so the first batch's time is left out of the rate")
 def test_progress_rate_is_the_real_transfer_rate(staged: Staged):
     # the copier holds the stage to LIMIT bytes/s: a rate well above it (and the ETA that
     # follows from it) is not what the node is doing
@@ -379,8 +377,6 @@ def test_progress_is_written_at_most_every_interval_and_at_the_end(run: Path, no
     assert seen == [(phase, delta, total) for _w, phase, delta, total in calls] + [("verifying", 6, 10)]
 
 
-@pytest.mark.xfail(strict=True, reason="lib bug: ProgressNote restarts the phase's clock at its first call "
-                   "(report.py, ProgressNote.__call__), so the time before it is left out of the rate")
 def test_progress_rate_counts_from_the_start_of_the_stage(run: Path, note):
     note_, clock, _seen = note
     for when in (1000.5, 1001.2):  # the stage began at 1000: 200 bytes in 1.2 s
