@@ -305,10 +305,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
     if not job_id:
         job_id, pid = default_holder()
     store = Store(conf, args.node)
-    try:
-        results = [store.stage(ds.name, user=user, job_id=job_id, pid=pid, full=args.full) for ds in datasets]
-    finally:
-        store.report()
+    results = [store.stage(ds.name, user=user, job_id=job_id, pid=pid, full=args.full) for ds in datasets]
+    store.report()
 
     def text() -> None:
         for r in results:
@@ -404,9 +402,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     store = Store(conf, args.node)
     try:
         result = store.verify(args.name, full=args.full)
-    finally:
-        if args.full:
+    except DsstageError as exc:
+        if args.full and exc.blame != "node":  # a copy flagged bad: status must show it failed
             store.report()
+        raise
+    if args.full:
+        store.report()
     _emit(args, result.to_dict(),
           lambda: print(f"{result.dataset}: {'OK' if result.ok else 'NOT READY'} ({result.mode}): {result.reason}"))
     return 0 if result.ok else 1
@@ -463,10 +464,8 @@ def cmd_warm(args: argparse.Namespace) -> int:
     cat.lookup(conf, args.name)
     progress = ProgressLines() if args.progress_json else None
     store = Store(conf, args.node)
-    try:
-        result = store.warm(args.name, user=cat.User.lookup(), progress=progress)
-    finally:
-        store.report()
+    result = store.warm(args.name, user=cat.User.lookup(), progress=progress)
+    store.report()
     _emit(args, result.to_dict(), lambda: print(f"{result.dataset}: {result.path}  ({_how(result)}, "
                                                 f"{result.seconds:.2f}s, no lease)"))
     return 0
