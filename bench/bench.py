@@ -277,7 +277,8 @@ class Bench:
                          for i in range(8)]
                 for p in procs:
                     if p.wait() != 0:
-                        raise SystemExit(f"bench: concurrent stage failed: {p.stderr.read() if p.stderr else ''}")
+                        why = p.stderr.read().decode() if p.stderr else ""
+                        raise SystemExit(f"bench: concurrent stage failed: {why}")
 
             def fresh() -> None:
                 self.clear_store("shared")
@@ -385,11 +386,225 @@ class Bench:
             time.sleep(0.1)
         purges.append(time.perf_counter() - t)
 
+    # -- status: 1,000 generated node reports ----------------------------------------
+
+    STATUS_NODES, STATUS_DATASETS, STATUS_JOBS = 1000, 50, 2000
+    STATUS_FRESH = 300.0  # generated reports are reused this long: they are 0-4 min old when written
+
+    def make_status(self) -> tuple[Path, int]:
+        """Node reports (FORMAT 2, see dsstage/report.py) of STATUS_NODES nodes, a config
+        that names their datasets and tiers, a fake ``sinfo`` (five nodes down) and a fresh
+        demand snapshot; the number of copies. The reports are reused while they are fresh."""
+        import random
+        root = self.dir / "status"
+        state_dir = root / "state"
+        nodes_dir = state_dir / "nodes"
+        shape = f"v1 {self.STATUS_NODES} nodes x {self.STATUS_DATASETS} datasets x {self.STATUS_JOBS} jobs"
+        stamp = root / ".shape"
+        now = time.time()
+        rng = random.Random(20261122)
+        names = [f"set{i:02d}" for i in range(self.STATUS_DATASETS)]
+        nodes = [f"n{i:04d}" for i in range(1, self.STATUS_NODES + 1)]
+        users = [f"user{i:03d}" for i in range(80)]
+        versions = {d: [f"{rng.getrandbits(64):016x}" for _ in range(3)] for d in names}  # current first
+        sizes = {d: (int(rng.lognormvariate(25, 1.2)), rng.randint(1_000, 5_000_000)) for d in names}
+        weights = [1 / (i + 1) ** 0.8 for i in range(len(names))]  # a few popular datasets
+        down = set(rng.sample(nodes, 5))
+        (root / "slurm-bin").mkdir(parents=True, exist_ok=True)
+        sinfo = root / "slurm-bin" / "sinfo"
+        sinfo.write_text("#!/bin/sh\ncat <<'EOF'\n" + "".join(
+            f"{n}|{n}|{'down*' if n in down else rng.choice(['idle', 'mixed', 'allocated'])}\n" for n in nodes)
+            + "EOF\n")
+        squeue = root / "slurm-bin" / "squeue"
+        squeue.write_text("#!/bin/sh\necho 'squeue: bench: no Slurm here' >&2\nexit 1\n")
+        for f in (sinfo, squeue):
+            f.chmod(0o755)
+        conf = root / "dsstage.yaml"
+        conf.write_text(yaml.safe_dump({
+            "state_dir": str(state_dir), "slurm_bin": str(root / "slurm-bin"),
+            "tiers": {"nvme": {"path": "/local/nvme/dsstage", "capacity": "90%"},
+                      "ssd": {"path": "/local/ssd/dsstage", "capacity": "90%"}},
+            "datasets": {d: {"source": f"/shared/datasets/{d}", "tier": "nvme" if i % 5 else "ssd"}
+                         for i, d in enumerate(names)}}))
+        os.chmod(conf, 0o644)
+        fresh = stamp.exists() and stamp.read_text().split("\n")[0] == shape \
+            and now - float(stamp.read_text().split("\n")[1]) < self.STATUS_FRESH
+        job = iter(range(700_000, 800_000))
+        if not fresh:
+            self.say(f"generating {shape}")
+            shutil.rmtree(nodes_dir, ignore_errors=True)
+            nodes_dir.mkdir(parents=True)
+        copies = 0
+        for node in nodes:
+            tiers = ["nvme", "ssd"] if rng.random() < 0.3 else ["nvme"]
+            caps = {"nvme": 7_680_000_000_000, "ssd": 3_840_000_000_000}
+            rows: list[dict[str, object]] = []
+            used = dict.fromkeys(tiers, 0)
+            held = rng.choices(names, weights, k=40)
+            for d in list(dict.fromkeys(held))[:rng.randint(10, 30)]:
+                tier = rng.choice(tiers)
+                nbytes, nfiles = sizes[d]
+                r = rng.random()
+                state, current, version = "ready", True, versions[d][0]
+                if r < 0.08:
+                    version, current = versions[d][rng.randint(1, 2)], False
+                elif r < 0.11:
+                    state = "staging"
+                elif r < 0.12:
+                    state = "verifying"
+                elif r < 0.14:
+                    state, version, current = "evicting", versions[d][rng.randint(1, 2)], False
+                elif r < 0.145:
+                    state = "interrupted"
+                leases = [{"job_id": str(next(job)), "user": rng.choice(users), "since": now - rng.uniform(60, 86400)}
+                          for _ in range(rng.choice([0, 0, 0, 1, 1, 2]))] if state == "ready" and current else []
+                progress = None
+                if state in ("staging", "verifying"):
+                    total = nbytes if state == "staging" else nfiles
+                    done = int(total * rng.random())
+                    since = now - rng.uniform(30, 3600)
+                    rate = done / (now - since)
+                    progress = {"phase": "copying" if state == "staging" else "verifying",
+                                "unit": "bytes" if state == "staging" else "files", "done": done, "total": total,
+                                "rate": rate, "eta": (total - done) / rate if rate else None, "since": since}
+                if leases:
+                    decision = {"action": "keep", "reason": f"leased by job {leases[-1]['job_id']}"}
+                elif state == "ready" and not current:
+                    decision = {"action": "evict", "reason": "superseded by the current version and not leased"}
+                elif state == "ready":
+                    decision = rng.choice([
+                        {"action": "keep", "reason": f"wanted by pending job {rng.randint(700_000, 799_999)}"},
+                        {"action": "keep", "reason": "used 4 min ago (retention.min_keep 10m)"},
+                        {"action": "keep", "reason": "below the high watermark"},
+                        {"action": "evict", "reason": "not wanted, idle 3 d: over the high watermark"}])
+                else:
+                    decision = None
+                row: dict[str, object] = {
+                    "tier": tier, "dataset": d, "version": version, "state": state, "current": current,
+                    "bytes": nbytes, "files": nfiles if state == "ready" else 0, "leases": leases,
+                    "last_used": now - rng.uniform(0, 7 * 86400) if state == "ready" else None,
+                    "decision": decision, "progress": progress}
+                if progress:
+                    row["job_id"] = str(next(job))
+                rows.append(row)
+                used[tier] += nbytes
+            copies += len(rows)
+            stale = rng.random() < 0.015
+            report = {"format": 2, "node": node,
+                      "time": now - (rng.uniform(2, 48) * 3600 if stale else rng.uniform(0, 240)),
+                      "demand": {"age": rng.uniform(0, 60), "stale": False},
+                      "tiers": [{"tier": t, "path": f"/local/{t}/dsstage", "capacity": caps[t], "used": used[t],
+                                 "reserved": 0, "free": max(caps[t] - used[t], 0), "high": 0.9 * caps[t],
+                                 "low": 0.7 * caps[t]} for t in tiers],
+                      "copies": rows}
+            if not fresh:  # the same draws either way, so the count of copies holds for reused reports
+                (nodes_dir / f"{node}.json").write_text(json.dumps(report))
+        if not fresh:
+            stamp.write_text(f"{shape}\n{now}\n")
+        wants: dict[str, dict[str, list[dict[str, object]]]] = {}
+        running: dict[str, str] = {}
+        for i in range(self.STATUS_JOBS):
+            job_id, user = str(900_000 + i), rng.choice(users)
+            first = rng.randrange(1, self.STATUS_NODES - 7)
+            width = rng.choice([1, 1, 2, 4, 8])
+            hostlist = f"n{first:04d}" if width == 1 else f"n[{first:04d}-{first + width - 1:04d}]"
+            pending = i % 10 < 7
+            planned = rng.random() < 0.6
+            for d in set(rng.choices(names, weights, k=rng.choice([1, 1, 2]))):
+                w = wants.setdefault(d, {"pending": [], "running": []})
+                if pending:
+                    w["pending"].append({"job_id": job_id, "user": user, "partition": "gpu",
+                                         "priority": rng.randint(1000, 9999),
+                                         "start": now + rng.uniform(0, 86400) if planned else None,
+                                         "nodes": hostlist if planned else ""})
+                else:
+                    w["running"].append({"job_id": job_id, "user": user, "partition": "gpu", "nodes": hostlist})
+            if not pending:
+                running[job_id] = hostlist
+        (state_dir / "demand.json").write_text(json.dumps({
+            "format": 1, "time": time.time(), "host": "bench", "backend": "bench", "datasets": wants,
+            "running": running, "uses": {d: round(100 * w, 2) for d, w in zip(names, weights)}}))
+        return conf, copies
+
+    def status_view(self) -> None:
+        """`dsstage status` over 1,000 node reports, against reading the same reports."""
+        from dsstage import config as cfg
+        from dsstage import report
+        from dsstage import status as st
+        from dsstage.errors import DsstageError
+        from dsstage.slurm import Job, Node
+        t_gen = time.perf_counter()
+        conf_path, copies = self.make_status()
+        self.say(f"status data ready in {time.perf_counter() - t_gen:.1f} s")
+        conf = cfg.load(str(conf_path))
+        nodes_dir = Path(conf.state_dir) / "nodes"
+        label = f"status, {self.STATUS_NODES} nodes"
+        runs = max(self.runs, 5)
+        env = self.env(DSSTAGE_CONFIG=str(conf_path), COLUMNS="80")
+        read_all = f"from dsstage import report; report.read_all({conf.state_dir!r})"
+        bare = (f"import json, os; d = {str(nodes_dir)!r}\n"
+                "for n in sorted(os.listdir(d)):\n    json.load(open(os.path.join(d, n), 'rb'))")
+
+        def status_cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return self.sh(*self.dsstage, "status", *args, env=env)
+        t_py = self.time_median(lambda: self.sh(self.py, "-c", "pass", env=env), runs=runs)
+        t_bare = self.time_median(lambda: self.sh(self.py, "-c", bare, env=env), runs=runs)
+        t_read = self.time_median(lambda: self.sh(self.py, "-c", read_all, env=env), runs=runs)
+        size = sum(p.stat().st_size for p in nodes_dir.iterdir())
+        self.add(label, f"copies in the reports ({size / 2**20:.1f} MiB of JSON)", copies, "copies")
+        self.add(label, "python -c pass (interpreter start)", t_py * 1000, "ms")
+        self.add(label, "python -c: json.load of every report", t_bare * 1000, "ms")
+        self.add(label, "python -c: report.read_all (read-only baseline)", t_read * 1000, "ms")
+        target = "< 1000 ms"
+        for measure, args in (("dsstage status --no-queue (plain, piped)", ["--no-queue"]),
+                              ("dsstage status --json --no-queue", ["--json", "--no-queue"]),
+                              ("dsstage status --no-queue --node 'n[0001-0100]'", ["--no-queue", "--node",
+                                                                                   "n[0001-0100]"]),
+                              ("dsstage status (queue from the snapshot, fake sinfo; plain)", [])):
+            out = status_cli(*args).stdout
+            t = self.time_median(lambda a=args: status_cli(*a), runs=runs)  # type: ignore[misc]
+            self.add(label, f"{measure}, output {len(out.encode()) / 1024:.0f} KiB", t * 1000, "ms",
+                     "read_all", t_read * 1000, t / t_read, target, t < 1.0)
+
+        class Stub:  # the demand snapshot is fresh, so status never asks for the queue
+            def nodes(self) -> dict[str, Node]:
+                return {}
+
+            def queue(self) -> list[Job]:
+                raise DsstageError("bench: the demand snapshot should be fresh")
+
+            def job_alive(self, job_id: str) -> bool:
+                return True
+
+            def hold(self, job_id: str, reason: str) -> str:
+                return ""
+
+        def view() -> str:
+            s = st.collect(conf, Stub())
+            if s.demand_source != "snapshot":
+                raise SystemExit(f"bench: status did not use the demand snapshot: {s.queue_error}")
+            return st.render_plain(s, st.sections(s, show_queue=True, plain=True))
+        out = view()
+        t_in_read = self.time_median(lambda: report.read_all(conf.state_dir), runs=runs)
+        t_view = self.time_median(view, runs=runs)
+        s = st.collect(conf, Stub())
+        t_collect = self.time_median(lambda: st.collect(conf, Stub()), runs=runs)
+        t_secs = self.time_median(lambda: st.sections(s, show_queue=True, plain=True), runs=runs)
+        t_json = self.time_median(lambda: json.dumps(st.to_json(s)), runs=runs)
+        self.add(label, "in-process report.read_all", t_in_read * 1000, "ms")
+        self.add(label, f"in-process collect + sections + render_plain, queue of {len(s.queue)} jobs, output "
+                 f"{len(out.encode()) / 1024:.0f} KiB", t_view * 1000, "ms", "in-process read_all",
+                 t_in_read * 1000, t_view / t_in_read, target, t_view < 1.0)
+        self.add(label, "collect alone (reports + demand snapshot)", t_collect * 1000, "ms")
+        self.add(label, "sections alone (with the queue)", t_secs * 1000, "ms")
+        self.add(label, "in-process to_json + json.dumps", t_json * 1000, "ms")
+
     def run(self) -> None:
         self.say(f"{'quick' if self.quick else 'full'} run, median of {self.runs}; page cache "
                  f"{'dropped before each cold run' if self.can_drop else 'NOT dropped (not permitted here)'}")
         small_n = 5_000 if self.quick else 20_000
-        small = self.make_files("small", small_n, 110_000)
+        small = self.make_files("small", small_n, 110_000) if self.wants("cold") or self.wants("manifest") \
+            else Path("/nonexistent")
         large_n, large_size = (2, 512 << 20) if self.quick else (4, 1 << 30)
         large = self.make_large("large", large_n, large_size) if self.wants("cold") or self.wants("verify") \
             else Path("/nonexistent")
@@ -409,6 +624,8 @@ class Bench:
         if self.wants("manifest"):
             self.build_manifest("small", small)
             self.manifests(small, 1_000_000)
+        if self.wants("status"):
+            self.status_view()
 
 
 def table(rows: list[Row]) -> str:
@@ -427,7 +644,7 @@ def main() -> int:
     p.add_argument("--json", help="also write the rows as JSON to this file")
     p.add_argument("--runs", type=int, help="runs per measurement (default 3 quick, 5 full)")
     p.add_argument("--dir", default="/var/tmp/dsstage-bench", help="where data and stores go")
-    p.add_argument("--only", help="comma-separated scenarios: cold, single, warm, verify, sharing, manifest "
+    p.add_argument("--only", help="comma-separated scenarios: cold, single, warm, verify, sharing, manifest, status "
                    "(single, one 2 GiB file, runs only when named)")
     args = p.parse_args()
     if os.geteuid() != 0:
