@@ -183,8 +183,11 @@ def _config(args: argparse.Namespace) -> cfg.Config:
 
 def _emit(args: argparse.Namespace, data: Any, text: Callable[[], None]) -> None:
     if getattr(args, "json", False):
-        json.dump(data, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        # indented for a person at a terminal; compact for a script, which Python's C encoder
+        # writes several times faster (status --json of 1,000 nodes is megabytes)
+        pretty = sys.stdout.isatty()
+        sys.stdout.write(json.dumps(data, sort_keys=True, indent=2 if pretty else None,
+                                    separators=None if pretty else (",", ":")) + "\n")
     else:
         text()
 
@@ -424,9 +427,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         reports, unreachable = _live_reports(args, conf, args.nodes, client)
     whole = status.collect(conf, client, reports=reports, unreachable=unreachable)
     st = status.select(whole, filt) if filt else whole
-    data = status.to_json(st)
-    if args.job:
-        data["explain"] = status.explain_job(whole, args.job)
+    explain = status.explain_job(whole, args.job) if args.job else ""
 
     def text() -> None:
         out = console()
@@ -438,10 +439,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             status.render_rich(st, secs, out)
         if args.job and plain:
             import textwrap
-            print("\n" + textwrap.fill(data["explain"], status.WIDTH))
+            print("\n" + textwrap.fill(explain, status.WIDTH))
         elif args.job:
-            out.print(data["explain"])
-    _emit(args, data, text)
+            out.print(explain)
+    if args.json:
+        data = status.to_json(st)
+        if args.job:
+            data["explain"] = explain
+        _emit(args, data, text)
+    else:
+        text()
     return 0
 
 

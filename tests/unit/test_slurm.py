@@ -429,3 +429,14 @@ def test_pyslurm_holds_and_checks_jobs_through_the_cli(fake_pyslurm, mocker):
     hold.assert_called_once_with("42", "gone")
     alive.assert_called_once_with("42")
     fake_pyslurm.Jobs.load.assert_not_called()
+
+
+@pytest.mark.parametrize("names", [
+    ["n1", "n2", "n3", "n5"], ["n0001", "n0002", "n0010"], ["gpu01", "n7", "gpu02", "n8", "n9"],
+    ["n1"], ["n9", "n10", "n11"], ["a-b.c1", "a-b.c2"], ["login", "n1"], ["n1a2", "n1a3"],
+    ["n01", "n1"], ["n099", "n100", "n0100"], ["node", "node"],
+])
+def test_status_folds_node_names_as_nodeset_does(names):
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
+    from dsstage.status import fold
+    assert fold(names) == str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
