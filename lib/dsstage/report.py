@@ -120,24 +120,30 @@ def local(run_dir: str, node: str) -> dict[str, Any]:
 def publish(state_dir: str, node: str, report: Mapping[str, Any], user: str | None) -> bool:
     """Copy the report to the shared state directory, as ``user`` if set (root_squash);
     False (and a warning) if it cannot be written: the node-local report stays right."""
-    import logging
-    log = logging.getLogger("dsstage")
     path = published_path(state_dir, node)
     try:
-        from . import identity
-        who = identity.lookup(user, "report.user") if user else None
-        with identity.acting_as(who):
-            try:
-                nodefs.write_json(path, report, fsync=False)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-                nodefs.write_json(path, report, fsync=False)
+        if user:  # imported only then: the warm Prolog pays for what it uses
+            from . import identity
+            with identity.acting_as(identity.lookup(user, "report.user")):
+                _write_creating(path, report)
+        else:
+            _write_creating(path, report)
         return True
     except Exception as exc:  # noqa: BLE001 - a report is never worth failing a job
+        import logging
+        log = logging.getLogger("dsstage")
         hint = (f"; on NFS with root_squash, make {os.path.dirname(path)} belong to an unprivileged user and set "
                 "report.user" if isinstance(exc, PermissionError) and not user else "")
         log.warning("cannot publish the node report %s: %s%s", path, exc, hint)
         return False
+
+
+def _write_creating(path: str, report: Mapping[str, Any]) -> None:
+    try:
+        nodefs.write_json(path, report, fsync=False)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        nodefs.write_json(path, report, fsync=False)
 
 
 def note_leases(run_dir: str, node: str, job_id: str, user: str, copies: Sequence[tuple[str, str]],
