@@ -390,5 +390,5 @@ def test_a_job_whose_admin_comment_has_text_before_the_tag_counts_in_the_demand(
     snap = lab.poll()
     assert [r["job_id"] for r in snap["datasets"].get("rz", {}).get("pending", [])] == [job], snap
     st = json.loads(lab.cluster.dsstage("status", "--json").stdout)
-    rows = {r["dataset"]: r for r in st["demand"]}
-    assert rows.get("rz", {}).get("jobs") == [job] and rows["rz"]["pending"] == 1, st["demand"]
+    jobs = {q["job_id"]: q for q in st["queue"]["jobs"]}
+    assert job in jobs and jobs[job]["datasets"] == ["rz"] and jobs[job]["state"] == "pending", st["queue"]
