@@ -48,7 +48,8 @@ import paramiko
 
 from .config import Fleet
 from .errors import CommandError, ConfigError, DsstageError
-from .slurm import CliSlurm, Node, expand_nodes
+from .slurm import CliSlurm, Node, expand_nodes, natural_key
+from .slurm import fold_nodes as fold
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -612,20 +613,6 @@ def exit_code(answers: Mapping[str, Answer]) -> int:
 
 # -- presentation ---------------------------------------------------------------------------
 
-def _natural(name: str) -> list[Any]:
-    # n2 before n10; re.split with a group alternates text and digits, so types line up
-    return [int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", name))]
-
-
-def fold(nodes: Sequence[str]) -> str:
-    """Node names as one Slurm hostlist: ``n[1-2,4-8]``."""
-    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
-    try:
-        return str(NodeSet.fromlist(list(nodes), resolver=RESOLVER_NOGROUP))
-    except NodeSetException:
-        return ",".join(sorted(nodes, key=_natural))
-
-
 Row = tuple[str, str, float, str]
 
 
@@ -633,7 +620,7 @@ def summary_rows(answers: Mapping[str, Answer], describe: Callable[[dict], str])
     """``(node, "ok" | "failed", seconds, message)`` per node, in node order. The message of
     an ok node is ``describe(result)``, of a failed one its error."""
     rows = []
-    for node in sorted(answers, key=_natural):
+    for node in sorted(answers, key=natural_key):
         a = answers[node]
         if a.ok:
             try:
@@ -658,7 +645,7 @@ def fold_rows(rows: Sequence[Row]) -> list[tuple[str, str, str, str]]:
         times = [r[2] for r in members]
         lo, hi = min(times), max(times)
         span = f"{lo:.1f}s" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}s"
-        folded.append((status != "ok", _natural(members[0][0]), (fold([r[0] for r in members]), status, span,
+        folded.append((status != "ok", natural_key(members[0][0]), (fold([r[0] for r in members]), status, span,
                                                                   message)))
     folded.sort(key=lambda x: (x[0], x[1]))
     return [x[2] for x in folded]
@@ -672,7 +659,7 @@ def summary_line(answers: Mapping[str, Answer], max_reasons: int = 3) -> str:
     if not failed:
         return line
     by_error: dict[str, list[str]] = {}
-    for a in sorted(failed, key=lambda a: _natural(a.node)):
+    for a in sorted(failed, key=lambda a: natural_key(a.node)):
         by_error.setdefault(one_line(a.error, 200), []).append(a.node)
     reasons = [f"{fold(nodes)}: {error}" for error, nodes in by_error.items()]
     more = len(reasons) - max_reasons

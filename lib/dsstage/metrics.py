@@ -25,7 +25,6 @@ which Prometheus expects of a counter (``rate()`` and ``increase()`` handle rese
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import time
@@ -81,7 +80,7 @@ def count(run_dir: str, node: str, events: Iterable[Event]) -> None:
     try:
         with RootDir(run_dir) as run:
             fd = run.dir(*parts)
-            with _flock(fd, COUNT_LOCK):
+            with nodefs.Flock(fd, COUNT_LOCK):
                 record = nodefs.read_json_at(fd, COUNTERS_FILE)
                 _add(record, todo, node)
                 nodefs.write_json_at(fd, COUNTERS_FILE, record, fsync=False)
@@ -184,30 +183,6 @@ def _subdict(parent: dict[str, Any], key: str) -> dict[str, Any]:
     return sub
 
 
-class _flock:
-    """An exclusive flock(2) on ``name`` (created, root only) in directory ``dir_fd``: the
-    kernel drops it if the holder dies. The directory is root's and writable by nobody
-    else (RootDir checked it), so nobody else can put anything at ``name``."""
-
-    def __init__(self, dir_fd: int, name: str) -> None:
-        self.dir_fd = dir_fd
-        self.name = name
-        self.fd = -1
-
-    def __enter__(self) -> _flock:
-        self.fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                          0o600, dir_fd=self.dir_fd)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(self.fd)
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # closing the last descriptor releases the lock
-
-
 # -- export (prometheus_client: imported here only) ------------------------------------------------
 
 #: gauge (with prefix): its label names and help text
@@ -295,7 +270,7 @@ def export(path: str, run_dir: str, node: str, tiers: Sequence[Mapping[str, Any]
     parts = _node_parts(node)
     with RootDir(run_dir) as run:
         fd = run.dir(*parts)
-        with _flock(fd, EXPORT_LOCK):
+        with nodefs.Flock(fd, EXPORT_LOCK):
             record = nodefs.read_json_at(fd, COUNTERS_FILE)
             metrics: list[Metric] = []
             for name, kind, text, labels, rows in families(record, tiers, copies,

@@ -30,6 +30,7 @@ the warm Prolog uses it too.
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import json
 import os
@@ -259,6 +260,30 @@ class RootDir(_OpenDirs):
 
 
 # -- files relative to a directory descriptor ------------------------------------------------
+
+class Flock:
+    """An exclusive flock(2) on ``name`` (created, root only) in directory ``dir_fd``: the
+    kernel drops it if the holder dies. The directory is root's and writable by nobody
+    else (RootDir checked it), so nobody else can put anything at ``name``."""
+
+    def __init__(self, dir_fd: int, name: str) -> None:
+        self.dir_fd = dir_fd
+        self.name = name
+        self.fd = -1
+
+    def __enter__(self) -> Flock:
+        self.fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                          0o600, dir_fd=self.dir_fd)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # closing the last descriptor releases the lock
+
 
 def open_regular(dir_fd: int, name: str) -> int | None:
     """A read descriptor of regular file ``name``, or None if it is missing or not regular

@@ -40,7 +40,6 @@ This module imports only the standard library at load time: the warm Prolog uses
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -72,13 +71,8 @@ def _locked(run_dir: str, node: str) -> Iterator[int]:
         raise ValueError(f"node name {node!r}")
     with RootDir(run_dir) as run:
         reports = run.dir(REPORTS)
-        lock = os.open(f"{node}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                       dir_fd=reports)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with nodefs.Flock(reports, f"{node}.lock"):
             yield reports
-        finally:
-            os.close(lock)
 
 
 def update(run_dir: str, node: str, change: Callable[[dict[str, Any]], bool],
@@ -389,12 +383,6 @@ def stale_reason(report: Mapping[str, Any], now: float, max_age: float, down: Ma
         return f"node {down[node]}"
     age = now - float(report.get("time") or 0)
     if age > max_age:
-        return f"report {_ago(age)} old"
+        from .units import human_duration
+        return f"report {human_duration(age)} old"
     return ""
-
-
-def _ago(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{max(seconds, 0):.0f} s"

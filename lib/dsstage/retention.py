@@ -58,6 +58,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .units import human_duration
+
 #: weight of a pending job by where the backfill plan put it
 HERE, UNPLANNED, ELSEWHERE = 1.0, 0.5, 0.1
 #: weight of a job running on another node (the dataset is in use in the cluster)
@@ -210,7 +212,7 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
         if c in pressured:
             why = _pressure_reason(c, demand, node, space, now)
             if c.key in recent:
-                why += f" (within min_keep {_duration(policy.min_keep)}, but the stage cannot fit otherwise)"
+                why += f" (within min_keep {human_duration(policy.min_keep)}, but the stage cannot fit otherwise)"
             decided[c.key] = Decision(c, True, why, "make_room" if space.need else "pressure")
         else:
             decided[c.key] = Decision(c, False, _keep_reason(c, demand, node, now, policy))
@@ -233,7 +235,7 @@ def _rule(c: Copy, demand: Demand, now: float, policy: Policy, node: str, ready_
         return Decision(c, True, "old version (the current one is ready here), no lease", "old_version")
     idle = now - c.last_used
     if policy.max_idle and not demand.stale and idle >= policy.max_idle and not demand.wants.get(c.dataset):
-        return Decision(c, True, f"idle {_duration(idle)}, no demand", "idle")
+        return Decision(c, True, f"idle {human_duration(idle)}, no demand", "idle")
     return None
 
 
@@ -312,7 +314,7 @@ def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: floa
     why = "over high watermark" if space.need == 0 else "room for the stage in progress"
     what = "old version" if not c.current else _demand_text(c.dataset, demand, node, now) or "no demand"
     return (f"{why} ({space.high:.0%} of {_size(space.capacity)}); {what}{_uses_text(c.dataset, demand)}, "
-            f"idle {_duration(now - c.last_used)}")
+            f"idle {human_duration(now - c.last_used)}")
 
 
 def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy) -> str:
@@ -323,12 +325,12 @@ def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy)
         return wanted
     idle = now - c.last_used
     if idle < policy.min_keep:
-        return f"used {_duration(idle)} ago (min_keep {_duration(policy.min_keep)})"
+        return f"used {human_duration(idle)} ago (min_keep {human_duration(policy.min_keep)})"
     uses = _uses_text(c.dataset, demand)
     if demand.stale:
-        snapshot = "no snapshot" if demand.age == float("inf") else f"snapshot {_duration(demand.age)} old"
-        return f"demand unknown ({snapshot}){uses}, idle {_duration(idle)}: kept while there is room"
-    return f"no demand{uses}, idle {_duration(idle)}: kept while there is room"
+        snapshot = "no snapshot" if demand.age == float("inf") else f"snapshot {human_duration(demand.age)} old"
+        return f"demand unknown ({snapshot}){uses}, idle {human_duration(idle)}: kept while there is room"
+    return f"no demand{uses}, idle {human_duration(idle)}: kept while there is room"
 
 
 def _uses_text(dataset: str, demand: Demand) -> str:
@@ -338,7 +340,7 @@ def _uses_text(dataset: str, demand: Demand) -> str:
     from .demand import HALF_LIFE
     n = demand.uses.get(dataset, 0.0)
     count = "no job" if n < 0.05 else "<1 job" if n < 1 else f"{n:.0f} job" + ("s" if round(n) != 1 else "")
-    return f"; used by {count} in the cluster (decayed count, half-life {_duration(HALF_LIFE)})"
+    return f"; used by {count} in the cluster (decayed count, half-life {human_duration(HALF_LIFE)})"
 
 
 def _demand_text(dataset: str, demand: Demand, node: str, now: float) -> str:
@@ -350,7 +352,7 @@ def _demand_text(dataset: str, demand: Demand, node: str, now: float) -> str:
         best = min(pending, key=lambda w: (0 if node in w.nodes else 1, w.start if w.start is not None else 1e300))
         parts = [f"partition {best.partition}"] if best.partition else []
         if best.start is not None:
-            parts.append(f"expected in {_duration(max(0.0, best.start - now))}")
+            parts.append(f"expected in {human_duration(max(0.0, best.start - now))}")
         parts.append("planned on this node" if node in best.nodes else
                      "planned elsewhere" if best.nodes else "not placed yet")
         more = f" and {len(pending) - 1} more" if len(pending) > 1 else ""
@@ -360,17 +362,6 @@ def _demand_text(dataset: str, demand: Demand, node: str, now: float) -> str:
         return f"in use by running job {running[0].job_id}" + (f" and {len(running) - 1} more" if len(running) > 1
                                                                 else "") + " on other nodes"
     return ""
-
-
-def _duration(seconds: float) -> str:
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min"
-    if s < 86400:
-        return f"{s / 3600:.1f} h".replace(".0 h", " h")
-    return f"{s / 86400:.1f} d".replace(".0 d", " d")
 
 
 def _size(n: int) -> str:

@@ -17,7 +17,6 @@ and ``render_rich`` (a terminal) lay out, and ``explain_job`` answers "why is my
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,8 @@ from .config import Config
 from .demand import Snapshot
 from .errors import DsstageError
 from .slurm import SlurmClient, expand_nodes
-from .units import human
+from .slurm import fold_nodes as fold
+from .units import human, human_duration
 
 JSON_FORMAT = 1
 #: at most this many rows per section in the text view (the JSON has everything)
@@ -204,48 +204,6 @@ def dataset_rows(st: Status) -> list[dict[str, Any]]:
     return sorted(out, key=lambda g: (g["dataset"], not g["current"], order.get(g["state"], 99), g["version"]))
 
 
-_NAME = re.compile(r"([A-Za-z0-9_.-]*?[^0-9\[\],]|)([0-9]+)")
-
-
-def fold(nodes: Iterable[str]) -> str:
-    """Node names as one Slurm hostlist (n[1-3,5]), as ClusterShell's NodeSet folds them.
-
-    Names of the common shape (a prefix, then digits of one width, or unpadded) are folded
-    here: NodeSet parses every name, which for 1,000 nodes' copies was most of status's
-    time. Anything else (several digit groups, mixed padding) goes to NodeSet."""
-    names = list(nodes)
-    by_prefix: dict[str, set[str]] = {}
-    for n in names:
-        m = _NAME.fullmatch(n)
-        if m is None:
-            return _fold_nodeset(names)
-        by_prefix.setdefault(m.group(1), set()).add(m.group(2))
-    out = []
-    for prefix in sorted(by_prefix):
-        digits = by_prefix[prefix]
-        widths = {len(d) for d in digits}
-        if len(widths) > 1 and any(d[0] == "0" and len(d) > 1 for d in digits):
-            return _fold_nodeset(names)  # mixed zero padding: NodeSet's rules
-        width = widths.pop() if len(widths) == 1 else 0
-        seq = sorted(int(d) for d in digits)
-        ranges, start = [], 0
-        for i in range(1, len(seq) + 1):
-            if i == len(seq) or seq[i] != seq[i - 1] + 1:
-                a, b = seq[start], seq[i - 1]
-                ranges.append(f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}")
-                start = i
-        out.append(prefix + ranges[0] if len(seq) == 1 else f"{prefix}[{','.join(ranges)}]")
-    return ",".join(out)
-
-
-def _fold_nodeset(names: list[str]) -> str:
-    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
-    try:
-        return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
-    except Exception:  # noqa: BLE001 - a name NodeSet cannot fold is shown as it is
-        return ",".join(sorted(names))
-
-
 # -- "why is my job's data (not) ready" ------------------------------------------------------
 
 def explain_job(st: Status, job_id: str) -> str:
@@ -256,13 +214,13 @@ def explain_job(st: Status, job_id: str) -> str:
         if st.queue_error:
             return f"Job {job_id}: the queue could not be read ({st.queue_error}), so its datasets are unknown."
         return (f"Job {job_id} is not in the queue's demand: it requests no dataset, it has ended, or it was "
-                f"submitted after the demand snapshot ({_age(st.time - st.demand_time)} old) was taken.")
+                f"submitted after the demand snapshot ({human_duration(st.time - st.demand_time)} old) was taken.")
     planned = _expand(job["nodes"])
     where = {"pending": "pending", "running": "running"}[job["state"]]
     parts = [f"Job {job_id} ({job['user'] or 'unknown user'}, {where}"
              + (f" in {job['partition']}" if job["partition"] else "") + f") wants {_and(job['datasets'])}."]
     if job["state"] == "pending":
-        when = f"in {_age(job['start'] - st.time)}" if job["start"] and job["start"] > st.time else \
+        when = f"in {human_duration(job['start'] - st.time)}" if job["start"] and job["start"] > st.time else \
             "as soon as it can" if job["start"] else ""
         parts.append(f"Slurm expects it to start {when} on {job['nodes']}." if planned and when else
                      f"Slurm has planned it on {job['nodes']}." if planned else
@@ -318,14 +276,6 @@ def _and(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _age(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{seconds:.0f} s"
-
-
 def _progress_text(p: Any) -> str:
     if not isinstance(p, dict) or not p.get("total"):
         return "starting"
@@ -334,7 +284,7 @@ def _progress_text(p: Any) -> str:
     if p.get("unit") == "bytes" and p.get("rate"):
         text += f", {human(int(p['rate']))}/s"
     if p.get("eta") is not None:
-        text += f", {_age(float(p['eta']))} left"
+        text += f", {human_duration(float(p['eta']))} left"
     return text
 
 
@@ -366,7 +316,7 @@ def headline(st: Status) -> str:
     if st.unreachable:
         text += f", {len(st.unreachable)} unreachable"
     if st.demand_source == "snapshot":
-        text += f"; queue from the demand snapshot ({_age(st.time - st.demand_time)} old)"
+        text += f"; queue from the demand snapshot ({human_duration(st.time - st.demand_time)} old)"
     elif st.demand_source == "slurm":
         text += "; queue from Slurm (the demand snapshot is stale or missing)"
     return text
@@ -441,7 +391,7 @@ def _queue_section(st: Status, limit: int | None) -> Section:
         have = [n for n in nodes if all((d, n) in ready for d in q["datasets"])]
         data = f"{len(have)}/{len(nodes)} ready" if nodes else "-"
         if q["state"] == "pending":
-            when = ("in " + _age(q["start"] - st.time)) if q["start"] and q["start"] > st.time else \
+            when = ("in " + human_duration(q["start"] - st.time)) if q["start"] and q["start"] > st.time else \
                 "now" if q["start"] else "unknown"
         else:
             when = "running"

@@ -65,3 +65,15 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} PiB"  # pragma: no cover
+
+
+def human_duration(seconds: float) -> str:
+    """A duration for people: 42 s, 20 min, 1.5 h, 3 d (negative counts as 0)."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s / 3600:.1f} h".replace(".0 h", " h")
+    return f"{s / 86400:.1f} d".replace(".0 d", " d")

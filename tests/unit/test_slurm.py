@@ -438,5 +438,5 @@ def test_pyslurm_holds_and_checks_jobs_through_the_cli(fake_pyslurm, mocker):
 ])
 def test_status_folds_node_names_as_nodeset_does(names):
     from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
-    from dsstage.status import fold
+    from dsstage.slurm import fold_nodes as fold
     assert fold(names) == str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
