@@ -159,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--interval", type=float, help="seconds between rounds (default: retention.poll_interval)")
     c.set_defaults(handler=cmd_demand_poller)
 
+    c = sub.add_parser("prefetch", help="stage, on this node, what pending jobs planned here will need",
+                       description="Run on each compute node (dsstage-prefetch.service): every prefetch.interval "
+                                   "seconds, read the demand snapshot and stage, at low priority and within "
+                                   "prefetch.bwlimit, the datasets of pending jobs that the backfill plan put on this "
+                                   "node and that are expected to start within prefetch.horizon. A Prolog that needs "
+                                   "the dataset takes the stage over; nothing a lease or a sooner job needs is "
+                                   "evicted for it.")
+    c.add_argument("--once", action="store_true", help="one round, then exit; exit 1 if a prefetch failed")
+    c.add_argument("--dry-run", action="store_true", help="say what would be prefetched, and what not and why")
+    c.add_argument("--json", action="store_true", help="machine-readable output (with --dry-run)")
+    c.set_defaults(handler=cmd_prefetch)
+
     c = sub.add_parser("simulate", help="replay a job trace through retention policies and compare them",
                        add_help=False)  # its options are simulate.build_parser()'s: see dsstage simulate --help
     c.set_defaults(handler=cmd_simulate)
@@ -391,6 +403,31 @@ def cmd_demand_poller(args: argparse.Namespace) -> int:
     if not args.debug:
         logging.getLogger().setLevel(logging.INFO)
     return demand.run(conf, slurm.client(conf.slurm_bin), once=args.once, interval=args.interval)
+
+
+def cmd_prefetch(args: argparse.Namespace) -> int:
+    from . import prefetch
+    conf = _config(args)
+    if not args.debug:
+        logging.getLogger().setLevel(logging.INFO)
+    pre = prefetch.Prefetcher(conf, args.node or "", config_path=args.config)
+    if not args.dry_run:
+        return pre.run(once=args.once)
+    cands, skips, dem = pre.candidates()
+    data = {"node": pre.node, "stale": dem.stale, "prefetch": [c.to_dict() for c in cands],
+            "skipped": [asdict(s) for s in skips]}
+
+    def text() -> None:
+        if dem.stale:
+            print(f"{pre.node}: the demand snapshot is stale or missing: nothing would be prefetched")
+        for c in cands:
+            print(f"{pre.node}: would prefetch {c.dataset}: {c.reason}")
+        for s in skips:
+            print(f"{pre.node}: not {s.dataset} (job {s.job_id}): {s.reason}")
+        if not (cands or skips or dem.stale):
+            print(f"{pre.node}: no pending job is planned here")
+    _emit(args, data, text)
+    return 0
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -124,6 +124,25 @@ class Metrics:
 
 
 @dataclass(frozen=True)
+class Prefetch:
+    """Pre-staging for pending jobs on the nodes the scheduler planned (dsstage.prefetch)."""
+
+    horizon: float = 1800.0  # seconds: stage for jobs expected to start within this
+    interval: float = 30.0  # seconds between two rounds of `dsstage prefetch`
+    bwlimit: int = 0  # bytes/s for one prefetch, all streams together; 0: no limit
+    io_class: str = "idle"  # ionice class of the prefetch's copy: idle | best-effort
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Data-aware placement: node features for ready datasets, and --prefer at submit."""
+
+    features: bool = True  # the demand poller keeps a feature per ready dataset on each node
+    prefer: bool = True  # job_submit.lua adds --prefer for the requested datasets' features
+    prefix: str = "ds_"  # feature name = prefix + dataset name
+
+
+@dataclass(frozen=True)
 class Config:
     origin: str
     state_dir: str
@@ -139,6 +158,8 @@ class Config:
     report: Report = field(default_factory=Report)
     fleet: Fleet = field(default_factory=Fleet)
     metrics: Metrics = field(default_factory=Metrics)
+    prefetch: Prefetch = field(default_factory=Prefetch)
+    placement: Placement = field(default_factory=Placement)
 
     def slurm_command(self, name: str) -> str:
         """The full path of a Slurm client command (``scontrol``, ``squeue``)."""
@@ -149,7 +170,7 @@ class Config:
 
 
 _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
-             "prolog_budget", "source_user", "retention", "report", "fleet", "metrics")
+             "prolog_budget", "source_user", "retention", "report", "fleet", "metrics", "prefetch", "placement")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark")
 _DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit")
@@ -157,6 +178,11 @@ _RETENTION_KEYS = ("min_keep", "max_idle", "demand_max_age", "poll_interval", "m
 _REPORT_KEYS = ("user", "interval", "max_age")
 _FLEET_KEYS = ("user", "port", "key", "known_hosts", "connect_timeout", "timeout", "parallel", "command")
 _METRICS_KEYS = ("textfile",)
+_PREFETCH_KEYS = ("horizon", "interval", "bwlimit", "io_class")
+_PLACEMENT_KEYS = ("features", "prefer", "prefix")
+IO_CLASSES = ("idle", "best-effort")
+#: a node feature: what Slurm's constraint syntax takes as one name
+FEATURE_PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,15}")
 
 
 def config_path(explicit: str | None = None) -> str:
@@ -219,6 +245,8 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     report = v.report({} if data.get("report") is None else data["report"])
     fleet = v.fleet({} if data.get("fleet") is None else data["fleet"])
     metrics = v.metrics({} if data.get("metrics") is None else data["metrics"])
+    prefetch = v.prefetch({} if data.get("prefetch") is None else data["prefetch"])
+    placement = v.placement({} if data.get("placement") is None else data["placement"])
 
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
@@ -233,7 +261,8 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     return Config(origin=origin, state_dir=state_dir, tiers=tiers, datasets=datasets,
                   on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer,
                   slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user,
-                  retention=retention, report=report, fleet=fleet, metrics=metrics)
+                  retention=retention, report=report, fleet=fleet, metrics=metrics, prefetch=prefetch,
+                  placement=placement)
 
 
 # -- what check-config adds: the configuration against this host's Slurm ----------------------
@@ -495,6 +524,32 @@ class _Validator:
         self._section(spec, "metrics", _METRICS_KEYS)
         textfile = spec.get("textfile")
         return Metrics(textfile=self.abs_path(textfile, "metrics.textfile") if textfile is not None else None)
+
+    def prefetch(self, spec: Any) -> Prefetch:
+        self._section(spec, "prefetch", _PREFETCH_KEYS)
+        d = Prefetch()
+        interval = self.duration(spec.get("interval", d.interval), "prefetch.interval")
+        if interval < 1:
+            self.fail("prefetch.interval", "must be at least 1s")
+        bwlimit = spec.get("bwlimit", d.bwlimit)
+        return Prefetch(horizon=self.duration(spec.get("horizon", d.horizon), "prefetch.horizon"), interval=interval,
+                        bwlimit=int(self._parsed(parse_size, bwlimit, "prefetch.bwlimit")) if bwlimit else 0,
+                        io_class=self.choice(spec.get("io_class", d.io_class), "prefetch.io_class", IO_CLASSES))
+
+    def placement(self, spec: Any) -> Placement:
+        self._section(spec, "placement", _PLACEMENT_KEYS)
+        d = Placement()
+        flags = {}
+        for key in ("features", "prefer"):
+            value = spec.get(key, getattr(d, key))
+            if not isinstance(value, bool):
+                self.fail(f"placement.{key}", f"{value!r} is not true or false")
+            flags[key] = value
+        prefix = spec.get("prefix", d.prefix)
+        if not isinstance(prefix, str) or not FEATURE_PREFIX_RE.fullmatch(prefix):
+            self.fail("placement.prefix", f"{prefix!r}: a node feature prefix starts with a letter and has at most "
+                      "16 letters, digits, '_', '.' or '-' (e.g. ds_)")
+        return Placement(features=flags["features"], prefer=flags["prefer"], prefix=prefix)
 
     def duration(self, value: Any, key: str) -> float:
         return self._parsed(parse_duration, value, key)

@@ -17,6 +17,9 @@ import filelock
 from .errors import LockTimeout, StoreError
 from .fsutil import read_json, write_json
 
+#: beside a lock: a stage waiting for it asks the prefetch holding it to yield
+YIELD = ".yield"
+
 
 class DatasetLock:
     def __init__(self, path: str, *, timeout: float, job_id: str = "", what: str = "", action: str = "") -> None:
@@ -54,6 +57,35 @@ class DatasetLock:
         except OSError:
             pass
         self._lock.release()
+
+
+def ask_to_yield(lock_path: str, job_id: str) -> bool:
+    """If a prefetch holds the lock at ``lock_path``, ask it to give the lock up: write
+    ``<lock>.yield``, which the prefetch watches (dsstage.prefetch). True if asked."""
+    owner = read_owner(lock_path)
+    if owner.get("action") != "prefetch" or not is_held(lock_path):
+        return False
+    try:
+        write_json(lock_path + YIELD, {"job_id": job_id, "pid": os.getpid(), "since": time.time()}, fsync=False)
+    except OSError:
+        return False  # the prefetch then finishes first: the wait is longer, nothing is lost
+    return True
+
+
+def yield_request(lock_path: str) -> dict[str, object] | None:
+    """Who asked the prefetch holding ``lock_path`` to yield, or None."""
+    try:
+        os.stat(lock_path + YIELD)
+    except OSError:
+        return None
+    return read_json(lock_path + YIELD)
+
+
+def clear_yield(lock_path: str) -> None:
+    try:
+        os.unlink(lock_path + YIELD)
+    except OSError:
+        pass
 
 
 def read_owner(lock_path: str) -> dict[str, object]:

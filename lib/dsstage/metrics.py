@@ -51,6 +51,9 @@ COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
     "verify_failures": (("dataset",), "Staged copies of the dataset that failed verification."),
     "fallbacks": (("dataset",), "Jobs sent to the dataset's source because staging failed."),
     "holds": (("dataset",), "Jobs held because the dataset could not be provided."),
+    "prefetches": (("dataset", "result"), "Prefetches of the dataset for pending jobs, by result (staged, cached, "
+                   "skipped, yielded, abandoned, failed)."),
+    "prefetched_bytes": (("dataset",), "Bytes copied onto the node by prefetches of the dataset."),
 }
 
 _REASON_MAX = 32

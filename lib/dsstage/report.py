@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 FORMAT = 2
 REPORTS = "reports"  # below the run directory
 NODES = "nodes"  # below the state directory
+#: the prefetch's last actions kept in a report (see note_prefetch)
+PREFETCH_KEPT = 20
 STATES = ("ready", "staging", "verifying", "evicting", "failed", "incomplete", "interrupted")
 
 
@@ -157,6 +159,17 @@ def note_leases(run_dir: str, node: str, job_id: str, user: str, copies: Sequenc
                 row["decision"] = {"action": "keep", "reason": f"leased by job {job_id}"}
                 changed = True
         return changed
+    update(run_dir, node, change, publish_to)
+
+
+def note_prefetch(run_dir: str, node: str, event: Mapping[str, Any],
+                  publish_to: tuple[str, str | None] | None = None) -> None:
+    """Add one of the prefetch's actions (dataset, job_id, start, action, reason, time,
+    bytes) to the report's ``prefetch`` list, the last PREFETCH_KEPT of them."""
+    def change(report: dict[str, Any]) -> bool:
+        kept = [p for p in report.get("prefetch") or [] if isinstance(p, dict)]
+        report["prefetch"] = (kept + [dict(event)])[-PREFETCH_KEPT:]
+        return True
     update(run_dir, node, change, publish_to)
 
 
@@ -264,11 +277,11 @@ def build(store: Store, previous: Mapping[str, Any] | None = None) -> dict[str, 
                              "leases": [{"job_id": x.job_id, "user": x.user, "since": x.taken} for x in leases],
                              "last_used": c.last_used or None,
                              "decision": {"action": d.action, "reason": d.reason} if d else None,
-                             "progress": None})
+                             "progress": None, "prefetched_for": mark.get("prefetched_for") or None})
             rows += _staging_rows(store, tier, tier_conf.name, layout, before, is_held, read_owner)
             rows += _trash_rows(tier, tier_conf.name)
     return {"format": FORMAT, "node": store.node, "time": now, "demand": {"age": dem.age, "stale": dem.stale},
-            "tiers": tiers, "copies": rows}
+            "tiers": tiers, "copies": rows, "prefetch": list((previous or {}).get("prefetch") or [])[-PREFETCH_KEPT:]}
 
 
 def _staging_rows(store: Store, tier: RootDir, tier_name: str, layout: Any, before: Mapping[Any, Any],
@@ -371,8 +384,10 @@ def normalize(report: Mapping[str, Any], node: str = "") -> dict[str, Any]:
     tiers = [t for t in report.get("tiers") or [] if isinstance(t, dict)] \
         if isinstance(report.get("tiers"), list) else []
     demand = report.get("demand") if isinstance(report.get("demand"), dict) else {}
+    prefetch = [p for p in report.get("prefetch") or [] if isinstance(p, dict)] \
+        if isinstance(report.get("prefetch"), list) else []
     return {"format": report.get("format", 1), "node": str(report.get("node") or node), "time": when,
-            "tiers": tiers, "copies": copies, "demand": demand}
+            "tiers": tiers, "copies": copies, "demand": demand, "prefetch": prefetch}
 
 
 def stale_reason(report: Mapping[str, Any], now: float, max_age: float, down: Mapping[str, str]) -> str:

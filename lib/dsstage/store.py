@@ -37,7 +37,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from . import access, background, nodefs, publish, retention, space
@@ -129,6 +129,17 @@ class VerifyResult:
 
 
 @dataclass(frozen=True)
+class Prefetching:
+    """A stage that is a prefetch for a pending job (dsstage.prefetch)."""
+
+    job_id: str  # the pending job it is for
+    start: float | None  # its expected start, epoch seconds
+    bwlimit: int = 0  # bytes/s, all streams together; 0: the configured transfer's
+    #: why a copy must not be evicted to make room for it ("" if it may go)
+    spare: Callable[[retention.Copy, retention.Demand], str] | None = None
+
+
+@dataclass(frozen=True)
 class ReadyState:
     ready: bool
     reason: str
@@ -187,14 +198,19 @@ class Store:
 
     def stage(self, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,
               on_staging: Callable[[], None] | None = None, deadline: float | None = None,
-              progress: Callable[[str, int, int], None] | None = None) -> StageResult:
+              progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None
+              ) -> StageResult:
         """Make the current version of ``name`` ready on this node and lease it to ``job_id``.
 
         Before a transfer starts (holding the lock) the node report is rebuilt, so that it
         shows the dataset as staging, and ``on_staging`` is called; the transfer notes its
         progress in the report at most every ``report.interval`` seconds, and to
         ``progress(phase, delta, total)`` if given. ``deadline`` (time.monotonic()) bounds
-        the lock wait and the transfer: OutOfTime, with the work so far kept."""
+        the lock wait and the transfer: OutOfTime, with the work so far kept.
+
+        A stage that finds the dataset's lock held by a prefetch asks it to yield (see
+        dsstage.prefetch) and then waits for the lock as for any other holder. ``prefetch``:
+        this stage is one, which waits for no lock and evicts nothing it spares."""
         started = time.monotonic()
         ds = self.dataset(name)
         cat.authorize(ds, user)
@@ -215,12 +231,14 @@ class Store:
                         result.seconds = time.monotonic() - started
                         return result
                     book.release(name, job_id)
-            from .lock import DatasetLock
-            wait = self.config.lock_timeout
+            from .lock import DatasetLock, ask_to_yield
+            wait = 0.0 if prefetch else self.config.lock_timeout
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
+            if not prefetch:
+                ask_to_yield(layout.lock(name), job_id)
             with DatasetLock(layout.lock(name), timeout=wait, job_id=job_id, what=f"dataset {name!r} on {self.node}",
-                             action="stage"):
+                             action="prefetch" if prefetch else "stage"):
                 with local_errors(f"staging {name!r} into {layout.root}"):
                     self._apply_access(tier, ds)
                     state = self.ready_state(tier, name, digest)
@@ -232,7 +250,7 @@ class Store:
                         self.report()
                         if on_staging:
                             on_staging()
-                        report = self._stage_locked(tier, ds, digest, deadline, job_id, progress)
+                        report = self._stage_locked(tier, ds, digest, deadline, job_id, progress, prefetch)
                         result.action = "staged"
                         result.transferred_files = report.transferred.files
                         result.transferred_bytes = report.transferred.bytes
@@ -242,7 +260,8 @@ class Store:
         return result
 
     def _stage_locked(self, tier: RootDir, ds: Dataset, digest: str, deadline: float | None,
-                      job_id: str = "", progress: Callable[[str, int, int], None] | None = None) -> FillReport:
+                      job_id: str = "", progress: Callable[[str, int, int], None] | None = None,
+                      prefetch: Prefetching | None = None) -> FillReport:
         from . import report as node_report
         from . import stager
         name = ds.name
@@ -254,12 +273,16 @@ class Store:
         reusable = {(e.size, e.hash) for _, m in older for e in m.entries}
         needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
         tier_conf = self.config.tiers[ds.tier]
-        self._make_room(tier, tier_conf, name, needed)
+        self._make_room(tier, tier_conf, name, needed, prefetch.spare if prefetch else None)
+        transfer = self.config.transfer
+        if prefetch and prefetch.bwlimit:
+            # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
+            transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
         linked: dict[int, tuple[int, int]] = {}
         with space.reservation(tier, tier_conf.name, tier_conf.capacity, space.stage_record(staging), needed,
                                f"dataset {name!r}", self.node):
             sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
-            report = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, self.config.transfer,
+            report = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, transfer,
                                  [(fd, m) for fd, m in older], deadline=deadline, reader=self.reader(),
                                  linked=linked, progress=node_report.ProgressNote(
                                      self.run_dir, self.node, tier_conf.name, name, version_id(digest), job_id,
@@ -268,7 +291,8 @@ class Store:
             versions = [version_id(m.digest) for _fd, m in older]
             publish.publish(tier, name, digest, {
                 "files": manifest.files, "bytes": manifest.total_bytes, "staged_at": self.clock(),
-                "node": self.node, "linked": {versions[i]: b for i, (_f, b) in linked.items()}})
+                "node": self.node, "linked": {versions[i]: b for i, (_f, b) in linked.items()},
+                **({"prefetched_for": prefetch.job_id, "expected_start": prefetch.start} if prefetch else {})})
         background.flush_later(Layout(tier.root), name, digest)
         return report
 
@@ -435,6 +459,18 @@ class Store:
         self.count([("evictions", labels, 1), ("evicted_bytes", labels, size)])
         return Eviction(name, version, "evicted", reason, size, c.tier)
 
+    def discard_staging(self, name: str) -> list[str]:
+        """Remove the staging areas of ``name`` (an abandoned prefetch's), if its lock is
+        free now; what was removed."""
+        ds = self.dataset(name)
+        layout = self.layout(ds.tier)
+        try:
+            with _lock(layout, name, 0.0, ""), open_tier(layout) as tier, \
+                    local_errors(f"removing the staging area of {name!r} in {layout.root}"):
+                return self._remove_staging(tier, name)
+        except LockTimeout:
+            return []  # a stage took it over: its staging area is in use
+
     def _remove_left_staging(self, tier: RootDir, layout: Layout, tier_conf: Tier, names: tuple[str, ...],
                              wait: float, held: str) -> list[Eviction]:
         out = []
@@ -468,9 +504,12 @@ class Store:
         with _lock(self.layout(ds.tier), name, self.config.lock_timeout, ""):
             return self.retain(dem, evict=(name,), force=force, held=name)
 
-    def _make_room(self, tier: RootDir, tier_conf: Tier, name: str, needed: int) -> None:
+    def _make_room(self, tier: RootDir, tier_conf: Tier, name: str, needed: int,
+                   spare: Callable[[retention.Copy, retention.Demand], str] | None = None) -> None:
         """Before a stage of ``name`` (holding its lock): evict what the planner says to make
-        room for ``needed`` bytes; NoSpace, saying what holds the space, if they cannot fit."""
+        room for ``needed`` bytes; NoSpace, saying what holds the space, if they cannot fit,
+        or if the plan would evict a copy that ``spare`` (a prefetch's rule) gives a reason
+        to keep."""
         use = space.usage(tier)
         sp = self.space_of(tier, tier_conf, needed, use)
         if use.total + needed <= sp.high * sp.capacity:
@@ -484,6 +523,11 @@ class Store:
             raise NoSpace(f"tier {tier_conf.name!r} on {self.node} ({_human(sp.capacity)}, {_human(use.total)} in use) "
                           f"cannot make room for {name!r}, which needs {_human(needed)} more, even by evicting every "
                           f"copy that may go; {fix}")
+        spared = [(d.copy, why) for d in p.evictions() if spare and (why := spare(d.copy, dem))]
+        if spared:
+            c, why = spared[0]
+            raise NoSpace(f"tier {tier_conf.name!r} on {self.node}: making room for {name!r} ({_human(needed)}) "
+                          f"would evict {c.dataset} {c.version}, {why}: not prefetched")
         done = self._apply(tier, Layout(tier.root), p.evictions(), dry_run=False, wait=0.0, purge=False)
         for e in done:
             log.info("making room for %s on %s: %s %s %s (%s)", name, self.node, e.action, e.dataset, e.version,

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,20 @@ def test_env_var_selects_file(tmp_path, monkeypatch):
     monkeypatch.setenv("DSSTAGE_CONFIG", path)
     assert config.config_path() == path
     assert config.load().origin == path
+
+
+def test_prefetch_and_placement_sections():
+    base = yaml.safe_load((ROOT / "conf" / "dsstage.yaml.example").read_text())
+    c = config.from_dict(base)
+    assert c.prefetch == config.Prefetch(horizon=1800, interval=30, bwlimit=0, io_class="idle")
+    assert c.placement == config.Placement(features=True, prefer=True, prefix="ds_")
+    c = config.from_dict({**base, "prefetch": {"bwlimit": "500MB", "io_class": "best-effort"},
+                          "placement": {"prefer": False}})
+    assert c.prefetch.bwlimit == 500_000_000 and c.prefetch.io_class == "best-effort" and not c.placement.prefer
+    for bad, needle in [({"prefetch": {"io_class": "rt"}}, "prefetch.io_class: 'rt' is not one of idle, best-effort"),
+                        ({"prefetch": {"interval": "0s"}}, "prefetch.interval: must be at least 1s"),
+                        ({"placement": {"prefer": "yes"}}, "placement.prefer: 'yes' is not true or false"),
+                        ({"placement": {"prefix": "ds&"}}, "placement.prefix: 'ds&'"),
+                        ({"prefetch": {"horizont": "1h"}}, "prefetch.horizont")]:
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            config.from_dict({**base, **bad})

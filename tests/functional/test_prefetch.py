@@ -1,0 +1,159 @@
+"""Pre-staging on a real store: `dsstage prefetch` stages what pending jobs planned on this
+node need, yields to a Prolog, spares what sooner jobs need, and gives up when the plan
+changes (see dsstage.prefetch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dsstage import demand
+from dsstage import report as node_report
+from dsstage.catalog import User
+from dsstage.lock import read_owner
+from dsstage.slurm import Job
+
+from tests.helpers import Env
+
+ME = pwd.getpwuid(os.getuid()).pw_name
+
+
+def pending(job_id: str, name: str, *, nodes: str = "n1", start_in: float = 60.0) -> Job:
+    return Job(job_id, ME, "PENDING", (name,), partition="gpu", priority=100, start_time=time.time() + start_in,
+               sched_nodes=nodes)
+
+
+def snapshot(env: Env, *jobs: Job) -> None:
+    demand.write(str(env.state), demand.build(jobs, time.time()))
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    e = Env(tmp_path)
+    e.extra = {"prefetch": {"horizon": "10m", "interval": "1s"}, "retention": {"min_keep": 0}}
+    for name in ("x", "y"):
+        e.add(name, {f"{i}.bin": (name * 1000).encode() + bytes([i]) for i in range(8)})
+        e.cli("manifest", "build", name)
+    return e
+
+
+def ready(env: Env, name: str) -> bool:
+    d = env.tier_root() / "ready" / name
+    return d.is_dir() and any(d.iterdir())
+
+
+def events(env: Env) -> list[dict]:
+    return node_report.local(str(env.run), env.node).get("prefetch") or []
+
+
+def test_stages_what_a_job_planned_here_needs_and_nothing_else(env: Env) -> None:
+    snapshot(env, pending("11", "x"), pending("12", "y", nodes="n2"))
+    dry = env.cli_json("prefetch", "--dry-run")
+    assert [c["dataset"] for c in dry["prefetch"]] == ["x"]
+    assert dry["prefetch"][0]["reason"].startswith("pending job 11 planned on n1, expected in")
+
+    res = env.cli("prefetch", "--once")
+    assert "staged x for job 11" in res.stderr
+    assert ready(env, "x") and not ready(env, "y")
+    mark = json.loads(next((env.tier_root() / "ready" / "x").iterdir()).read_text())
+    assert mark["prefetched_for"] == "11"
+    assert not any((env.tier_root() / "leases").rglob("*.json")), "a prefetch keeps no lease"
+    [event] = events(env)
+    assert event["action"] == "staged" and event["job_id"] == "11" and event["bytes"] > 0
+    published = json.loads((env.state / "nodes" / "n1.json").read_text())
+    assert published["prefetch"][-1]["dataset"] == "x"
+    assert [c["prefetched_for"] for c in published["copies"] if c["dataset"] == "x"] == ["11"]
+    # the job's Prolog then takes the warm path: nothing left to stage
+    result = env.store().stage("x", user=User.lookup(os.getuid()), job_id="11")
+    assert result.action == "cached"
+
+
+def test_beyond_the_horizon_or_stale_snapshot_nothing(env: Env) -> None:
+    snapshot(env, pending("21", "x", start_in=3600))
+    dry = env.cli_json("prefetch", "--dry-run")
+    assert dry["prefetch"] == [] and "beyond the horizon" in dry["skipped"][0]["reason"]
+    demand.write(str(env.state), demand.build([pending("22", "x")], time.time() - 3600))
+    res = env.cli("prefetch", "--once")
+    assert "stale or missing" in res.stderr
+    assert not ready(env, "x")
+
+
+def slow(env: Env, size: int = 3_000_000) -> None:
+    """Dataset ``big`` of ``size`` bytes, and prefetches limited to 256 kB/s (12 s for it)."""
+    env.add("big", {f"{i}.bin": os.urandom(size // 6) for i in range(6)})
+    env.cli("manifest", "build", "big")
+    env.extra["prefetch"]["bwlimit"] = "256kB"
+    env.write()
+
+
+def wait_for_prefetch_lock(env: Env, name: str) -> None:
+    lock = str(env.tier_root() / "locks" / f"{name}.lock")
+    for _ in range(200):
+        if read_owner(lock).get("action") == "prefetch" and (env.tier_root() / "staging").exists() \
+                and any((env.tier_root() / "staging").iterdir()):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the prefetch never took the lock")
+
+
+def while_prefetching(env: Env, name: str, action: Callable[[], Any]) -> tuple[Any, str]:
+    """Run ``action`` once `dsstage prefetch --once` holds the lock of ``name`` and stages;
+    its result, and the prefetch's log."""
+    proc = env.popen("prefetch", "--once")
+    try:
+        wait_for_prefetch_lock(env, name)
+        result = action()
+    finally:
+        _out, err = proc.communicate(timeout=60)
+    return result, err
+
+
+def test_a_prolog_takes_the_stage_over(env: Env) -> None:
+    slow(env)
+    snapshot(env, pending("31", "big"))
+    result, err = while_prefetching(env, "big", lambda: env.store().stage("big", user=User.lookup(os.getuid()),
+                                                                          job_id="31"))
+    assert result.action == "staged"
+    assert "yielded big for job 31: job 31 needs it now" in err
+    assert events(env)[-1]["action"] == "yielded"
+    assert env.store().verify("big", full=True).ok
+    assert not (env.tier_root() / "locks" / "big.lock.yield").exists()
+
+
+def test_gives_up_when_the_plan_changes(env: Env) -> None:
+    slow(env)
+    snapshot(env, pending("41", "big"))
+    _, err = while_prefetching(env, "big", lambda: snapshot(env, pending("41", "big", nodes="n2")))  # plan moved
+    assert "abandoned big for job 41: no pending job wants big on n1" in err
+    assert "its staging area was removed" in err
+    assert not ready(env, "big")
+    assert not any((env.tier_root() / "staging").iterdir())
+
+
+def test_spares_what_a_sooner_job_needs(env: Env) -> None:
+    # the tier holds two of x, y, z: x is ready and wanted sooner here, z later
+    env.add("z", {f"{i}.bin": b"z" * 1000 + bytes([i]) for i in range(8)})
+    env.cli("manifest", "build", "z")
+    data = yaml.safe_load(env.config_path.read_text())
+    data["tiers"]["nvme"].update(capacity=17000, high_watermark="100%", low_watermark="50%")
+    env.config_path.write_text(yaml.safe_dump(data))
+    env.store().warm("x", user=User.lookup(os.getuid()))
+    env.store().warm("y", user=User.lookup(os.getuid()))
+    snapshot(env, pending("51", "x", start_in=30), pending("52", "z", start_in=120))
+    res = env.cli("prefetch", "--once")
+    # y (no demand) may go for z; x (job 51, sooner) may not
+    assert "staged z for job 52" in res.stderr
+    assert ready(env, "x") and ready(env, "z") and not ready(env, "y")
+
+    env.store().warm("y", user=User.lookup(os.getuid()))  # the Prolog's make_room evicts z (no demand)
+    snapshot(env, pending("53", "x", start_in=30), pending("54", "y", start_in=20), pending("55", "z", start_in=600))
+    res = env.cli("prefetch", "--once")
+    assert "skipped z for job 55" in res.stderr and "which pending job" in res.stderr
+    assert ready(env, "x") and ready(env, "y")
