@@ -187,7 +187,23 @@ function M.check(job_desc, submit_uid)
 		end
 	end
 	M.record(job_desc, names)
+	M.prefer(job_desc, names, cat)
 	return slurm.SUCCESS
+end
+
+-- A soft preference for nodes that hold the datasets ready (the demand poller keeps a node
+-- feature per ready dataset, see dsstage.features): the job starts where its data is when
+-- such a node is free, anywhere otherwise. A job's own --prefer is left as the user gave it.
+-- Needs SchedulerParameters=ignore_prefer_validation: a feature no node has yet is
+-- otherwise refused at submit.
+function M.prefer(job_desc, names, cat)
+	local p = cat.placement
+	if type(p) ~= "table" or not p.prefer or (job_desc.prefer ~= nil and job_desc.prefer ~= "") then
+		return
+	end
+	local feats = {}
+	for i, name in ipairs(names) do feats[i] = p.prefix .. name end
+	job_desc.prefer = table.concat(feats, "&")
 end
 
 -- Record the accepted request in admin_comment (users cannot edit it).

@@ -323,6 +323,9 @@ def budget_problem(budget: float, timeout: float | None, where: str) -> str | No
             f"{timeout:g} in {where}: slurmd would kill a Prolog that used its budget and drain the node; {fix}")
 
 
+_IGNORE_PREFER = re.compile(r"(?im)^\s*SchedulerParameters\s*=\s*\S*\bignore_prefer_validation\b")
+
+
 def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, Any], list[Problem]]:
     """The configuration against this host's Slurm: what was found, and the problems."""
     path = slurm_conf or slurm_conf_path()
@@ -346,6 +349,11 @@ def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, A
             problem = budget_problem(conf.prolog_budget, timeout, path)
             if problem:
                 problems.append(Problem("error", "prolog_budget", problem))
+            if conf.placement.prefer and not _IGNORE_PREFER.search(text):
+                problems.append(Problem("error", "placement.prefer", f"{path} has no SchedulerParameters="
+                                        "ignore_prefer_validation: Slurm refuses a job that prefers a feature no "
+                                        "node has yet, so jobs asking for a dataset that no node holds ready would "
+                                        "be refused at submit; add it, or set placement.prefer: false"))
             if timeout is None and re.search(r"(?im)^\s*include\s", text):
                 problems.append(Problem("note", "prolog_budget", f"no PrologEpilogTimeout in {path}, and its "
                                         "Include files are not read: check prolog_budget against any setting there"))

@@ -197,13 +197,20 @@ def write(state_dir: str, snap: Snapshot) -> str:
 # -- the poller ----------------------------------------------------------------------------
 
 def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = time.time) -> Snapshot:
-    """One round: ask Slurm, write the snapshot, prune old manifests."""
+    """One round: ask Slurm, write the snapshot, update the node features of ready
+    datasets (placement.features, see features.py), prune old manifests."""
     from . import manifests_gc
     jobs = slurm.queue()
     previous = read(conf.state_dir)
     snap = build(jobs, clock(), backend=type(slurm).__name__, host=socket.gethostname(),
                  previous=previous if previous.time else None)
     write(conf.state_dir, snap)
+    if conf.placement.features:
+        from . import features
+        try:
+            features.sync(conf, slurm, now=clock())
+        except (DsstageError, OSError) as exc:  # placement is an optimisation: the snapshot is written
+            log.warning("node features not updated: %s", exc)
     removed = manifests_gc.prune(conf, clock())
     for name, version in removed:
         log.info("removed manifest %s %s: superseded, and no node holds it", name, version[:16])

@@ -44,7 +44,10 @@ def render(config: Config, *,
     all_groups = {g for ds in config.datasets.values() for g in ds.groups or ()}
     passwd = list(getpwall()) if all_groups else []
     body = ["return {", f"  value_max = {VALUE_MAX},", f"  name_max = {NAME_MAX},",
-            f"  generated = {int(now())},", "  datasets = {"]
+            f"  generated = {int(now())},",
+            f"  placement = {{ prefer = {'true' if config.placement.prefer else 'false'}, "
+            f"prefix = {_lua_str(config.placement.prefix)} }},",
+            "  datasets = {"]
     missing: dict[str, list[str]] = {}
     for name in sorted(config.datasets):
         ds = config.datasets[name]

@@ -77,6 +77,7 @@ class Node:
     name: str
     addr: str
     state: str  # lower case, as sinfo %T prints it: idle, mixed, allocated, down*, drained, ...
+    features: tuple[str, ...] = ()  # its available features (sinfo %f)
 
     @property
     def down(self) -> str:
@@ -89,14 +90,21 @@ class Node:
         return ""
 
 
+#: ``sinfo -o`` of ``nodes``: name, address, state, available features
+NODE_FORMAT = "%N|%o|%T|%f"
+
+
 def parse_nodes(text: str) -> dict[str, Node]:
-    """``sinfo -h -N -o "%N|%o|%T"`` output: one line per node and partition (the first
-    line of a node wins; Slurm prints the same for each). Other lines are skipped."""
+    """``sinfo -h -N -o NODE_FORMAT`` output: one line per node and partition (the first
+    line of a node wins; Slurm prints the same for each). Other lines are skipped; lines
+    without the features field (older callers) are read with none."""
     out: dict[str, Node] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0] and parts[0] not in out:
-            out[parts[0]] = Node(parts[0], parts[1] or parts[0], parts[2].lower())
+        if len(parts) in (3, 4) and parts[0] and parts[0] not in out:
+            feats = parts[3] if len(parts) == 4 and parts[3] not in _NONE else ""
+            out[parts[0]] = Node(parts[0], parts[1] or parts[0], parts[2].lower(),
+                                 tuple(f for f in feats.split(",") if f))
     return out
 
 
@@ -105,6 +113,7 @@ class SlurmClient(Protocol):
     def nodes(self) -> dict[str, Node]: ...
     def job_alive(self, job_id: str) -> bool: ...
     def hold(self, job_id: str, reason: str) -> str: ...
+    def set_features(self, nodes: str, features: list[str]) -> None: ...
 
 
 # -- holding a job: what is done and what the user reads (pure) ---------------------------
@@ -283,7 +292,14 @@ class CliSlurm:
     def nodes(self) -> dict[str, Node]:
         """Every node, in every partition (``-a``: hidden ones too): one ``sinfo`` call.
         Raises CommandError if it fails."""
-        return parse_nodes(self._run("sinfo", "-h", "-a", "-N", "-o", "%N|%o|%T").stdout)
+        return parse_nodes(self._run("sinfo", "-h", "-a", "-N", "-o", NODE_FORMAT).stdout)
+
+    def set_features(self, nodes: str, features: list[str]) -> None:
+        """Make ``features`` the available and active features of ``nodes`` (a hostlist):
+        one ``scontrol update``. Raises CommandError if Slurm refuses."""
+        feats = ",".join(features)
+        self._run("scontrol", "update", f"NodeName={nodes}", f"AvailableFeatures={feats}",
+                  f"ActiveFeatures={feats}")
 
     def job_alive(self, job_id: str) -> bool:
         try:
@@ -354,6 +370,7 @@ class FakeSlurm:
     held: dict[str, str] = field(default_factory=dict)
     cancelled: dict[str, str] = field(default_factory=dict)
     notified: dict[str, str] = field(default_factory=dict)
+    feature_calls: list[tuple[str, list[str]]] = field(default_factory=list)
 
     def submit(self, job: Job) -> None:
         self.jobs[job.job_id] = job
@@ -368,6 +385,12 @@ class FakeSlurm:
 
     def nodes(self) -> dict[str, Node]:
         return dict(self.node_table)
+
+    def set_features(self, nodes: str, features: list[str]) -> None:
+        self.feature_calls.append((nodes, list(features)))
+        for name in expand_nodes(nodes):
+            if name in self.node_table:
+                self.node_table[name] = replace(self.node_table[name], features=tuple(features))
 
     def job_alive(self, job_id: str) -> bool:
         return job_id in self.jobs
@@ -470,6 +493,9 @@ class PySlurm:
 
     def nodes(self) -> dict[str, Node]:
         return self.cli.nodes()
+
+    def set_features(self, nodes: str, features: list[str]) -> None:
+        self.cli.set_features(nodes, features)
 
     def hold(self, job_id: str, reason: str) -> str:
         """CliSlurm.hold (see the class docstring for why)."""

@@ -222,15 +222,20 @@ def test_prolog_budget_against_the_timeout():
 def test_check_host(tmp_path):
     conf = config.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path)))
     slurm_conf = tmp_path / "slurm.conf"
-    slurm_conf.write_text("PrologEpilogTimeout=600\n")
+    slurm_conf.write_text("PrologEpilogTimeout=600\nSchedulerParameters=bf_interval=5,ignore_prefer_validation\n")
     found, problems = config.check_host(conf, str(slurm_conf))
     assert found == {"slurm_conf": str(slurm_conf), "read": True, "prolog_epilog_timeout": 600.0}
     assert [(p.level, p.key) for p in problems] == [("error", "prolog_budget"), ("note", "slurm_bin")]
     assert f"{tmp_path}/scontrol is not an executable" in problems[1].message
-    slurm_conf.write_text("PrologEpilogTimeout=900\n")
+    slurm_conf.write_text("PrologEpilogTimeout=900\nSchedulerParameters=ignore_prefer_validation\n")
     assert [p.level for p in config.check_host(conf, str(slurm_conf))[1]] == ["note"]
+    slurm_conf.write_text("PrologEpilogTimeout=900\n")
+    assert [(p.level, p.key) for p in config.check_host(conf, str(slurm_conf))[1]] == [
+        ("error", "placement.prefer"), ("note", "slurm_bin")]
+    no_prefer = config.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path), placement={"prefer": False}))
+    assert [p.level for p in config.check_host(no_prefer, str(slurm_conf))[1]] == ["note"]
     slurm_conf.write_text("include /etc/slurm/timeouts.conf\n")
-    problems = config.check_host(conf, str(slurm_conf))[1]
+    problems = config.check_host(no_prefer, str(slurm_conf))[1]
     assert problems[0].level == "note" and "Include files are not read" in problems[0].message
     found, problems = config.check_host(conf, str(tmp_path / "none.conf"))
     assert found["read"] is False

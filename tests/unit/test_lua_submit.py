@@ -47,20 +47,39 @@ local env = {{}}
 local i = 0
 for entry in string.gmatch("{env}", "[^|]+") do env[i] = entry; i = i + 1 end
 local job = {{ spank_job_env = (i > 0) and env or nil, admin_comment = "{admin}" }}
+if "{prefer}" ~= "" then job.prefer = "{prefer}" end
 local rc, msg = d.check(job, {uid})
-print(rc, msg or "", job.admin_comment or "")
+print(rc, msg or "", job.admin_comment or "", job.prefer or "")
 """
 
 
 def check(tmp_path, env: list[str], uid: int = 0, admin: str = "") -> tuple[int, str, str]:
+    rc, msg, comment, _prefer = run_check(tmp_path, env, uid, admin)
+    return rc, msg, comment
+
+
+def run_check(tmp_path, env: list[str], uid: int = 0, admin: str = "", prefer: str = "",
+              conf=CONF) -> tuple[int, str, str, str]:
     catalog = tmp_path / "dsstage_catalog.lua"
     if not catalog.exists():
-        catalog.write_text(render())
+        catalog.write_text(render(conf))
     script = HARNESS.format(sbatch_ext=ROOT / "sbatch_ext", catalog=catalog, env="|".join(env), uid=uid,
-                            admin=admin)
+                            admin=admin, prefer=prefer)
     out = subprocess.run([LUA, "-e", script], capture_output=True, text=True, check=True).stdout
-    rc, msg, comment = out.rstrip("\n").split("\t")
-    return int(rc), msg, comment
+    rc, msg, comment, prefer_out = out.rstrip("\n").split("\t")
+    return int(rc), msg, comment, prefer_out
+
+
+def test_accepted_request_prefers_nodes_holding_the_data(tmp_path):
+    env = ["DSSTAGE_DATASETS=coco,imagenet22t"]
+    assert run_check(tmp_path, env)[3] == "ds_coco&ds_imagenet22t"
+    assert run_check(tmp_path, env, prefer="gpu_a100")[3] == "gpu_a100"  # the user's own is left alone
+    assert run_check(tmp_path, ["DSSTAGE_DATASETS=nope"])[3] == ""  # a refused request gets none
+    off = config.from_dict({"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
+                            "datasets": {"coco": {"source": "/d/c"}},
+                            "placement": {"prefer": False, "prefix": "data-"}})
+    (tmp_path / "dsstage_catalog.lua").unlink()
+    assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], conf=off)[3] == ""
 
 
 def test_no_dataset_is_accepted_untouched(tmp_path):

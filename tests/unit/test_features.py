@@ -1,0 +1,38 @@
+"""Node features of ready datasets (dsstage.features): what changes, in how many Slurm calls."""
+
+from __future__ import annotations
+
+from dsstage.features import changes, held
+from dsstage.slurm import FakeSlurm, Node, parse_nodes
+
+NOW = 1_000_000.0
+
+
+def rep(node: str, *ready: str, age: float = 10, other: tuple[tuple[str, str, bool], ...] = ()) -> dict:
+    copies = [{"dataset": d, "state": "ready", "current": True} for d in ready]
+    copies += [{"dataset": d, "state": s, "current": cur} for d, s, cur in other]
+    return {"node": node, "time": NOW - age, "copies": copies}
+
+
+def test_held_counts_ready_current_copies_of_current_reports() -> None:
+    reports = [rep("n1", "a", other=(("b", "staging", True), ("c", "ready", False))), rep("n2", "b", age=3600),
+               rep("n3", "c"), rep("n4")]
+    assert held(reports, "ds_", NOW, 900, {"n3": "down"}) == {"n1": {"ds_a"}, "n4": set()}
+
+
+def test_changes_keep_site_features_and_group_equal_lists() -> None:
+    current = {"n1": ("gpu", "ds_old"), "n2": ("gpu",), "n3": ("gpu", "ds_a"), "n4": ("ds_a",), "n5": ("gpu",)}
+    wanted = {"n1": {"ds_a"}, "n2": {"ds_a"}, "n3": {"ds_a"}, "n4": set(), "n6": {"ds_a"}}
+    assert changes(current, wanted, "ds_") == [(["n1", "n2"], ["gpu", "ds_a"]), (["n4"], [])]
+    assert changes({"n1": ("gpu", "ds_a")}, {"n1": {"ds_a"}}, "ds_") == []  # nothing changed: no call
+
+
+def test_sinfo_features_are_read() -> None:
+    nodes = parse_nodes("n1|10.0.0.1|idle|gpu,ds_a\nn2|n2|mixed|(null)\n")
+    assert nodes["n1"].features == ("gpu", "ds_a") and nodes["n2"].features == ()
+
+
+def test_fake_slurm_records_one_call_per_group() -> None:
+    fake = FakeSlurm(node_table={n: Node(n, n, "idle") for n in ("n1", "n2")})
+    fake.set_features("n[1-2]", ["ds_a"])
+    assert fake.feature_calls == [("n[1-2]", ["ds_a"])] and fake.nodes()["n2"].features == ("ds_a",)
