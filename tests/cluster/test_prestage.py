@@ -1,0 +1,162 @@
+"""Data before the job starts, on a real Slurm: a pending job's dataset prefetched on the
+node backfill planned for it (its Prolog then takes the warm path), and a job placed on
+the node that holds its data when two are free (node features and --prefer).
+
+The devcluster runs backfill every 5 s (bf_interval) with ignore_prefer_validation; the
+tests call the demand poller and the prefetch themselves (`--once`) at the moment they
+say, as their services would every interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def files(tag: str, n: int = 20, size: int = 50_000) -> dict[str, bytes]:
+    return {f"{tag}/{i:03d}.bin": os.urandom(size) for i in range(n)}
+
+
+class Jobs:
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+        self.ids: list[str] = []
+        self.flags: list[Path] = []
+
+    def flag(self) -> Path:
+        p = self.cluster.jobs / f"flag-prestage-{time.monotonic_ns()}"
+        self.flags.append(p)
+        return p
+
+    def submit(self, script: str, *opts: str) -> str:
+        job = self.cluster.submit(script, *opts)
+        self.ids.append(job)
+        return job
+
+    def blocker(self, node: str) -> Path:
+        """A job holding ``node`` until the returned flag file exists (time limit 2 min)."""
+        flag = self.flag()
+        job = self.submit(f"for i in $(seq 600); do [ -e {flag} ] && break; sleep 0.2; done\n", "-w", node,
+                          "--exclusive", "-t", "2")
+        self.state(job, "RUNNING")
+        return flag
+
+    def state(self, job: str, state: str, timeout: float = 60) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.cluster.job(job)
+            if info.get("JobState") == state:
+                return info
+            time.sleep(0.2)
+        raise AssertionError(f"job {job} never {state}: {self.cluster.job(job)}")
+
+    def planned(self, job: str, node: str, timeout: float = 60) -> dict[str, str]:
+        """Wait until backfill has planned pending ``job`` on ``node`` with a start time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.cluster.run("squeue", "-h", "-j", job, "-O", "State:|,SchedNodes:|,StartTime:|").stdout
+            state, sched, start = (out.strip().split("|") + ["", "", ""])[:3]
+            if state == "PENDING" and sched == node and start not in ("", "N/A"):
+                return {"state": state, "sched": sched, "start": start}
+            time.sleep(0.5)
+        raise AssertionError(f"job {job} was never planned on {node}: {self.cluster.job(job)}")
+
+    def finish(self) -> None:
+        for f in self.flags:
+            f.write_text("go")
+        active = [j for j in self.ids if self.cluster.job(j).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING")]
+        if active:
+            self.cluster.run("scancel", *active, check=False)
+
+
+@pytest.fixture
+def jobs(cluster) -> Iterator[Jobs]:
+    j = Jobs(cluster)
+    try:
+        yield j
+    finally:
+        j.finish()
+
+
+def hook_log(cluster, job: str) -> list[str]:
+    text = (cluster.dir / "log" / "dsstage-hooks.log").read_text()
+    return [line for line in text.splitlines() if f"job {job}: " in line]
+
+
+def ready_on(cluster, node: str, name: str) -> bool:
+    d = cluster.dir / "nvme" / node / "ready" / name
+    return d.is_dir() and any(d.iterdir())
+
+
+def test_a_pending_jobs_dataset_is_prefetched_on_its_planned_node(cluster, jobs):
+    cluster.add_dataset("pfa", files("pfa"))
+    go = jobs.blocker("n2")
+    job = jobs.submit('head -c 10 "$DSSTAGE_PATH_PFA/pfa/000.bin" | wc -c\n', "--dataset=pfa", "-w", "n2",
+                      "--exclusive", "-t", "1")
+    jobs.planned(job, "n2")
+    cluster.dsstage("demand-poller", "--once")
+    dry = json.loads(cluster.dsstage("--node", "n2", "prefetch", "--dry-run", "--json").stdout)
+    assert [(c["dataset"], c["job_id"]) for c in dry["prefetch"]] == [("pfa", job)]
+    assert not json.loads(cluster.dsstage("--node", "n1", "prefetch", "--dry-run", "--json").stdout)["prefetch"]
+
+    res = cluster.dsstage("--node", "n2", "prefetch", "--once")
+    assert f"staged pfa for job {job}" in res.stderr
+    assert ready_on(cluster, "n2", "pfa") and not ready_on(cluster, "n1", "pfa")
+    assert cluster.job(job)["JobState"] == "PENDING", "the data arrived before the job started"
+    report = json.loads((cluster.dir / "dsstage-state" / "nodes" / "n2.json").read_text())
+    assert {"dataset": "pfa", "job_id": job, "action": "staged"}.items() <= report["prefetch"][-1].items()
+
+    go.write_text("go")
+    assert cluster.wait(job)["JobState"] == "COMPLETED"
+    assert cluster.output(job).strip() == "10"
+    lines = hook_log(cluster, job)
+    # ready: a hit (the warm path, or the full Prolog when the configuration changed since
+    # the node's last Prolog, as add_dataset just did): nothing staged
+    assert any("pfa cached at" in line for line in lines), lines
+    assert not any("pfa staged" in line for line in lines), lines
+
+
+def features(cluster) -> dict[str, set[str]]:
+    out = cluster.run("sinfo", "-h", "-N", "-o", "%N|%f").stdout
+    return {n: {f for f in feats.split(",") if f and f != "(null)"}
+            for n, feats in (line.split("|") for line in out.split())}
+
+
+def test_a_job_starts_where_its_data_is(cluster, jobs):
+    cluster.add_dataset("plc", files("plc"))
+    cluster.dsstage("--node", "n3", "warm", "plc")  # publishes n3's report
+    for node in ("n1", "n2"):
+        cluster.dsstage("--node", node, "report")  # the other nodes' reports are current too
+    cluster.dsstage("demand-poller", "--once")
+    feats = features(cluster)
+    assert "ds_plc" in feats["n3"] and "ds_plc" not in feats["n1"] | feats["n2"]
+    assert json.loads(cluster.dsstage("status", "--json", "--dataset", "plc").stdout)  # status still reads
+
+    # every node is free: without a preference Slurm takes n1, with --dataset=plc it prefers n3
+    plain = jobs.submit("true\n", "--exclusive")
+    assert cluster.wait(plain)["NodeList"] == "n1"
+    job = jobs.submit('ls "$DSSTAGE_PATH_PLC/plc" | wc -l\n', "--dataset=plc", "--exclusive")
+    info = cluster.wait(job)
+    assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n3", info
+    assert "ds_plc" in info.values(), info  # job_submit set --prefer=ds_plc
+    assert any("plc cached at" in line for line in hook_log(cluster, job))
+
+    # a dataset no node holds yet: accepted (ignore_prefer_validation), runs anywhere
+    cluster.add_dataset("plnone", files("plnone", n=2))
+    other = jobs.submit("true\n", "--dataset=plnone", "--exclusive")
+    assert cluster.wait(other)["JobState"] == "COMPLETED"
+
+    # scontrol reconfigure drops run-time features; the next poll puts them back
+    cluster.run("scontrol", "reconfigure")
+    deadline = time.monotonic() + 30
+    while "ds_plc" in features(cluster)["n3"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    cluster.dsstage("demand-poller", "--once")
+    assert "ds_plc" in features(cluster)["n3"]
