@@ -66,6 +66,28 @@ function M.catalog()
 	return cached
 end
 
+-- The datasets named by burst-buffer directives in text (a job script, or --bb's value):
+-- "#BB_LUA dataset=a,b" lines, joined with commas; nil if there is none, and nil and a
+-- message for a #BB_LUA option dsstage does not know (the cluster's burst_buffer.lua is ours).
+function M.bb_request(text)
+	if type(text) ~= "string" then return nil end
+	local values = {}
+	for line in string.gmatch(text .. "\n", "([^\n]*)\n") do
+		local rest = string.match(line, "^#BB_LUA%s+(.*)$") or string.match(line, "^#BB_LUA$")
+		if rest then
+			for word in string.gmatch(rest, "%S+") do
+				local key, value = string.match(word, "^([%w_]+)=(.*)$")
+				if key ~= "dataset" then
+					return nil, "dsstage: #BB_LUA " .. word .. ": unknown option; write #BB_LUA dataset=NAME[,NAME...]"
+				end
+				values[#values + 1] = value
+			end
+		end
+	end
+	if #values == 0 then return nil end
+	return table.concat(values, ",")
+end
+
 -- The --dataset value from the job's SPANK environment (indexed from 0), or nil.
 local function requested(job_desc)
 	local env = job_desc.spank_job_env
@@ -166,9 +188,31 @@ end
 function M.check(job_desc, submit_uid)
 	local value, err = requested(job_desc)
 	if err then return slurm.ERROR, err end
+	local bb, berr = M.bb_request(job_desc.script)
+	if berr then return slurm.ERROR, berr end
+	local bb2, berr2 = M.bb_request(job_desc.burst_buffer)
+	if berr2 then return slurm.ERROR, berr2 end
+	if bb2 then bb = bb and (bb .. "," .. bb2) or bb2 end
+	if bb and value and bb ~= value then
+		-- both ways of asking: one list (parse() drops the repeats)
+		value = value .. "," .. bb
+	elseif bb then
+		value = bb
+	end
 	if value == nil then return slurm.SUCCESS end
 	local names, perr = M.parse(value)
 	if names == nil then return slurm.ERROR, perr end
+	local rc, msg = M.validate(names, submit_uid)
+	if rc ~= slurm.SUCCESS then return rc, msg end
+	M.record(job_desc, names)
+	M.prefer(job_desc, names, M.catalog())
+	return slurm.SUCCESS
+end
+
+-- slurm.SUCCESS if every name is in the catalog and uid may use it (uid nil: not checked,
+-- as burst_buffer.lua on Slurm 22.05, which is not told the user); else slurm.ERROR and
+-- a one-line message for the user.
+function M.validate(names, submit_uid)
 	local cat, cerr = M.catalog()
 	if cat == nil then return slurm.ERROR, cerr end
 	local uid = tonumber(submit_uid)
@@ -178,16 +222,16 @@ function M.check(job_desc, submit_uid)
 			return slurm.ERROR, "dsstage: unknown dataset '" .. name .. "'" .. suggest(name, cat.datasets) ..
 				"; `dsstage ls` lists the catalog"
 		end
-		local ok, aerr = may_use(name, ds, uid)
-		if aerr then return slurm.ERROR, aerr end
-		if not ok then
-			return slurm.ERROR, "dsstage: dataset '" .. name .. "' is restricted to group(s) " ..
-				table.concat(ds.groups, ", ") .. "; you are in none of them: ask the dataset's owners for access" ..
-				regenerated(cat)
+		if uid ~= nil then
+			local ok, aerr = may_use(name, ds, uid)
+			if aerr then return slurm.ERROR, aerr end
+			if not ok then
+				return slurm.ERROR, "dsstage: dataset '" .. name .. "' is restricted to group(s) " ..
+					table.concat(ds.groups, ", ") .. "; you are in none of them: ask the dataset's owners for access" ..
+					regenerated(cat)
+			end
 		end
 	end
-	M.record(job_desc, names)
-	M.prefer(job_desc, names, cat)
 	return slurm.SUCCESS
 end
 

@@ -598,7 +598,11 @@ def _live_reports(args: argparse.Namespace, conf: cfg.Config, nodes: str | None,
 
 def cmd_export_catalog(args: argparse.Namespace) -> int:
     from . import luacatalog
-    text = luacatalog.render(_config(args))
+    conf = _config(args)
+    # how burst_buffer.lua runs dsstage on this host: this installation, this configuration
+    here = os.path.join(os.path.dirname(sys.executable), "dsstage")
+    command = [here if os.access(here, os.X_OK) else "/usr/bin/dsstage", "--config", os.path.abspath(conf.origin)]
+    text = luacatalog.render(conf, command=command)
     if args.output:
         write_atomic(os.path.abspath(args.output), text)
     else:

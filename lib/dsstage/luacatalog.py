@@ -16,7 +16,7 @@ import grp
 import logging
 import pwd
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import blake3
@@ -36,8 +36,9 @@ def render(config: Config, *,
            getgrnam: Callable[[str], Any] = grp.getgrnam,
            getpwnam: Callable[[str], Any] = pwd.getpwnam,
            getpwall: Callable[[], list[Any]] = pwd.getpwall,
-           now: Callable[[], float] = time.time) -> str:
-    """Lua source returning ``{generated = T, datasets = {name = {groups = {...}, uids = {...}}}, ...}``.
+           now: Callable[[], float] = time.time, command: Sequence[str] = ()) -> str:
+    """Lua source returning ``{generated = T, datasets = {name = {groups = {...}, uids = {...}}}, ...}``;
+    ``command``: how burst_buffer.lua runs dsstage on the controller (argv).
 
     Raises DsstageError when no group of any restricted dataset resolves (the directory
     service is most likely down): an empty table would refuse every restricted request."""
@@ -47,6 +48,7 @@ def render(config: Config, *,
             f"  generated = {int(now())},",
             f"  placement = {{ prefer = {'true' if config.placement.prefer else 'false'}, "
             f"prefix = {_lua_str(config.placement.prefix)} }},",
+            "  command = {" + ", ".join(_lua_str(a) for a in command) + "},",
             "  datasets = {"]
     missing: dict[str, list[str]] = {}
     for name in sorted(config.datasets):

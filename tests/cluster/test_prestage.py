@@ -35,8 +35,8 @@ class Jobs:
         self.flags.append(p)
         return p
 
-    def submit(self, script: str, *opts: str) -> str:
-        job = self.cluster.submit(script, *opts)
+    def submit(self, script: str, *opts: str, user: str | None = None) -> str:
+        job = self.cluster.submit(script, *opts, user=user)
         self.ids.append(job)
         return job
 
@@ -160,3 +160,21 @@ def test_a_job_starts_where_its_data_is(cluster, jobs):
         time.sleep(0.5)
     cluster.dsstage("demand-poller", "--once")
     assert "ds_plc" in features(cluster)["n3"]
+
+
+def test_a_burst_buffer_directive_is_validated_and_staged(cluster, jobs):
+    # Slurm refuses burst buffers to root: the jobs are daemon's
+    cluster.add_dataset("bbd", files("bbd", n=5))
+    res = cluster.sbatch("#BB_LUA dataset=bbx\ntrue\n", check=False, user="daemon")
+    assert res.returncode != 0 and "dsstage: unknown dataset 'bbx' (did you mean 'bbd'?)" in res.stderr, res.stderr
+    res = cluster.sbatch("#BB_LUA dataset=bbd capacity=1TB\ntrue\n", check=False, user="daemon")
+    assert res.returncode != 0 and "#BB_LUA capacity=1TB: unknown option" in res.stderr, res.stderr
+
+    # accepted and recorded like --dataset: the demand snapshot (and so the prefetch) sees it
+    job = jobs.submit('#BB_LUA dataset=bbd\necho "bb=$DSSTAGE_BB_DATASETS"\n', user="daemon")
+    info = cluster.wait(job)
+    assert info["JobState"] == "COMPLETED", info
+    assert "dsstage=bbd" in info.get("AdminComment", ""), info
+    assert cluster.output(job).split() == ["bb=bbd"]  # slurm_bb_paths
+    stat = cluster.run("scontrol", "show", "bbstat", "dataset", "bbd").stdout
+    assert "bbd" in stat, stat

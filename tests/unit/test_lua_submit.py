@@ -153,6 +153,13 @@ def test_the_lua_starts_no_program():
     # slurmctld runs this for every submission: it must never wait on a command or a lookup
     for path in (ROOT / "sbatch_ext").glob("*.lua"):
         text = path.read_text()
+        if path.name == "burst_buffer.lua":
+            # its callbacks that run inside slurmctld; the others run in slurmscriptd's processes
+            import re
+            text = "".join(m.group(0) for m in re.finditer(
+                r"(?ms)^function slurm_bb_(job_process|paths|pools)\(.*?^end$", text))
+            assert text.count("function slurm_bb_") == 3
+            assert "command(" not in text
         for word in ("popen", "execute"):
             assert word not in text, f"{path.name} mentions {word}"
 
@@ -189,3 +196,53 @@ def test_generated_catalog_is_stamped_by_content():
     assert render(other).splitlines()[0] != text.splitlines()[0]
     fewer = {**GROUPS, "ml": grp.struct_group(("ml", "x", 2000, []))}
     assert render(groups=fewer).splitlines()[0] != text.splitlines()[0]  # a membership change reloads it
+
+
+BB_HARNESS = """
+slurm = {{ SUCCESS = 0, ERROR = -1, log_info = function() end }}
+dofile("{sbatch_ext}/burst_buffer.lua")
+require("dsstage_submit").catalog_path = "{catalog}"
+local rc, msg = slurm_bb_job_process("{script}", {uid})
+print(rc, msg or "")
+"""
+
+
+def bb_process(tmp_path, script: str, uid: str = "nil") -> tuple[int, str]:
+    catalog = tmp_path / "dsstage_catalog.lua"
+    if not catalog.exists():
+        catalog.write_text(render())
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    code = BB_HARNESS.format(sbatch_ext=ROOT / "sbatch_ext", catalog=catalog, script=path, uid=uid)
+    out = subprocess.run([LUA, "-e", code], capture_output=True, text=True, check=True).stdout
+    rc, msg = out.rstrip("\n").split("\t")
+    return int(rc), msg
+
+
+def test_burst_buffer_directive_is_validated_like_dataset(tmp_path):
+    assert bb_process(tmp_path, "#!/bin/sh\n#BB_LUA dataset=coco\ntrue\n") == (0, "")
+    assert bb_process(tmp_path, "#!/bin/sh\ntrue\n") == (0, "")  # no directive: nothing to do
+    rc, msg = bb_process(tmp_path, "#!/bin/sh\n#BB_LUA dataset=imagenet22k\n")
+    assert rc == -1 and msg.startswith("dsstage: unknown dataset 'imagenet22k' (did you mean 'imagenet22t'?)")
+    rc, msg = bb_process(tmp_path, "#!/bin/sh\n#BB_LUA capacity=1TB\n")
+    assert rc == -1 and "#BB_LUA capacity=1TB: unknown option" in msg
+    # 22.05 passes no uid (nil): restricted datasets are left to job_submit and the Prolog;
+    # 23.02+ passes it
+    assert bb_process(tmp_path, "#BB_LUA dataset=imagenet22t\n")[0] == 0
+    assert bb_process(tmp_path, "#BB_LUA dataset=imagenet22t\n", uid='"1002"')[0] == -1
+
+
+def test_job_submit_records_burst_buffer_directives(tmp_path):
+    catalog = tmp_path / "dsstage_catalog.lua"
+    catalog.write_text(render())
+    code = f"""
+slurm = {{ SUCCESS = 0, ERROR = -1 }}
+package.path = "{ROOT / 'sbatch_ext'}/?.lua;" .. package.path
+local d = require("dsstage_submit")
+d.catalog_path = "{catalog}"
+local job = {{ script = "#!/bin/sh\\n#BB_LUA dataset=coco\\ntrue\\n", burst_buffer = "#BB_LUA dataset=coco" }}
+local rc, msg = d.check(job, 0)
+print(rc, msg or "", job.admin_comment or "", job.prefer or "")
+"""
+    out = subprocess.run([LUA, "-e", code], capture_output=True, text=True, check=True).stdout
+    assert out.rstrip("\n").split("\t") == ["0", "", "dsstage=coco", "ds_coco"]
