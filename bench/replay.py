@@ -521,11 +521,14 @@ def summarise(mode: str, rows: list[dict[str, Any]], events: list[dict[str, Any]
     planned = [r for r in ran if r["plans"]]
     staged = sorted((e for e in events if e.get("action") == "staged"), key=lambda e: e["time"])
     unused = 0
-    for e in staged:
+    for i, e in enumerate(staged):
         # used: the first job with this dataset whose Prolog ran on this node after the
-        # prefetch found the copy ready (a job that staged it again found it evicted)
+        # prefetch, and before the prefetch staged it there again, found the copy ready (a
+        # job that staged it itself, or a second prefetch, found it evicted)
+        key = (e["node"], e["dataset"])
+        again = next((float(x["time"]) for x in staged[i + 1:] if (x["node"], x["dataset"]) == key), math.inf)
         after = sorted((r for r in ran if r["node"] == e["node"] and r["dataset"] == e["dataset"]
-                        and r["prolog_start"] >= float(e["time"]) - 0.5), key=lambda r: r["prolog_start"])
+                        and float(e["time"]) - 0.5 <= r["prolog_start"] < again), key=lambda r: r["prolog_start"])
         e["used_by"] = after[0]["job_id"] if after and after[0]["path"] in ("warm", "cached") else None
         if e["used_by"] is None:
             unused += int(e.get("bytes") or 0)
@@ -637,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [f"ds{k}" for k in range(args.datasets)]
     jobs = workload(args, names)
     began = time.monotonic()
+    head = subprocess.run(["git", "-C", str(TOP), "describe", "--always", "--dirty"], text=True, capture_output=True)
+    commit = head.stdout.strip() or "?"
     others = other_clusters(Path(args.dir))
     say(f"window: trace jobs {jobs[0].trace_id}-{jobs[-1].trace_id} ({len(jobs)} jobs from offset {args.offset}), "
         f"seed {args.seed}; datasets " + ", ".join(f"{n}: {sum(j.dataset == n for j in jobs)}" for n in names))
@@ -666,13 +671,13 @@ def main(argv: list[str] | None = None) -> int:
             "args": vars(args), "datasets": {n: {"bytes": rep.sizes.get(n), "stage_time": rep.stage_time.get(n)}
                                              for n in names},
             "tier_capacity": rep.capacity, "min_keep": rep.min_keep, "workload": [asdict(j) for j in jobs],
-            "other_clusters": others,
+            "other_clusters": others, "commit": commit,
             "cpus": os.cpu_count(), "wall": round(time.monotonic() - began, 1), "modes": results}
     out.write_text(json.dumps(data, indent=1))
     print()
     print(table(summaries))
     print()
-    print(f"command: {command}")
+    print(f"command: {command}  (checkout {commit})")
     print(f"window: trace {Path(args.trace).name}, jobs {jobs[0].trace_id}-{jobs[-1].trace_id} ({len(jobs)} with a "
           f"run time, from offset {args.offset}); submissions over {jobs[-1].submit:.0f}s, run times "
           f"{min(j.runtime for j in jobs)}-{max(j.runtime for j in jobs)}s; seed {args.seed}")
