@@ -273,7 +273,8 @@ class Store:
         reusable = {(e.size, e.hash) for _, m in older for e in m.entries}
         needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
         tier_conf = self.config.tiers[ds.tier]
-        self._make_room(tier, tier_conf, name, needed, prefetch.spare if prefetch else None)
+        self._make_room(tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
+                        resumed=space.stage_record(staging))
         transfer = self.config.transfer
         if prefetch and prefetch.bwlimit:
             # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
@@ -505,12 +506,14 @@ class Store:
             return self.retain(dem, evict=(name,), force=force, held=name)
 
     def _make_room(self, tier: RootDir, tier_conf: Tier, name: str, needed: int,
-                   spare: Callable[[retention.Copy, retention.Demand], str] | None = None) -> None:
+                   spare: Callable[[retention.Copy, retention.Demand], str] | None = None,
+                   resumed: str = "") -> None:
         """Before a stage of ``name`` (holding its lock): evict what the planner says to make
         room for ``needed`` bytes; NoSpace, saying what holds the space, if they cannot fit,
         or if the plan would evict a copy that ``spare`` (a prefetch's rule) gives a reason
-        to keep."""
-        use = space.usage(tier)
+        to keep. ``resumed``: the reservation of the staging area this stage takes over
+        (an interrupted stage's, a yielded prefetch's), which ``needed`` replaces."""
+        use = space.usage(tier, besides=resumed)
         sp = self.space_of(tier, tier_conf, needed, use)
         if use.total + needed <= sp.high * sp.capacity:
             return

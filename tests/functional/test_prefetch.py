@@ -157,3 +157,16 @@ def test_spares_what_a_sooner_job_needs(env: Env) -> None:
     res = env.cli("prefetch", "--once")
     assert "skipped z for job 55" in res.stderr and "which pending job" in res.stderr
     assert ready(env, "x") and ready(env, "y")
+
+
+def test_a_stage_resuming_an_interrupted_one_counts_its_space_once(env: Env) -> None:
+    # a tier that holds big once (3 MB of 3.4 MB): the interrupted stage's reservation is
+    # the one the resuming stage takes over, not more space on top of it
+    slow(env)
+    data = yaml.safe_load(env.config_path.read_text())
+    data["tiers"]["nvme"].update(capacity=3_400_000, high_watermark="100%")
+    env.config_path.write_text(yaml.safe_dump(data))
+    snapshot(env, pending("61", "big"))
+    result, err = while_prefetching(env, "big", lambda: env.store().stage("big", user=User.lookup(os.getuid()),
+                                                                          job_id="61"))
+    assert result.action == "staged" and "yielded big for job 61" in err
