@@ -70,7 +70,9 @@ function slurm_bb_job_process(job_script, uid, gid)
 	local names, err = requested(job_script)
 	if names == nil then return slurm.ERROR, err end
 	if #names == 0 then return slurm.SUCCESS end
-	return dsstage.validate(names, uid)
+	local cat, cerr = dsstage.catalog()
+	if cat == nil then return slurm.ERROR, cerr end
+	return dsstage.validate(cat, names, uid)
 end
 
 function slurm_bb_pools()

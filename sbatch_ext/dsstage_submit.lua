@@ -70,7 +70,8 @@ end
 -- "#BB_LUA dataset=a,b" lines, joined with commas; nil if there is none, and nil and a
 -- message for a #BB_LUA option dsstage does not know (the cluster's burst_buffer.lua is ours).
 function M.bb_request(text)
-	if type(text) ~= "string" then return nil end
+	-- every submission's script passes here: most have no directive, and need no line scan
+	if type(text) ~= "string" or not string.find(text, "#BB_LUA", 1, true) then return nil end
 	local values = {}
 	for line in string.gmatch(text .. "\n", "([^\n]*)\n") do
 		local rest = string.match(line, "^#BB_LUA%s+(.*)$") or string.match(line, "^#BB_LUA$")
@@ -202,19 +203,19 @@ function M.check(job_desc, submit_uid)
 	if value == nil then return slurm.SUCCESS end
 	local names, perr = M.parse(value)
 	if names == nil then return slurm.ERROR, perr end
-	local rc, msg = M.validate(names, submit_uid)
+	local cat, cerr = M.catalog()
+	if cat == nil then return slurm.ERROR, cerr end
+	local rc, msg = M.validate(cat, names, submit_uid)
 	if rc ~= slurm.SUCCESS then return rc, msg end
 	M.record(job_desc, names)
-	M.prefer(job_desc, names, M.catalog())
+	M.prefer(job_desc, names, cat)
 	return slurm.SUCCESS
 end
 
--- slurm.SUCCESS if every name is in the catalog and uid may use it (uid nil: not checked,
--- as burst_buffer.lua on Slurm 22.05, which is not told the user); else slurm.ERROR and
--- a one-line message for the user.
-function M.validate(names, submit_uid)
-	local cat, cerr = M.catalog()
-	if cat == nil then return slurm.ERROR, cerr end
+-- slurm.SUCCESS if every name is in the catalog cat (M.catalog()) and uid may use it (uid
+-- nil: not checked, as burst_buffer.lua on Slurm 22.05, which is not told the user); else
+-- slurm.ERROR and a one-line message for the user.
+function M.validate(cat, names, submit_uid)
 	local uid = tonumber(submit_uid)
 	for _, name in ipairs(names) do
 		local ds = cat.datasets[name]

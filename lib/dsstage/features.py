@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .slurm import fold_nodes, natural_key
+from .slurm import down_nodes, fold_nodes, natural_key
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def sync(conf: Any, slurm: Any, *, now: float | None = None) -> list[tuple[list[
     from . import report
     now = time.time() if now is None else now
     nodes = slurm.nodes()
-    down = {n.name: n.down for n in nodes.values() if n.down}
+    down = down_nodes(nodes)
     wanted = held(report.read_all(conf.state_dir), conf.placement.prefix, now, conf.report.max_age, down)
     todo = changes({n.name: n.features for n in nodes.values()}, wanted, conf.placement.prefix)
     for names, feats in todo:

@@ -187,7 +187,6 @@ class Prefetcher:
         return cands, skips, dem
 
     def _ready(self) -> set[str]:
-        from . import nodefs
         from .errors import DsstageError
         from .store import open_tier
         out = set()
@@ -195,7 +194,7 @@ class Prefetcher:
             try:
                 digest = self.store.current(name)
                 with open_tier(self.store.layout(ds.tier), create=False) as tier:
-                    if not nodefs.not_ready(tier, name, digest):
+                    if self.store.ready_state(tier, name, digest).ready:
                         out.add(name)
             except (DsstageError, OSError):
                 continue

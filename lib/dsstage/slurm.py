@@ -23,7 +23,7 @@ import os
 import re
 import subprocess
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -88,6 +88,11 @@ class Node:
         if self.state.startswith(("down", "fail", "unknown", "future", "power")):
             return self.state
         return ""
+
+
+def down_nodes(nodes: Mapping[str, Node]) -> dict[str, str]:
+    """Node name -> why Slurm does not hear from it (Node.down), for the nodes that are down."""
+    return {n.name: n.down for n in nodes.values() if n.down}
 
 
 #: ``sinfo -o`` of ``nodes``: name, address, state, available features

@@ -26,7 +26,7 @@ from . import demand, report
 from .config import Config
 from .demand import Snapshot
 from .errors import DsstageError
-from .slurm import SlurmClient, expand_nodes
+from .slurm import SlurmClient, down_nodes, expand_nodes
 from .slurm import fold_nodes as fold
 from .units import human, human_duration
 
@@ -61,7 +61,7 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
     down: dict[str, str] = {}
     if slurm is not None:
         try:
-            down = {n.name: n.down for n in slurm.nodes().values() if n.down}
+            down = down_nodes(slurm.nodes())
         except DsstageError as exc:
             st.down_error = str(exc)
     for r in raw:

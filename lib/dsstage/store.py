@@ -267,6 +267,7 @@ class Store:
         name = ds.name
         manifest = self.load_manifest(name, digest)
         staging = nodefs.staging_name(name, digest)
+        record = space.stage_record(staging)
         self._remove_staging(tier, name, keep=staging)
         publish.take_back(tier, name, digest)
         older = self._older_versions(tier, name, digest)
@@ -274,13 +275,13 @@ class Store:
         needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
         tier_conf = self.config.tiers[ds.tier]
         self._make_room(tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
-                        resumed=space.stage_record(staging))
+                        resumed=record)
         transfer = self.config.transfer
         if prefetch and prefetch.bwlimit:
             # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
             transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
         linked: dict[int, tuple[int, int]] = {}
-        with space.reservation(tier, tier_conf.name, tier_conf.capacity, space.stage_record(staging), needed,
+        with space.reservation(tier, tier_conf.name, tier_conf.capacity, record, needed,
                                f"dataset {name!r}", self.node):
             sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
             report = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, transfer,
