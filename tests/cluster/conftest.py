@@ -86,6 +86,23 @@ class Cluster:
             time.sleep(0.3)
         raise AssertionError(f"job {job_id} did not finish: {self.job(job_id)}")
 
+    def state(self, job_id: str, state: str, timeout: float = 60) -> dict[str, str]:
+        """Wait until the job is in ``state`` (a job shows RUNNING while its Prolog may still
+        be at work); its ``job()`` record then."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") == state:
+                return info
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} never {state}: {self.job(job_id)}")
+
+    def cancel_active(self, job_ids: list[str]) -> None:
+        """scancel those of ``job_ids`` still pending, configuring or running (a test's end)."""
+        active = [j for j in job_ids if self.job(j).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING")]
+        if active:
+            self.run("scancel", *active, check=False)
+
     def output(self, job_id: str) -> str:
         return (self.jobs / f"{job_id}.out").read_text()
 

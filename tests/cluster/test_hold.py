@@ -38,16 +38,6 @@ def client(cluster, monkeypatch) -> slurm.CliSlurm:
     return c
 
 
-def wait_state(cluster, job_id: str, state: str, timeout: float = 60) -> dict[str, str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = cluster.job(job_id)
-        if info.get("JobState") == state:
-            return info
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} never {state}: {cluster.job(job_id)}")
-
-
 def record(cluster, job_id: str) -> slurm.Job:
     """The job as dsstage reads it (squeue, no user-controlled field)."""
     out = cluster.run("squeue", "-h", "-t", "all", "-j", job_id, "-O", slurm.JOB_FORMAT).stdout
@@ -107,10 +97,10 @@ class Allocation:
 
 def test_hold_requeues_and_holds_a_running_batch_job(cluster, client):
     job = cluster.submit(SLEEP, "--comment=mine", "-J", "hold-batch", "-w", "n1", user=USER)
-    wait_state(cluster, job, "RUNNING")
+    cluster.state(job, "RUNNING")
     try:
         assert client.hold(job, "source /x is\ngone \x1b[31m") == slurm.HELD
-        info = wait_state(cluster, job, "PENDING")
+        info = cluster.state(job, "PENDING")
         assert info["Reason"] == "job_requeued_in_held_state"
         assert comment_of(cluster, job) == "mine"
         message = f"dsstage held this job: source /x is gone [31m -- once that is fixed: scontrol release {job}"
@@ -125,14 +115,14 @@ def test_hold_requeues_and_holds_a_running_batch_job(cluster, client):
         # the user may release it
         cluster.run("scontrol", "release", job, user=USER)
         cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # skip Slurm's requeue delay
-        wait_state(cluster, job, "RUNNING", timeout=90)
+        cluster.state(job, "RUNNING", timeout=90)
     finally:
         cluster.run("scancel", job, check=False)
 
 
 def test_hold_keeps_the_admin_comment_it_finds(cluster, client):
     job = cluster.submit(SLEEP, "-w", "n2", user=USER)
-    wait_state(cluster, job, "RUNNING")
+    cluster.state(job, "RUNNING")
     try:
         cluster.run("scontrol", "update", f"JobId={job}", "AdminComment=site=a|b dsstage=sample")
         assert client.hold(job, "gone") == slurm.HELD
@@ -145,7 +135,7 @@ def test_hold_keeps_the_admin_comment_it_finds(cluster, client):
 
 def test_hold_leaves_a_no_requeue_batch_job_running(cluster, client):
     job = cluster.submit(SLEEP, "--no-requeue", "--comment=mine", "-w", "n2", user=USER)
-    wait_state(cluster, job, "RUNNING")
+    cluster.state(job, "RUNNING")
     try:
         assert client.hold(job, "gone") == slurm.NOT_REQUEUED
         assert cluster.job(job)["JobState"] == "RUNNING"
@@ -160,7 +150,7 @@ def test_hold_cancels_an_allocation_and_tells_its_terminal(cluster, client):
     alloc = Allocation(cluster, ["salloc", "--comment=mine", "-w", "n3", "sleep", "300"], "hold-salloc")
     try:
         job = alloc.job_id()
-        wait_state(cluster, job, "RUNNING")
+        cluster.state(job, "RUNNING")
         assert client.hold(job, "source /x is gone") == slurm.CANCELLED
         rc, terminal = alloc.finish()
     finally:
@@ -168,7 +158,7 @@ def test_hold_cancels_an_allocation_and_tells_its_terminal(cluster, client):
     message = "dsstage cancelled this job: source /x is gone (an interactive allocation cannot be requeued)"
     assert rc != 0
     assert f"salloc: {message}" in terminal and "has been revoked" in terminal
-    wait_state(cluster, job, "CANCELLED")
+    cluster.state(job, "CANCELLED")
     assert record(cluster, job).admin_comment == message and comment_of(cluster, job) == "mine"
 
 
@@ -234,6 +224,6 @@ def test_prolog_cancels_an_interactive_allocation_with_the_reason_on_its_termina
     assert rc != 0 and "RAN" not in terminal
     assert f"{argv[0]}: dsstage cancelled this job: " in terminal and GONE_REASON in terminal
     job = alloc.job_id()
-    wait_state(cluster, job, "CANCELLED")
+    cluster.state(job, "CANCELLED")
     assert record(cluster, job).admin_comment.startswith(f"dsstage={gone_source} dsstage cancelled this job: ")
     assert comment_of(cluster, job) == "mine"

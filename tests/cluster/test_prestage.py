@@ -45,17 +45,8 @@ class Jobs:
         flag = self.flag()
         job = self.submit(f"for i in $(seq 600); do [ -e {flag} ] && break; sleep 0.2; done\n", "-w", node,
                           "--exclusive", "-t", "2")
-        self.state(job, "RUNNING")
+        self.cluster.state(job, "RUNNING")
         return flag
-
-    def state(self, job: str, state: str, timeout: float = 60) -> dict[str, str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            info = self.cluster.job(job)
-            if info.get("JobState") == state:
-                return info
-            time.sleep(0.2)
-        raise AssertionError(f"job {job} never {state}: {self.cluster.job(job)}")
 
     def planned(self, job: str, node: str, timeout: float = 60) -> dict[str, str]:
         """Wait until backfill has planned pending ``job`` on ``node`` with a start time."""
@@ -71,9 +62,7 @@ class Jobs:
     def finish(self) -> None:
         for f in self.flags:
             f.write_text("go")
-        active = [j for j in self.ids if self.cluster.job(j).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING")]
-        if active:
-            self.cluster.run("scancel", *active, check=False)
+        self.cluster.cancel_active(self.ids)
 
 
 @pytest.fixture

@@ -106,13 +106,7 @@ class Lab:
         return job
 
     def state(self, job: str, state: str, timeout: float = 60) -> dict[str, str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            info = self.cluster.job(job)
-            if info.get("JobState") == state:
-                return info
-            time.sleep(0.2)
-        raise AssertionError(f"job {job} never {state}: {self.cluster.job(job)}")
+        return self.cluster.state(job, state, timeout)
 
     def running(self, job: str, *datasets: str, timeout: float = 60) -> None:
         """Wait until the job runs and its Prolog leased ``datasets`` on n1 (a job shows
@@ -132,9 +126,7 @@ class Lab:
     def finish(self) -> None:
         for f in self.flags:
             f.write_text("go")
-        active = [j for j in self.jobs if self.cluster.job(j).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING")]
-        if active:
-            self.cluster.run("scancel", *active, check=False)
+        self.cluster.cancel_active(self.jobs)
 
     # -- dsstage -------------------------------------------------------------------------
 
