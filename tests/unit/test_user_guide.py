@@ -1,0 +1,220 @@
+"""Every command in docs/user-guide.md is run by a named test or by packaging/demo, and the
+messages it quotes are the ones the code prints.
+
+The guide's commands are the ``$ `` lines of its ``console`` blocks, the ``#SBATCH`` and
+``#BB_LUA`` lines of its ``bash`` (job script) blocks, and inline code in its prose that
+starts with a command name. Each must have an entry in COVERAGE naming where it runs: a
+test function (whose source must contain the given pieces of the command) or a script.
+What is checked here is that the named place exists and runs that command; the cluster
+tests themselves run with ``-m cluster``. A ``dsstage`` command is also parsed by the real
+build_parser(), which is weaker than running it but catches a renamed option at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from dsstage import config as cfg
+from dsstage import nodefs
+from dsstage.cli import build_parser
+
+TOP = Path(__file__).resolve().parents[2]
+GUIDE = TOP / "docs" / "user-guide.md"
+COMMANDS = ("sbatch", "srun", "salloc", "squeue", "scontrol", "dsstage")
+
+
+@dataclass(frozen=True)
+class Runs:
+    """``path`` (a test function ``test`` in it, or the whole file for a script) contains
+    every piece of ``pieces``: it runs the command."""
+
+    path: str
+    test: str | None
+    pieces: tuple[str, ...]
+    note: str = ""
+
+
+CLUSTER = "tests/cluster/test_cluster.py"
+HOLD = "tests/cluster/test_hold.py"
+PRESTAGE = "tests/cluster/test_prestage.py"
+DEMO = "packaging/demo"
+
+#: guide command -> where it runs (at least one place)
+COVERAGE: dict[str, list[Runs]] = {
+    # job scripts
+    "#SBATCH --dataset=imagenet22t": [Runs(CLUSTER, "HASH_JOB", ("#SBATCH --dataset=sample",)),
+                                      Runs(DEMO, None, ("#SBATCH --dataset=sample",))],
+    "#BB_LUA dataset=imagenet22t": [Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
+                                         ("#BB_LUA dataset=bbd\\n",))],
+    # submitting
+    "sbatch train.sbatch": [Runs(CLUSTER, "test_job_reads_the_verified_local_copy", ("cluster.submit(hash_job()",)),
+                            Runs(DEMO, None, ('sbatch --parsable -o "$jobs/demo-%j.out" "$@" "$jobs/demo.sbatch"',))],
+    "sbatch --dataset=imagenet22t train.sbatch": [
+        Runs(CLUSTER, "test_forbidden_dataset_is_rejected", ('"--dataset=private", user="daemon"',))],
+    "srun --dataset=imagenet22t python eval.py": [
+        Runs(HOLD, "test_prolog_cancels_an_interactive_allocation_with_the_reason_on_its_terminal",
+             ('["srun", "--comment=mine", "-w", "n3", "echo", "RAN"]', 'f"--dataset={gone_source}"'))],
+    "sbatch --dataset=sampel train.sbatch": [
+        Runs(CLUSTER, "test_unknown_dataset_is_rejected_by_sbatch", ('"--dataset=sampel"',)),
+        Runs(DEMO, None, ('sbatch --dataset=sampel "$jobs/demo.sbatch"',))],
+    # asking why
+    "dsstage ls": [Runs("tests/functional/test_stage.py", "test_cli_errors_are_one_line", ('env.cli("ls"',),
+                        note="only with a configuration it refuses (exit 78)")],
+    "dsstage status": [Runs(CLUSTER, "test_status_shows_copies_and_queue", ('cluster.dsstage("status")',)),
+                       Runs(DEMO, None, ("\ndsstage status\n",))],
+    "dsstage status --job 4": [Runs(DEMO, None, ('dsstage status --job "$waiting"',))],
+    "dsstage status --job ID": [Runs(DEMO, None, ('dsstage status --job "$waiting"',))],
+    "dsstage status --dataset imagenet22t": [
+        Runs(PRESTAGE, "test_a_job_starts_where_its_data_is", ('"status", "--json", "--dataset", "plc"',),
+             note="with --json"),
+        Runs("tests/cluster/test_fleet_ops.py", "test_warm_on_three_nodes_and_one_unreachable",
+             ('"status", "--json", "--dataset", DATASET, "--no-queue"',), note="with --json --no-queue")],
+    "dsstage status --dataset NAME": [
+        Runs(PRESTAGE, "test_a_job_starts_where_its_data_is", ('"status", "--json", "--dataset", "plc"',),
+             note="with --json")],
+    "scontrol show bbstat dataset imagenet22t": [
+        Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
+             ('"scontrol", "show", "bbstat", "dataset", "bbd"',))],
+    "scontrol show bbstat dataset NAME": [
+        Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
+             ('"scontrol", "show", "bbstat", "dataset", "bbd"',))],
+    # a held job
+    "squeue -h -j 1234 -o %r": [Runs(HOLD, "test_hold_requeues_and_holds_a_running_batch_job",
+                                     ('"squeue", "-h", "-j", job, "-o", "%r", user=USER',))],
+    "scontrol show job 1234": [Runs(HOLD, "user_view", ('"scontrol", "show", "job", job_id, user=USER',)),
+                               Runs(HOLD, "test_prolog_holds_a_batch_job_and_keeps_its_comment",
+                                    ("user_view(cluster, job)",))],
+    "scontrol show job": [Runs(HOLD, "user_view", ('"scontrol", "show", "job", job_id, user=USER',))],
+    "scontrol show job ID": [Runs(HOLD, "user_view", ('"scontrol", "show", "job", job_id, user=USER',))],
+    "scontrol release 1234": [Runs(HOLD, "test_hold_requeues_and_holds_a_running_batch_job",
+                                   ('"scontrol", "release", job, user=USER',)),
+                              Runs(CLUSTER, "test_unreadable_source_with_hold_requeues_and_holds",
+                                   ('"scontrol", "release", job',))],
+}
+
+#: (text in the guide, file, text in that file): what the guide quotes is what the code says
+QUOTES = [
+    ("sbatch: error: dsstage: unknown dataset 'sampel' (did you mean 'sample'?)", CLUSTER,
+     "sbatch: error: dsstage: unknown dataset 'sampel' (did you mean 'sample'?)"),
+    ("; `dsstage ls` lists the catalog", "sbatch_ext/dsstage_submit.lua", "; `dsstage ls` lists the catalog"),
+    ("dsstage: dataset 'private' is restricted to group(s) daemon; you are in none of them", CLUSTER,
+     "dsstage: dataset 'private' is restricted to group(s) daemon; you are in none of them"),
+    ("; you are in none of them: ask the dataset's owners for access", "sbatch_ext/dsstage_submit.lua",
+     "; you are in none of them: ask the dataset's owners for access"),
+    ("group changes take effect when `dsstage export-catalog` regenerates the catalog (a timer runs it; "
+     "this catalog is from ", "sbatch_ext/dsstage_submit.lua",
+     "group changes take effect when `dsstage export-catalog` regenerates the catalog ("),
+    ("dsstage: #BB_LUA capacity=1TB: unknown option; write #BB_LUA dataset=NAME[,NAME...]",
+     "sbatch_ext/dsstage_submit.lua", ": unknown option; write #BB_LUA dataset=NAME[,NAME...]"),
+    ("--dataset=sample,: empty dataset name", "sbatch_ext/dsstage_spank.c", "--dataset=%s: empty dataset name"),
+    ("dataset names use lower-case\nletters, digits, ...", "sbatch_ext/dsstage_spank.c",
+     "dataset names use lower-case letters, digits, "),
+    ("dsstage: warning: could not stage 'flaky' (", "lib/dsstage/hooks.py", "print dsstage: warning: "),
+    ("could not stage 'flaky' (...); reading /data/flaky directly, which is slower", "lib/dsstage/hooks.py",
+     'f"could not stage {name!r} ({error}); reading {ds.source.path} directly, which is slower"'),
+    ("`dsstage: error: <why>`", "lib/dsstage/hooks.py", 'f"print dsstage: error: {_one_line(o.reason)}"'),
+    ("dsstage held this job: <why> -- once that is fixed: scontrol release 1234", "lib/dsstage/slurm.py",
+     'f"dsstage held this job: {reason} -- once that is fixed: scontrol release {job.job_id}"'),
+    ("AdminComment=dsstage=imagenet22t dsstage held this job: ", HOLD,
+     'admin.startswith(f"dsstage={gone_source} dsstage held this job: ")'),
+    ("`salloc: dsstage cancelled this job: <why> (an interactive allocation cannot be requeued)`",
+     "lib/dsstage/slurm.py", 'f"dsstage cancelled this job: {reason} (an interactive allocation cannot be requeued)"'),
+    ("job requeued in held state\n", HOLD, 'assert reason == "job requeued in held state"'),
+    ("`DSSTAGE_BB_DATASETS`", "sbatch_ext/burst_buffer.lua", "DSSTAGE_BB_DATASETS"),
+    ("Slurm has not planned when or where\nit starts yet.", "lib/dsstage/status.py",
+     '"Slurm has not planned when or where it starts yet."'),
+    ("Its Prolog stages what is missing on\neach node before the job starts; if that fails the job falls back to "
+     "the source\nor is held, as the dataset's on_failure says.", "lib/dsstage/status.py",
+     '"Its Prolog stages what is missing on each node before the job starts; if that fails the job "'),
+]
+
+
+def guide() -> str:
+    return GUIDE.read_text()
+
+
+def fenced(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced block, indented ones (in list items) included."""
+    return [(m.group(2), re.sub(rf"^{m.group(1)}", "", m.group(3), flags=re.M))
+            for m in re.finditer(r"^( *)```(\w*)\n(.*?)^\1```$", text, re.S | re.M)]
+
+
+def guide_commands(text: str) -> list[str]:
+    out: list[str] = []
+    for lang, body in fenced(text):
+        for line in body.splitlines():
+            if lang == "console" and line.startswith("$ "):
+                out.append(line[2:].strip())
+            elif lang == "bash" and line.startswith(("#SBATCH --dataset", "#BB_LUA")):
+                out.append(line.strip())
+    prose = re.sub(r"^( *)```.*?^\1```$", "", text, flags=re.S | re.M)
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        if span.split(" ", 1)[0] in COMMANDS and " " in span:
+            out.append(span)
+        elif span in COMMANDS[-1:]:
+            out.append(span)
+    return out
+
+
+def test_the_guide_has_commands_and_blocks():
+    cmds = guide_commands(guide())
+    assert len(cmds) >= 15, cmds
+    assert {"dsstage status --job 4", "sbatch --dataset=sampel train.sbatch", "scontrol release 1234",
+            "#BB_LUA dataset=imagenet22t", "dsstage status --job ID"} <= set(cmds)
+
+
+def test_every_command_in_the_guide_has_a_place_that_runs_it():
+    missing = sorted({c for c in guide_commands(guide()) if c not in COVERAGE})
+    assert not missing, f"docs/user-guide.md shows commands no test is named for (add them to COVERAGE): {missing}"
+    unused = sorted(set(COVERAGE) - set(guide_commands(guide())))
+    assert not unused, f"COVERAGE names commands the guide no longer shows: {unused}"
+
+
+def source_of(path: Path, name: str) -> str:
+    """The source of function (with its decorators) or module-level assignment ``name`` in ``path``."""
+    text = path.read_text()
+    lines = text.splitlines()
+    for node in ast.parse(text).body:
+        names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+            [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
+        if name in names:
+            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            return "\n".join(lines[first - 1:node.end_lineno])
+    raise AssertionError(f"{path.relative_to(TOP)} has no {name}")
+
+
+@pytest.mark.parametrize("command", sorted(COVERAGE))
+def test_the_named_place_runs_the_command(command):
+    for runs in COVERAGE[command]:
+        path = TOP / runs.path
+        assert path.is_file(), f"{command}: {runs.path} is gone"
+        text = source_of(path, runs.test) if runs.test else path.read_text()
+        for piece in runs.pieces:
+            assert piece in text, f"{command}: {runs.path} {runs.test or ''} no longer has {piece!r}"
+
+
+@pytest.mark.parametrize("command", sorted(c for c in COVERAGE if c.startswith("dsstage")))
+def test_dsstage_commands_parse(command):
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert getattr(args, "handler", None) is not None, command
+
+
+def test_the_guide_quotes_what_the_code_says():
+    text = guide()
+    for in_guide, path, in_code in QUOTES:
+        assert in_guide in text, f"docs/user-guide.md no longer has {in_guide!r}: update QUOTES"
+        assert in_code in (TOP / path).read_text(), f"{path} no longer says {in_code!r}: update docs/user-guide.md"
+
+
+def test_the_guide_states_the_codes_numbers():
+    text = " ".join(guide().split())
+    assert nodefs.env_var("coco-2017") == "DSSTAGE_PATH_COCO_2017" and "`DSSTAGE_PATH_COCO_2017`" in text
+    assert nodefs.NAME_MAX == 64 and "at most 64 characters" in text
+    assert cfg.DEFAULT_PROLOG_BUDGET == 300 and "`prolog_budget`, 300 seconds" in text
+    assert nodefs.export_lines([("a", "/x"), ("b", "/y")])[-1] == "export DSSTAGE_DATASET_DIR=/x"
+    assert "`DSSTAGE_DATASET_DIR` | the same as `DSSTAGE_PATH_<NAME>` of the first dataset" in text
