@@ -22,8 +22,15 @@ records them as it records --dataset). What each callback does, and where it run
       TaskProlog, since they depend on the node.
   slurm_bb_get_status   (slurmscriptd) answers `scontrol show bbstat [JOBID | dataset NAME
       | node HOSTLIST]` with `dsstage status` for that job, dataset or nodes.
-  the others            succeed at once: the Prolog stages on the allocated nodes and the
-      Epilog releases, as for --dataset.
+  slurm_bb_pre_run      (slurmscriptd, after allocation; the job's Prologs wait for it)
+      records the datasets in <state_dir>/bb/<job id> (`dsstage bb record`): on 22.05 this
+      is the only way a directive reaches the Prolog, which stages on the allocated nodes as
+      for --dataset (the defaults file names the directory: DSSTAGE_BB_REQUESTS). If the
+      record cannot be written, the job is held with the reason rather than run without
+      its data.
+  slurm_bb_job_teardown (slurmscriptd, at the end) forgets the record (`dsstage bb forget`);
+      the Epilog releases the job's leases as for --dataset.
+  the others            succeed at once.
 
 Slurm 22.05 passes (job_id, job_script, ...) without uid, gid or the job's nodes; 23.02 adds
 uid and gid (and a job_info table), which job_process then uses for the access check.
@@ -109,7 +116,20 @@ function slurm_bb_paths(job_id, job_script, path_file, uid, gid)
 	return slurm.SUCCESS
 end
 
+-- the Prolog waits for this: record the request where the job's Prologs read it
 function slurm_bb_pre_run(job_id, job_script, uid, gid)
+	local names = requested(job_script)
+	if names == nil or #names == 0 then return slurm.SUCCESS end
+	local value = table.concat(names, ",")
+	local p = io.popen(command({ "bb", "record", tostring(job_id), value }) .. " 2>&1; echo \"dsstage-exit=$?\"")
+	local out = p and p:read("*a") or ""
+	if p then p:close() end
+	if not string.find(out, "dsstage%-exit=0%s*$") then
+		-- without the record the job would run without its datasets and without a word
+		local why = string.gsub(string.gsub(out, "dsstage%-exit=%d+%s*$", ""), "%s+", " ")
+		slurm.log_error("dsstage: job %s: recording #BB_LUA dataset=%s failed: %s", tostring(job_id), value, why)
+		return slurm.ERROR, "dsstage could not record the #BB_LUA dataset=" .. value .. " request for the Prolog: " .. why
+	end
 	return slurm.SUCCESS
 end
 
@@ -122,6 +142,7 @@ function slurm_bb_data_out(job_id, job_script, uid, gid)
 end
 
 function slurm_bb_job_teardown(job_id, job_script, hurry, uid, gid)
+	os.execute(command({ "bb", "forget", tostring(job_id) }) .. " >/dev/null 2>&1")
 	return slurm.SUCCESS
 end
 

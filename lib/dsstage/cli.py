@@ -171,6 +171,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="machine-readable output (with --dry-run)")
     c.set_defaults(handler=cmd_prefetch)
 
+    bbp = sub.add_parser("bb", help="record or forget a #BB_LUA dataset= job's request (burst_buffer.lua runs it)",
+                       description="Slurm's burst_buffer/lua runs these from sbatch_ext/burst_buffer.lua on the "
+                                   "controller: pre_run records the job's datasets in <state_dir>/bb/<job id> for "
+                                   "its Prolog (which cannot learn a #BB_LUA request otherwise), teardown forgets "
+                                   "them.")
+    bsub = bbp.add_subparsers(dest="bb_command", metavar="record|forget")
+    b = bsub.add_parser("record", help="record the datasets a job asked for")
+    b.add_argument("job_id", help="the job id")
+    b.add_argument("datasets", help="NAME[,NAME...]: the job's #BB_LUA dataset= value")
+    b.set_defaults(handler=cmd_bb_record)
+    b = bsub.add_parser("forget", help="remove a job's record")
+    b.add_argument("job_id", help="the job id")
+    b.set_defaults(handler=cmd_bb_forget)
+    bbp.set_defaults(handler=lambda _a: _usage(bbp))
+
     c = sub.add_parser("simulate", help="replay a job trace through retention policies and compare them",
                        add_help=False)  # its options are simulate.build_parser()'s: see dsstage simulate --help
     c.set_defaults(handler=cmd_simulate)
@@ -427,6 +442,23 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
         if not (cands or skips or dem.stale):
             print(f"{pre.node}: no pending job is planned here")
     _emit(args, data, text)
+    return 0
+
+
+def cmd_bb_record(args: argparse.Namespace) -> int:
+    from . import bbrequest
+    conf = _config(args)
+    names = cat.parse_request(args.datasets)  # the Prolog checks catalog and access with the job's uid
+    path = bbrequest.write(conf.state_dir, args.job_id, names)
+    print(f"job {args.job_id}: {','.join(names)} recorded in {path}")
+    return 0
+
+
+def cmd_bb_forget(args: argparse.Namespace) -> int:
+    from . import bbrequest
+    conf = _config(args)
+    gone = bbrequest.remove(conf.state_dir, args.job_id)
+    print(f"job {args.job_id}: {'request forgotten' if gone else 'no request recorded'}")
     return 0
 
 

@@ -143,6 +143,13 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class BurstBuffer:
+    """``#BB_LUA dataset=`` requests (dsstage.bbrequest, sbatch_ext/burst_buffer.lua)."""
+
+    user: str | None = None  # who runs burst_buffer.lua (Slurm's SlurmUser) and writes <state_dir>/bb
+
+
+@dataclass(frozen=True)
 class Config:
     origin: str
     state_dir: str
@@ -160,6 +167,7 @@ class Config:
     metrics: Metrics = field(default_factory=Metrics)
     prefetch: Prefetch = field(default_factory=Prefetch)
     placement: Placement = field(default_factory=Placement)
+    burst_buffer: BurstBuffer = field(default_factory=BurstBuffer)
 
     def slurm_command(self, name: str) -> str:
         """The full path of a Slurm client command (``scontrol``, ``squeue``)."""
@@ -170,7 +178,8 @@ class Config:
 
 
 _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
-             "prolog_budget", "source_user", "retention", "report", "fleet", "metrics", "prefetch", "placement")
+             "prolog_budget", "source_user", "retention", "report", "fleet", "metrics", "prefetch", "placement",
+             "burst_buffer")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark")
 _DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit")
@@ -180,6 +189,7 @@ _FLEET_KEYS = ("user", "port", "key", "known_hosts", "connect_timeout", "timeout
 _METRICS_KEYS = ("textfile",)
 _PREFETCH_KEYS = ("horizon", "interval", "bwlimit", "io_class")
 _PLACEMENT_KEYS = ("features", "prefer", "prefix")
+_BURST_BUFFER_KEYS = ("user",)
 IO_CLASSES = ("idle", "best-effort")
 #: a node feature: what Slurm's constraint syntax takes as one name
 FEATURE_PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,15}")
@@ -247,6 +257,7 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     metrics = v.metrics({} if data.get("metrics") is None else data["metrics"])
     prefetch = v.prefetch({} if data.get("prefetch") is None else data["prefetch"])
     placement = v.placement({} if data.get("placement") is None else data["placement"])
+    burst_buffer = v.burst_buffer({} if data.get("burst_buffer") is None else data["burst_buffer"])
 
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
@@ -262,7 +273,7 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
                   on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer,
                   slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user,
                   retention=retention, report=report, fleet=fleet, metrics=metrics, prefetch=prefetch,
-                  placement=placement)
+                  placement=placement, burst_buffer=burst_buffer)
 
 
 # -- what check-config adds: the configuration against this host's Slurm ----------------------
@@ -558,6 +569,10 @@ class _Validator:
             self.fail("placement.prefix", f"{prefix!r}: a node feature prefix starts with a letter and has at most "
                       "16 letters, digits, '_', '.' or '-' (e.g. ds_)")
         return Placement(features=flags["features"], prefer=flags["prefer"], prefix=prefix)
+
+    def burst_buffer(self, spec: Any) -> BurstBuffer:
+        self._section(spec, "burst_buffer", _BURST_BUFFER_KEYS)
+        return BurstBuffer(user=self.user(spec.get("user"), "burst_buffer.user"))
 
     def duration(self, value: Any, key: str) -> float:
         return self._parsed(parse_duration, value, key)

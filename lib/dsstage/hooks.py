@@ -19,12 +19,12 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from . import bbrequest, nodefs
 from . import catalog as cat
 from . import config as cfg
-from . import nodefs
 from .config import Config, Dataset
 from .errors import AccessDenied, DsstageError, StoreError, UnknownDataset, UnsafeStore, VerifyError
 from .store import Store
@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: seconds of the Prolog's budget kept for deciding, holding the job and writing files
 DECIDE_MARGIN = 10.0
+#: what a job asked for when its request is a burst-buffer record that could not be read
+BB_REQUEST = "#BB_LUA dataset="
 
 
 @dataclass(frozen=True)
@@ -159,21 +161,44 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
     in the configuration's ``slurm_bin``."""
     started = time.monotonic() if started is None else started
     ctx = JobContext.from_env(env)
-    if not ctx.request:
+    bb = bbrequest.flagged(env)  # #BB_LUA dataset=, alone or with --dataset
+    if not ctx.request and not bb:
         return 0
+    store = None
     try:
         conf = load_config()
     except DsstageError as exc:
-        outcomes = [Outcome(ctx.request, "hold", None, f"dsstage is misconfigured on {ctx.node}: {exc}")]
-        store = None
+        outcomes = [Outcome(ctx.request or BB_REQUEST, "hold", None, f"dsstage is misconfigured on {ctx.node}: {exc}")]
         slurm = slurm or _slurm()
-    else:
-        slurm = slurm or _slurm(conf.slurm_bin)
-        store = Store(conf, ctx.node or None, run_dir=run_dir)
-        budget = conf.prolog_budget
-        outcomes = stage_all(ctx, conf, store, deadline=started + max(1.0, budget - DECIDE_MARGIN))
-        write_config_cache(run_dir, conf)
+        return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm)
+    slurm = slurm or _slurm(conf.slurm_bin)
+    if bb:
+        try:
+            recorded = bb_request(ctx, conf, env)
+        except (OSError, DsstageError) as exc:
+            outcomes = [Outcome(BB_REQUEST, "hold", None, f"cannot read the job's #BB_LUA request: {exc}")]
+            return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm)
+        ctx = replace(ctx, request=",".join(r for r in (ctx.request, recorded) if r) or None)  # repeats go later
+        if not ctx.request:
+            return 0
+    store = Store(conf, ctx.node or None, run_dir=run_dir)
+    budget = conf.prolog_budget
+    outcomes = stage_all(ctx, conf, store, deadline=started + max(1.0, budget - DECIDE_MARGIN))
+    write_config_cache(run_dir, conf)
     return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm, store=store)
+
+
+def bb_request(ctx: JobContext, conf: Config, env: Mapping[str, str]) -> str | None:
+    """The datasets of a ``#BB_LUA dataset=`` job, from the record its pre_run left
+    (dsstage.bbrequest), or None if there is none any more."""
+    request = bbrequest.read(conf.state_dir, ctx.job_id, bbrequest.writer_uid(conf.burst_buffer.user))
+    where = bbrequest.directory(conf.state_dir)
+    if request is None:
+        log.error("job %s: no #BB_LUA record in %s (the hook script found one in %s=%s): set %s to %s in the "
+                  "defaults file", ctx.job_id, where, bbrequest.ENV, env.get(bbrequest.ENV), bbrequest.ENV, where)
+    else:
+        log.info("job %s: #BB_LUA request %s", ctx.job_id, request)
+    return request
 
 
 def decide(ctx: JobContext, outcomes: list[Outcome], *, run_dir: str, slurm: SlurmClient,
@@ -211,8 +236,8 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
     """Release the job's leases, reclaim leases of jobs that are gone, then apply the
     retention plan: evictions are renames into the trash, deleted in the background."""
     ctx = JobContext.from_env(env)
-    remove_task_file(run_dir, ctx)
-    if not ctx.request:
+    # a #BB_LUA job has no request in its environment: its Prolog's file says it had one
+    if not remove_task_file(run_dir, ctx) and not ctx.request:
         return 0
     try:
         conf = load_config()
@@ -256,11 +281,12 @@ def write_task_file(run_dir: str, ctx: JobContext, lines: Sequence[str]) -> None
     nodefs.write_task_file(run_dir, ctx.node, ctx.job_id, lines, ctx.gid)
 
 
-def remove_task_file(run_dir: str, ctx: JobContext) -> None:
+def remove_task_file(run_dir: str, ctx: JobContext) -> bool:
+    """Remove the job's TaskProlog file; False if there was none (or it cannot be reached)."""
     try:
-        nodefs.remove_task_file(run_dir, ctx.node, ctx.job_id)
+        return nodefs.remove_task_file(run_dir, ctx.node, ctx.job_id)
     except (OSError, DsstageError):
-        pass
+        return False
 
 
 def write_config_cache(run_dir: str, conf: Config) -> None:
@@ -272,6 +298,7 @@ def write_config_cache(run_dir: str, conf: Config) -> None:
     if record["key"] is None:
         return
     try:
+        record["bb_uid"] = bbrequest.writer_uid(conf.burst_buffer.user)
         nodefs.write_cache(run_dir, record)
     except (OSError, DsstageError) as exc:
         log.warning("cannot write the configuration cache in %s: %s", run_dir, exc)
@@ -305,11 +332,11 @@ def _slurm(bin_dir: str | None = None) -> SlurmClient:
 def on_bug(env: Mapping[str, str], run_dir: str, exc: BaseException) -> int:
     """The Prolog failed unexpectedly: the job is held with the reason (never a drain)."""
     ctx = JobContext.from_env(env)
-    if not ctx.request:
+    if not ctx.request and not bbrequest.flagged(env):
         return 0
     reason = f"dsstage failed unexpectedly on {ctx.node} ({type(exc).__name__}: {exc}); an admin should check its log"
     try:
-        decide(ctx, [Outcome(ctx.request, "hold", None, reason)], run_dir=run_dir, slurm=_slurm())
+        decide(ctx, [Outcome(ctx.request or BB_REQUEST, "hold", None, reason)], run_dir=run_dir, slurm=_slurm())
     except Exception:  # noqa: BLE001 - the last resort: logged, the node stays up
         log.exception("job %s: could not hold the job either", ctx.job_id)
     return 0

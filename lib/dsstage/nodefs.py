@@ -536,10 +536,11 @@ def write_task_file(run_dir: str, node: str, job_id: str, lines: Iterable[str], 
                  owner=(0, gid if gid >= 0 else 0))
 
 
-def remove_task_file(run_dir: str, node: str, job_id: str) -> None:
+def remove_task_file(run_dir: str, node: str, job_id: str) -> bool:
+    """Remove the job's file; False if there was none."""
     parts, name = _task_parts(node, job_id)
     with RootDir(run_dir, create=False) as run:
-        unlink_at(run.has_dir(*parts), name)
+        return unlink_at(run.has_dir(*parts), name)
 
 
 # -- the configuration cache -----------------------------------------------------------------------
@@ -554,9 +555,9 @@ def config_key(path: str) -> list[int] | None:
 
 
 def cache_record(origin: str, state_dir: str, datasets: Mapping[str, Mapping[str, Any]],
-                 report_user: str | None = None) -> dict[str, Any]:
+                 report_user: str | None = None, bb_uid: int | None = None) -> dict[str, Any]:
     return {"origin": origin, "key": config_key(origin), "state_dir": state_dir, "datasets": dict(datasets),
-            "report_user": report_user}
+            "report_user": report_user, "bb_uid": bb_uid}
 
 
 def write_cache(run_dir: str, record: Mapping[str, Any]) -> bool:

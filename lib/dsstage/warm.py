@@ -19,14 +19,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import metrics, nodefs, report
+from . import bbrequest, metrics, nodefs, report
 from .errors import DsstageError
 from .nodefs import Layout, RootDir
 
 
-def requested_names(env: Mapping[str, str]) -> list[str] | None:
-    """The dataset names a job asked for, or None if the request is malformed."""
-    request = next((env[v] for v in nodefs.REQUEST_VARS if env.get(v)), "")
+def requested_names(request: str) -> list[str] | None:
+    """The dataset names of a request (``a,b``), or None if it is malformed."""
     names: list[str] = []
     for part in request.split(","):
         name = part.strip()
@@ -45,8 +44,15 @@ def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
         uid, gid = int(env.get("SLURM_JOB_UID", "")), int(env.get("SLURM_JOB_GID", ""))
     except ValueError:
         return None
-    names = requested_names(env)
+    request = next((env[v] for v in nodefs.REQUEST_VARS if env.get(v)), "")
     cache = nodefs.load_cache(run_dir, config_path)
+    if cache is not None and bbrequest.flagged(env):  # #BB_LUA dataset=, alone or with --dataset
+        try:
+            recorded = bbrequest.read(cache["state_dir"], job_id, cache.get("bb_uid"))
+        except (OSError, DsstageError):
+            return None  # the full Prolog holds the job and says why
+        request = ",".join(r for r in (request, recorded) if r)
+    names = requested_names(request)
     if not names or not nodefs.job_id_ok(job_id) or not node or not user or cache is None:
         return None
     state_dir, catalog = cache["state_dir"], cache["datasets"]

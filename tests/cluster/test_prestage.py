@@ -159,11 +159,28 @@ def test_a_burst_buffer_directive_is_validated_and_staged(cluster, jobs):
     res = cluster.sbatch("#BB_LUA dataset=bbd capacity=1TB\ntrue\n", check=False, user="daemon")
     assert res.returncode != 0 and "#BB_LUA capacity=1TB: unknown option" in res.stderr, res.stderr
 
-    # accepted and recorded like --dataset: the demand snapshot (and so the prefetch) sees it
-    job = jobs.submit('#BB_LUA dataset=bbd\necho "bb=$DSSTAGE_BB_DATASETS"\n', user="daemon")
+    # accepted and recorded like --dataset: the demand snapshot (and so the prefetch) sees it;
+    # pre_run records it for the Prolog, which stages it; the Epilog releases, teardown forgets
+    job = jobs.submit('#BB_LUA dataset=bbd\necho "bb=$DSSTAGE_BB_DATASETS"\n'
+                      'echo "path=$DSSTAGE_PATH_BBD"\nls "$DSSTAGE_PATH_BBD/bbd" | wc -l\n', user="daemon")
     info = cluster.wait(job)
     assert info["JobState"] == "COMPLETED", info
     assert "dsstage=bbd" in info.get("AdminComment", ""), info
-    assert cluster.output(job).split() == ["bb=bbd"]  # slurm_bb_paths
+    out = cluster.output(job).split()
+    assert out[0] == "bb=bbd", out  # slurm_bb_paths
+    node = info["NodeList"]
+    assert out[1].startswith(f"path={cluster.dir}/nvme/{node}/"), out  # the TaskProlog, from the Prolog
+    assert out[2] == "5", out  # the job read its staged copy
+    log = hook_log(cluster, job)
+    assert any("#BB_LUA request bbd" in line for line in log), log
+    assert any("bbd staged at" in line for line in log), log
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any("released bbd" in line for line in hook_log(cluster, job)):
+        time.sleep(0.5)
+    assert any("released bbd" in line for line in hook_log(cluster, job)), hook_log(cluster, job)
+    record = cluster.dir / "dsstage-state" / "bb" / job
+    while time.monotonic() < deadline and record.exists():
+        time.sleep(0.5)
+    assert not record.exists(), "teardown left the job's #BB_LUA record"
     stat = cluster.run("scontrol", "show", "bbstat", "dataset", "bbd").stdout
     assert "bbd" in stat, stat

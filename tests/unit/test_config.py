@@ -64,6 +64,8 @@ def test_report_fleet_and_metrics_sections():
     assert (c.fleet.user, c.fleet.port, c.fleet.key, c.fleet.connect_timeout, c.fleet.parallel) == \
         ("admin", 2222, "/etc/dsstage/key", 5.0, 8)
     assert c.fleet.command == ("/opt/ds/bin/dsstage",)
+    assert c.burst_buffer.user is None
+    assert config.from_dict(base(burst_buffer={"user": "slurm"})).burst_buffer.user == "slurm"
     assert c.metrics.textfile == "/var/lib/prometheus/node-exporter/dsstage.prom"
 
 
@@ -125,6 +127,8 @@ def test_example_config_is_valid():
     (base(retention=[]), "retention: must be a mapping"),
     (base(report={"max_age": "30s"}), "report.max_age: 30s is too short"),
     (base(report={"user": "svc data"}), "report.user: 'svc data' is not a Unix user name"),
+    (base(burst_buffer={"user": "slurm user"}), "burst_buffer.user: 'slurm user' is not a Unix user name"),
+    (base(burst_buffer={"users": "slurm"}), "burst_buffer.users: unknown key; did you mean 'user'?"),
     (base(fleet={"port": 70000}), "fleet.port: 70000 is not a TCP port"),
     (base(fleet={"command": "dsstage --config x"}), "fleet.command: give the remote dsstage command as a list"),
     (base(fleet={"command": []}), "fleet.command: give the remote dsstage command as a list"),

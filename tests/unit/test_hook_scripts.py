@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dsstage import bbrequest
 
 TOP = Path(__file__).resolve().parents[2]
 PROLOG = TOP / "prolog" / "dsstage-prolog"
@@ -83,6 +84,65 @@ def test_root_python_imports_nothing_from_cwd_or_pythonpath(tmp_path, script, ki
     if script == PROLOG and os.geteuid() == 0:  # the real dsstage ran: it left the job's TaskProlog lines
         task = (tmp_path / "run" / "n1" / "jobs" / "7.task").read_text()
         assert f"export DSSTAGE_DATASET_DIR={tmp_path}/src\n" in task
+
+
+# -- a #BB_LUA dataset= job: no SPANK request, a record from burst_buffer.lua's pre_run ------------
+
+def bb_job_env(tmp_path: Path, *, python: str = sys.executable) -> dict[str, str]:
+    env = job_env(tmp_path)
+    del env["SPANK_DSSTAGE_DATASETS"]
+    defaults = tmp_path / "defaults"
+    defaults.write_text(defaults.read_text().replace(f"DSSTAGE_PYTHON={sys.executable}", f"DSSTAGE_PYTHON={python}")
+                        + f"DSSTAGE_BB_REQUESTS={tmp_path}/state/bb\n")
+    return env
+
+
+@pytest.mark.parametrize("script", [PROLOG, EPILOG], ids=lambda p: p.name)
+def test_a_job_without_request_or_record_starts_no_python(tmp_path, script):
+    env = bb_job_env(tmp_path, python="/bin/false")  # started, it would fail the hook
+    assert subprocess.run([str(script)], env=env, cwd="/", timeout=30).returncode == 0
+    bbrequest.write(str(tmp_path / "state"), "8", ["sample"])  # another job's record
+    assert subprocess.run([str(script)], env=env, cwd="/", timeout=30).returncode == 0
+    env["SLURM_JOB_ID"] = "../bb/8"
+    assert subprocess.run([str(script)], env=env, cwd="/", timeout=30).returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the store is root's: the real Prolog runs as root")
+def test_a_bb_job_is_staged_from_its_record_and_released_by_its_epilog(tmp_path):
+    env = bb_job_env(tmp_path)
+    bbrequest.write(str(tmp_path / "state"), "7", ["sample"])
+    res = subprocess.run([str(PROLOG)], env=env, cwd="/", capture_output=True, text=True, timeout=120)
+    log = (tmp_path / "hooks.log").read_text()
+    assert res.returncode == 0, res.stderr + log
+    assert "job 7: #BB_LUA request sample" in log
+    task = tmp_path / "run" / "n1" / "jobs" / "7.task"
+    assert f"export DSSTAGE_DATASET_DIR={tmp_path}/src\n" in task.read_text()  # no manifest: the fallback
+    res = subprocess.run([str(EPILOG)], env=env, cwd="/", capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert not task.exists()
+    assert "job 7: released" in (tmp_path / "hooks.log").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the store is root's: the real Prolog runs as root")
+def test_a_directive_next_to_dataset_asks_for_both(tmp_path):
+    env = {**bb_job_env(tmp_path), "SPANK_DSSTAGE_DATASETS": "sample"}
+    bbrequest.write(str(tmp_path / "state"), "7", ["sampel"])
+    res = subprocess.run([str(PROLOG)], env=env, cwd="/", capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    task = (tmp_path / "run" / "n1" / "jobs" / "7.task").read_text()
+    assert "unknown dataset 'sampel'" in task and "# dsstage: hold" in task, task
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the store is root's: the real Prolog runs as root")
+def test_a_planted_record_holds_the_job_and_says_why(tmp_path):
+    env = bb_job_env(tmp_path)
+    bbrequest.write(str(tmp_path / "state"), "1", ["sample"])
+    (tmp_path / "state" / "bb" / "7").symlink_to(tmp_path / "state" / "bb" / "1")
+    res = subprocess.run([str(PROLOG)], env=env, cwd="/", capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr  # the site's problem: never a drain
+    task = (tmp_path / "run" / "n1" / "jobs" / "7.task").read_text()
+    assert "# dsstage: hold" in task
+    assert "cannot read the job's #BB_LUA request" in task and "cannot be opened safely" in task
 
 
 # -- the TaskProlog, installed the way sites and the devcluster install it ----------------------
