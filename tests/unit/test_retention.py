@@ -135,6 +135,17 @@ def test_a_stage_takes_recent_copies_last_and_never_a_recent_wanted_one():
     assert not p.evictions() and not p.fits
 
 
+@pytest.mark.parametrize("want,evicted", [
+    (pending("1", nodes=("n1",)), False),  # planned here: it will read this copy
+    (pending("1", nodes=()), False),  # not planned yet: it may land here
+    (pending("1", nodes=("n2",)), True),  # planned on n2: it reads n2's copy
+    (Want("1", "running", nodes=("n2",)), True),  # running on n2: same
+])
+def test_a_stage_may_take_a_recent_copy_only_jobs_elsewhere_want(want, evicted):
+    p, d = decide([copy("w", 80, idle=60)], need_gb=50, wants={"w": [want]})
+    assert p.fits is evicted and d["w"][0] == ("evict" if evicted else "keep"), d
+
+
 @pytest.mark.parametrize("first,second,wants", [
     # no demand before demand; far demand before near; elsewhere before here
     ("free", "wanted", {"wanted": [pending("1")]}),
