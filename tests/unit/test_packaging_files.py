@@ -1,0 +1,57 @@
+"""The packaging's files agree with the code: the units run commands dsstage has, every
+timer has its service, and the RPM spec parses, has dsstage's version and lists every unit.
+(The .deb is built, installed and run by packaging/run-tests; see tests/cluster/test_package.py.)"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import dsstage
+import pytest
+from dsstage.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+UNITS = ROOT / "packaging" / "systemd"
+SPEC = ROOT / "packaging" / "dsstage.spec"
+
+
+def unit(path: Path) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(path.read_text())
+    return parser
+
+
+@pytest.mark.parametrize("service", sorted(UNITS.glob("*.service")), ids=lambda p: p.name)
+def test_a_service_runs_a_dsstage_command_that_exists(service: Path):
+    argv = shlex.split(unit(service)["Service"]["ExecStart"])
+    assert argv[0] == "/usr/bin/dsstage", "where both packages install the command"
+    args = build_parser().parse_args(argv[1:])  # exits (SystemExit) on an unknown verb or option
+    assert callable(getattr(args, "handler", None)), argv
+
+
+@pytest.mark.parametrize("timer", sorted(UNITS.glob("*.timer")), ids=lambda p: p.name)
+def test_a_timer_has_its_service_and_a_schedule(timer: Path):
+    service = timer.with_suffix(".service")
+    assert service.exists()
+    assert "Install" not in unit(service), "the timer starts it; it is not enabled on its own"
+    sections = unit(timer)
+    assert "OnUnitActiveSec" in sections["Timer"] and sections["Install"]["WantedBy"] == "timers.target"
+
+
+def test_the_rpm_spec_parses_with_dsstage_s_version_and_every_unit():
+    if not shutil.which("rpmspec"):
+        pytest.fail("rpmspec is missing: install the rpm package (packaging/run-tests does)")
+    res = subprocess.run(["rpmspec", "-P", str(SPEC)], text=True, capture_output=True)
+    assert res.returncode == 0, res.stderr
+    version = re.search(r"^Version:\s*(\S+)$", res.stdout, re.M)
+    assert version and version.group(1) == dsstage.__version__
+    files = res.stdout.split("\n%files", 1)[1]
+    for path in UNITS.iterdir():
+        assert re.search(r"^/usr/lib/systemd/system/dsstage-\*\." + path.suffix[1:] + "$", files, re.M), path.name
+    assert "%config(noreplace) /etc/dsstage/dsstage.yaml" in files
