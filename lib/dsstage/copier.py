@@ -19,18 +19,30 @@ Writing: each file goes to a fresh temporary name (O_EXCL, short whatever the fi
 name), created read-only (root writes through its descriptor) with the manifest's mtime,
 and renamed into place only after its hash matched; so after a crash every file under
 its final name is whole and verified.
+
+Large files (at least SPLIT bytes) are copied as byte ranges, several at once from another
+filesystem (copy_file_range: the kernel copies, no byte passes through Python; pread/pwrite
+where a filesystem refuses it), and the temporary copy is hashed in order, range by range
+as the ranges land, by ``hash_threads`` BLAKE3 threads: the Python binding cannot combine
+hashes of separate ranges, so the ranges are copied in parallel and hashed after copying,
+overlapping the copy of the ranges ahead. What is hashed is what landed (the temporary
+file is root's, created O_EXCL in the root-only staging area, and nothing writes it once
+its range is copied), so a range that changed in the source, or was read wrong, fails
+the file like any other mismatch.
 rsync stays the transport for remote sources (ssh, rsync daemon).
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import blake3
 
@@ -46,6 +58,10 @@ CHUNK = 8 * 2**20
 THREADS = 4
 BATCH = 64
 BATCH_BYTES = 32 * 2**20
+#: files at least this large are copied as byte ranges by several streams
+SPLIT = 128 * 2**20
+#: the byte range one stream copies at a time (and the unit the hash follows the copy in)
+RANGE = 32 * 2**20
 
 
 class RateLimit:
@@ -65,6 +81,11 @@ class RateLimit:
             ahead = self.done / self.rate - (time.monotonic() - self.start)
         if ahead > 0:
             time.sleep(ahead)
+
+
+def hasher(threads: int = 0) -> blake3.blake3:
+    """A BLAKE3 hasher using at most ``threads`` threads (0: one per CPU)."""
+    return blake3.blake3(max_threads=threads if threads > 0 else blake3.blake3.AUTO)
 
 
 def open_source_root(path: str, reader: Identity | None = None) -> int:
@@ -99,11 +120,15 @@ def open_source_file(src_fd: int, rel: str, src_root: str) -> tuple[int | None, 
     return fd, ""
 
 
+def _mismatch(e: Entry, found: str) -> Mismatch:
+    return Mismatch(e.path, e.hash if not found.startswith("size ") else str(e.size), found)
+
+
 def _copy_one(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit,
-              reader: Identity | None) -> Mismatch | None:
+              reader: Identity | None, hash_threads: int = 0) -> Mismatch | None:
     """Copy one file if it matches its entry; else the mismatch (and nothing written)."""
     def bad(found: str) -> Mismatch:
-        return Mismatch(e.path, e.hash if not found.startswith("size ") else str(e.size), found)
+        return _mismatch(e, found)
     with acting_as(reader):
         fin, why = open_source_file(src_fd, e.path, src_root)
     if fin is None:
@@ -123,7 +148,7 @@ def _copy_one(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit
         # large file: ask the kernel to read ahead the whole file while we hash and write
         os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_WILLNEED)
-        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        h = hasher(hash_threads)
         tmp = nodefs.temp_name()
         fout = _create(dfd, tmp)
         size = 0
@@ -140,14 +165,133 @@ def _copy_one(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit
                         _write(fout, c)
             finally:
                 os.close(fout)
-            if size != e.size or h.hexdigest() != e.hash:
-                nodefs.unlink_at(dfd, tmp)
-                return bad(f"size {size}" if size != e.size else h.hexdigest())
-            _finish(dfd, tmp, name, e)
+            return _settle(dfd, tmp, name, e, f"size {size}" if size != e.size else h.hexdigest())
         except BaseException:
             nodefs.unlink_at(dfd, tmp)
             raise
-        return None
+    finally:
+        os.close(fin)
+
+
+class _Ranges:
+    """Copying one large file's byte ranges, from any number of threads."""
+
+    def __init__(self, fin: int, fout: int, src_root: str, e: Entry, limit: RateLimit) -> None:
+        self.fin, self.fout, self.src_root, self.e, self.limit = fin, fout, src_root, e, limit
+        self.kernel = True  # copy_file_range until the filesystems refuse it
+        self.buffers = threading.local()
+
+    def copy(self, off: int, n: int) -> int:
+        """Copy bytes [off, off + n) of the source to the same offsets of the copy; the
+        number copied (fewer only if the source ended)."""
+        done = 0
+        while done < n:
+            step = min(CHUNK, n - done)
+            self.limit.take(step)
+            got = self._piece(off + done, step)
+            if not got:
+                break
+            done += got
+        return done
+
+    def _piece(self, off: int, n: int) -> int:
+        if self.kernel:
+            try:
+                got = os.copy_file_range(self.fin, self.fout, n, off, off)
+                if got:
+                    return got
+                # the end of the source, or a filesystem that copies nothing: read to tell
+            except OSError:
+                # another filesystem, a filesystem without it, or an error that the read or
+                # the write below reports with the right party to blame
+                self.kernel = False
+        buf = getattr(self.buffers, "buf", None)
+        if buf is None:
+            buf = self.buffers.buf = memoryview(bytearray(CHUNK))
+        try:
+            got = os.preadv(self.fin, [buf[:n]], off)
+        except OSError as exc:
+            raise SourceError(f"reading {os.path.join(self.src_root, self.e.path)!r} failed: {exc.strerror}; "
+                              "check the source's filesystem") from None
+        written = 0
+        try:
+            while written < got:
+                written += os.pwrite(self.fout, buf[written:got], off + written)
+        except OSError as exc:
+            raise local_error(exc, "writing to the staging area") from None
+        return got
+
+
+def _copy_large(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit, reader: Identity | None,
+                pool: ThreadPoolExecutor, streams: int, hash_threads: int, range_size: int,
+                progress: Callable[[int], None] | None = None) -> Mismatch | None:
+    """Copy one large file as byte ranges on ``pool`` (at most ``streams`` ranges in flight),
+    hashing the copy in order as its ranges land; publish it only if it matches ``e``."""
+    with acting_as(reader):
+        fin, why = open_source_file(src_fd, e.path, src_root)
+    if fin is None:
+        return _mismatch(e, why)
+    try:
+        os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_WILLNEED)
+        dfd, name = dest.split(e.path)
+        tmp = nodefs.temp_name()
+        fout = _create(dfd, tmp, os.O_RDWR)  # read back to be hashed: what landed is what is verified
+        inflight: deque[tuple[int, int, Future[int]]] = deque()
+        try:
+            try:
+                try:
+                    os.ftruncate(fout, e.size)  # the mapping below covers the whole file
+                except OSError as exc:
+                    raise local_error(exc, "writing to the staging area") from None
+                ranges = _Ranges(fin, fout, src_root, e, limit)
+                h = hasher(hash_threads)
+                offsets = iter(range(0, e.size, range_size))
+                short: int | None = None
+
+                def fill() -> None:
+                    # no more ranges in flight than streams: the hash follows closely, so
+                    # what it reads is still in the page cache
+                    while len(inflight) < streams:
+                        off = next(offsets, None)
+                        if off is None:
+                            return
+                        n = min(range_size, e.size - off)
+                        inflight.append((off, n, pool.submit(ranges.copy, off, n)))
+
+                with mmap.mmap(fout, e.size, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
+                    fill()
+                    while inflight:
+                        off, n, fut = inflight.popleft()
+                        got = fut.result()
+                        if got != n:  # the source is shorter than the manifest says
+                            short = off + got
+                            break
+                        fill()  # the next ranges are copied while this one is hashed
+                        h.update(view[off:off + n])
+                        if progress:
+                            progress(n)
+                try:
+                    grew = b"" if short is not None else os.pread(fin, 1, e.size)
+                except OSError as exc:
+                    raise SourceError(f"reading {os.path.join(src_root, e.path)!r} failed: {exc.strerror}; "
+                                      "check the source's filesystem") from None
+            finally:
+                # no stream may still be writing to the copy when its descriptor is closed
+                for _o, _n, fut in inflight:
+                    fut.cancel()
+                for _o, _n, fut in inflight:
+                    if not fut.cancelled():
+                        try:
+                            fut.result()
+                        except BaseException:  # the first failure is already on its way up
+                            pass
+                os.close(fout)
+            found = f"size {short}" if short is not None else f"size {e.size + 1}" if grew else h.hexdigest()
+            return _settle(dfd, tmp, name, e, found)
+        except BaseException:
+            nodefs.unlink_at(dfd, tmp)
+            raise
     finally:
         os.close(fin)
 
@@ -167,9 +311,9 @@ def _read_source(fd: int, n: int, src_root: str, e: Entry) -> bytes:
     return data
 
 
-def _create(dfd: int, tmp: str) -> int:
+def _create(dfd: int, tmp: str, access: int = os.O_WRONLY) -> int:
     try:
-        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=dfd)
+        return os.open(tmp, access | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=dfd)
     except OSError as exc:
         raise local_error(exc, f"creating a file in the staging area ({tmp})") from None
 
@@ -194,6 +338,16 @@ def _publish(dfd: int, name: str, e: Entry, chunks: Sequence[bytes]) -> None:
     except BaseException:
         nodefs.unlink_at(dfd, tmp)
         raise
+
+
+def _settle(dfd: int, tmp: str, name: str, e: Entry, found: str) -> Mismatch | None:
+    """Publish the written copy ``tmp`` if what was ``found`` (its hash) is the entry's;
+    else remove it and return the mismatch."""
+    if found != e.hash:
+        nodefs.unlink_at(dfd, tmp)
+        return _mismatch(e, found)
+    _finish(dfd, tmp, name, e)
+    return None
 
 
 def _finish(dfd: int, tmp: str, name: str, e: Entry) -> None:
@@ -234,44 +388,78 @@ def present(dest: Tree, rel: str) -> bool:
 def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads: int = THREADS,
                   bwlimit: float = 0, *, deadline: float | None = None,
                   reader: Identity | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> tuple[TransferStats, list[Mismatch]]:
+                  progress: Callable[[int, int], None] | None = None,
+                  hash_threads: int = 0, split: int | None = None, range_size: int | None = None,
+                  range_streams: int = 0) -> tuple[TransferStats, list[Mismatch]]:
     """Copy ``entries`` that are not yet below ``dest_fd`` (at most ``bwlimit`` bytes/s if
     set); return stats and the files that were missing or did not match the manifest
     (nothing is written for those). Raises OutOfTime when ``deadline`` (monotonic) passes:
     what was copied stays, the next call resumes. ``progress(bytes_delta, bytes_total)``
-    is called as batches finish."""
+    is called as batches finish.
+
+    At most ``threads`` threads copy at once: files, or the byte ranges (``range_size``,
+    default RANGE) of a file of at least ``split`` bytes (default SPLIT), one such file
+    after another, ``range_streams`` ranges at once (0: one if the source is on the staging
+    area's filesystem, where the kernel copies and more streams of one file measured
+    slower, else ``threads``). BLAKE3 uses at most ``hash_threads`` threads per file (0:
+    one per CPU)."""
+    split = SPLIT if split is None else split
+    range_size = RANGE if range_size is None else range_size
+    threads = max(1, threads)
     limit = RateLimit(bwlimit)
     src_fd = open_source_root(src_root, reader)
     stop = threading.Event()
     try:
+        if range_streams <= 0:
+            range_streams = 1 if os.fstat(src_fd).st_dev == os.fstat(dest_fd).st_dev else threads
+        streams = min(threads, range_streams)
         with Tree(dest_fd, create=True) as dest:
             try:
                 todo = [e for e in entries if not present(dest, e.path)]
             except OSError as exc:
                 raise local_error(exc, "reading the staging area") from None
             total = sum(e.size for e in todo)
+            large = [e for e in todo if e.size >= max(split, 1)]
+            rest = [e for e in todo if e.size < max(split, 1)]
+
+            def late() -> bool:
+                if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
+                    stop.set()
+                return stop.is_set()
 
             def work(batch: Sequence[Entry]) -> list[tuple[Entry, Mismatch | None]]:
                 out = []
                 for e in batch:
-                    if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
-                        stop.set()
+                    if late():
                         break
-                    out.append((e, _copy_one(src_fd, src_root, dest, e, limit, reader)))
+                    out.append((e, _copy_one(src_fd, src_root, dest, e, limit, reader, hash_threads)))
                 return out
 
+            def ranged(delta: int) -> None:
+                if progress:
+                    progress(delta, total)
+
             stats, failures = TransferStats(), []
-            with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="copy") as pool:
+
+            def count(results: Sequence[tuple[Entry, Mismatch | None]]) -> None:
+                for e, failure in results:
+                    if failure:
+                        failures.append(failure)
+                    else:
+                        stats.files += 1
+                        stats.bytes += e.size
+
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="copy") as pool:
                 try:
-                    for results in pool.map(work, batched(todo)):
-                        for e, failure in results:
-                            if failure:
-                                failures.append(failure)
-                            else:
-                                stats.files += 1
-                                stats.bytes += e.size
+                    for results in pool.map(work, batched(rest)):
+                        count(results)
                         if progress:
                             progress(sum(e.size for e, _f in results), total)
+                    for e in large:
+                        if late():
+                            break
+                        count([(e, _copy_large(src_fd, src_root, dest, e, limit, reader, pool, streams,
+                                               hash_threads, range_size, ranged))])
                 except BaseException:
                     stop.set()
                     raise

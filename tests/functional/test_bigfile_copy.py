@@ -1,0 +1,140 @@
+"""Large files copied as byte ranges by several streams and hashed as the ranges land."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import blake3
+import pytest
+from dsstage import copier
+from dsstage import manifest as mf
+from dsstage.catalog import User
+from dsstage.errors import VerifyError
+from helpers import Env, write_tree
+
+RANGE = 64 * 1024  # small ranges: the same code paths as 32 MiB ones, on small files
+
+
+def copy(src: Path, dest: Path, entries, **kw):
+    dest.mkdir(exist_ok=True)
+    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        kw.setdefault("split", 1)  # every file that is not empty takes the range path
+        return copier.copy_verified(str(src), fd, entries, range_size=RANGE, **kw)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(params=["copy_file_range", "pread"])
+def kernel_copy(request, monkeypatch):
+    """Both ways a range is copied: in the kernel, and read and written where it is refused."""
+    if request.param == "pread":
+        def refused(*args, **kw):
+            raise OSError(18, "Invalid cross-device link")
+        monkeypatch.setattr(copier.os, "copy_file_range", refused)
+    return request.param
+
+
+def test_ranges_of_a_file_not_a_multiple_of_the_range_and_one_smaller_than_a_range(tmp_path, kernel_copy):
+    files = {"big": os.urandom(3 * RANGE + 12345), "small": os.urandom(RANGE - 1), "one": os.urandom(RANGE)}
+    src = write_tree(tmp_path / "src", files)
+    m = mf.build("ds", str(src)).manifest
+    stats, bad = copy(src, tmp_path / "dest", m.entries, threads=3, range_streams=3)
+    assert bad == [] and stats.files == 3 and stats.bytes == sum(map(len, files.values()))
+    for e in m.entries:
+        got = (tmp_path / "dest" / e.path).read_bytes()
+        assert got == files[e.path] and blake3.blake3(got).hexdigest() == e.hash
+        st = os.lstat(tmp_path / "dest" / e.path)
+        assert st.st_mode & 0o777 == 0o444 and st.st_mtime_ns == e.mtime_ns
+    assert sorted(os.listdir(tmp_path / "dest")) == ["big", "one", "small"]  # no temporary file left
+
+
+def test_a_changed_range_a_shorter_and_a_longer_source_publish_nothing(tmp_path, kernel_copy):
+    data = os.urandom(3 * RANGE + 12345)
+    src = write_tree(tmp_path / "src", {"flipped": data, "short": data, "long": data})
+    m = mf.build("ds", str(src)).manifest
+    with open(src / "flipped", "r+b") as fh:  # one byte of the third range
+        fh.seek(2 * RANGE + 7)
+        fh.write(bytes([data[2 * RANGE + 7] ^ 1]))
+    os.truncate(src / "short", 2 * RANGE + 5)
+    with open(src / "long", "ab") as fh:
+        fh.write(b"x")
+    stats, bad = copy(src, tmp_path / "dest", m.entries, threads=2, range_streams=2)
+    found = {b.path: b.found for b in bad}
+    assert found["short"] == f"size {2 * RANGE + 5}" and found["long"] == f"size {len(data) + 1}"
+    assert len(found["flipped"]) == 64 and found["flipped"] != m.entries[0].hash
+    assert stats.files == 0 and os.listdir(tmp_path / "dest") == []
+
+
+def test_a_stage_of_a_large_file_with_a_corrupt_range_fails_verification(env: Env, monkeypatch):
+    data = os.urandom(5 * RANGE + 99)
+    src = env.add("huge", {"shard.bin": data, "meta.json": b"{}"})
+    env.cli("manifest", "build", "huge")
+    with open(src / "shard.bin", "r+b") as fh:  # after the manifest: the source went bad
+        fh.seek(4 * RANGE + 1)
+        fh.write(bytes([data[4 * RANGE + 1] ^ 0x80]))
+    monkeypatch.setattr(copier, "SPLIT", RANGE)
+    monkeypatch.setattr(copier, "RANGE", RANGE)
+    ranges = []
+    real = copier._Ranges.copy
+
+    def seen(self, off, n):
+        ranges.append(off)
+        return real(self, off, n)
+    monkeypatch.setattr(copier._Ranges, "copy", seen)
+    with pytest.raises(VerifyError, match="shard.bin.*nothing was published"):
+        env.store().stage("huge", user=User.lookup(0), job_id="1")
+    assert 4 * RANGE in ranges  # the file did take the range path (twice: fetched again)
+    assert not (env.tier_root() / "ready" / "huge").exists()
+    published = env.tier_root() / "datasets" / "huge"
+    assert not published.exists() or not any(published.rglob("shard.bin"))
+    # repaired source: the same stage succeeds and the copy is the source's
+    (src / "shard.bin").write_bytes(data)
+    env.store().stage("huge", user=User.lookup(0), job_id="2")
+    assert [p.read_bytes() == data for p in published.rglob("shard.bin")] == [True]
+
+
+@pytest.mark.parametrize("streams", [1, 2, 3])
+def test_no_more_streams_than_the_bound_copy_at_once_and_blake3_gets_its_bound(tmp_path, monkeypatch, streams):
+    src = write_tree(tmp_path / "src", {"big": os.urandom(12 * RANGE + 1), "a": b"a" * 10, "b": b"b" * 20})
+    m = mf.build("ds", str(src)).manifest
+    lock = threading.Lock()
+    now = peak = 0
+    # the first ``streams`` ranges wait for each other (a copier that runs fewer at once
+    # fails: the wait times out), then give a range beyond them a moment to start (a
+    # copier that runs more at once is caught with one more in flight)
+    together = threading.Barrier(streams, timeout=10)
+    beyond = threading.Event()
+    real = copier._Ranges.copy
+
+    def counted(self, off, n):
+        nonlocal now, peak
+        with lock:
+            now += 1
+            peak = max(peak, now)
+        try:
+            if off < streams * RANGE:
+                together.wait()
+                beyond.wait(0.5)
+            else:
+                beyond.set()
+            return real(self, off, n)
+        finally:
+            with lock:
+                now -= 1
+    monkeypatch.setattr(copier._Ranges, "copy", counted)
+    made = []
+    real_hasher = copier.hasher
+
+    def hasher(threads=0):
+        made.append(threads)
+        return real_hasher(threads)
+    monkeypatch.setattr(copier, "hasher", hasher)
+    stats, bad = copy(src, tmp_path / "dest", m.entries, threads=streams, hash_threads=2, split=10 * RANGE,
+                     range_streams=streams + 1)
+    assert bad == [] and stats.files == 3
+    assert peak == streams and not together.broken
+    assert made == [2]  # one hasher for the one large file, with the configured threads
+    assert (tmp_path / "dest" / "big").read_bytes() == (src / "big").read_bytes()
