@@ -4,7 +4,8 @@ Files are opened below a directory descriptor without following a symbolic link 
 component and without blocking (nodefs.open_beneath), and only regular files are read,
 so what is hashed is what was listed inside the tree. Small files are read whole and
 hashed on a pool of threads (blake3 and file reads release the GIL); large files are
-memory-mapped and hashed by blake3's own thread pool.
+memory-mapped and hashed by blake3's own thread pool, one after another once the small
+files are done, so that no more than the configured number of threads hash at once.
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ def default_threads(configured: int = 0) -> int:
     return configured if configured > 0 else max(2, os.cpu_count() or 2)
 
 
-def hash_fd(fd: int) -> str:
-    """The BLAKE3 hex digest of an open regular file, from its start."""
+def hash_fd(fd: int, threads: int = 0, large: bool = True) -> str | None:
+    """The BLAKE3 hex digest of an open regular file, from its start, with at most
+    ``threads`` threads (0: one per CPU); None for a file of LARGE bytes or more
+    unless ``large``."""
     size = os.fstat(fd).st_size
+    if size >= LARGE and not large:
+        return None
     if size < LARGE:
         data = os.pread(fd, size + 1, 0)
         while len(data) <= size:  # short reads happen on network filesystems
@@ -44,15 +49,17 @@ def hash_fd(fd: int) -> str:
     # read ahead the whole file: measured faster than b3sum on a cold cache
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    h = blake3.blake3(max_threads=threads if threads > 0 else blake3.blake3.AUTO)
     with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
         h.update(mm)
     return h.hexdigest()
 
 
-def hash_at(root_fd: int, rel: str, reader: Identity | None = None) -> tuple[int, str] | None:
+def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int = 0,
+            large: bool = True) -> tuple[int, str | None] | None:
     """(size, hash) of regular file ``rel`` below ``root_fd``; None if it is missing, not a
-    regular file, behind a symbolic link or unreadable."""
+    regular file, behind a symbolic link or unreadable. The hash is None for a large file
+    unless ``large`` (hash_fd)."""
     try:
         with acting_as(reader):
             fd = nodefs.open_beneath(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK)
@@ -62,7 +69,7 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None) -> tuple[int
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None
-        return st.st_size, hash_fd(fd)
+        return st.st_size, hash_fd(fd, threads, large)
     except OSError:
         return None
     finally:
@@ -72,23 +79,34 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None) -> tuple[int
 def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
               progress: Callable[[int], None] | None = None,
               reader: Identity | None = None) -> list[tuple[int, str] | None]:
-    """(size, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be read).
+    """(size, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be read),
+    with at most ``threads`` threads hashing at once (0: one per CPU).
 
     ``progress`` is called with the number of files finished since its last call.
     """
-    threads = default_threads(threads)
-    batches = [rels[i:i + BATCH] for i in range(0, len(rels), BATCH)]
+    workers = default_threads(threads)
+    batches = [range(i, min(i + BATCH, len(rels))) for i in range(0, len(rels), BATCH)]
+    results: list[tuple[int, str | None] | None] = [None] * len(rels)
 
-    def work(batch: Sequence[str]) -> list[tuple[int, str] | None]:
-        out = [hash_at(root_fd, p, reader) for p in batch]
-        if progress:
-            progress(len(batch))
-        return out
+    def work(batch: range) -> None:
+        done = 0
+        for i in batch:
+            results[i] = got = hash_at(root_fd, rels[i], reader, large=False)
+            done += got is None or got[1] is not None
+        if progress and done:
+            progress(done)
 
     if len(batches) <= 1:
-        return work(rels) if rels else []
-    results: list[tuple[int, str] | None] = []
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="blake3") as pool:
-        for chunk in pool.map(work, batches):
-            results.extend(chunk)
-    return results
+        for b in batches:
+            work(b)
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blake3") as pool:
+            for _ in pool.map(work, batches):
+                pass
+    # large files one at a time, each on blake3's threads (reading ahead, memory-mapped)
+    for i, got in enumerate(results):
+        if got is not None and got[1] is None:
+            results[i] = hash_at(root_fd, rels[i], reader, threads)
+            if progress:
+                progress(1)
+    return [None if r is None or r[1] is None else (r[0], r[1]) for r in results]

@@ -138,3 +138,31 @@ def test_no_more_streams_than_the_bound_copy_at_once_and_blake3_gets_its_bound(t
     assert peak == streams and not together.broken
     assert made == [2]  # one hasher for the one large file, with the configured threads
     assert (tmp_path / "dest" / "big").read_bytes() == (src / "big").read_bytes()
+
+
+def test_verification_hashes_large_files_with_no_more_threads_than_configured(tmp_path, monkeypatch):
+    from dsstage import hashing
+    monkeypatch.setattr(hashing, "LARGE", 4096)  # these count as large: memory-mapped, blake3's threads
+    monkeypatch.setattr(hashing, "BATCH", 2)  # and the small ones are hashed on the pool
+    files = {f"f{i}": os.urandom(size) for i, size in enumerate([10, 5000, 3000, 70_000, 0, 4096])}
+    root = write_tree(tmp_path / "copy", files)
+    made = []
+
+    real = blake3.blake3
+
+    class Shim:  # the blake3 module as hashing sees it, noting the threads each hasher may use
+        class blake3:
+            AUTO = real.AUTO
+
+            def __new__(cls, *args, max_threads=1, **kw):
+                made.append((max_threads, threading.current_thread() is threading.main_thread()))
+                return real(*args, max_threads=max_threads, **kw)
+    monkeypatch.setattr(hashing, "blake3", Shim)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        got = hashing.hash_many(fd, [*sorted(files), "missing"], threads=3)
+    finally:
+        os.close(fd)
+    assert got == [(len(files[k]), blake3.blake3(files[k]).hexdigest()) for k in sorted(files)] + [None]
+    # three small files on the pool, a thread each; then three large ones, one at a time on 3
+    assert sorted(made) == [(1, False)] * 3 + [(3, True)] * 3
