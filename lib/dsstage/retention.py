@@ -19,14 +19,11 @@ The rules, in order:
    order until usage is below the low watermark, but a copy the queue wants only as far
    as needed to get below the high watermark (then the capacity). A stage evicts only to
    get itself below the high watermark. A copy used within ``min_keep`` is not evicted
-   for space, but for a stage that cannot fit otherwise recent copies may go too, after
-   every other candidate and in the same order: a job allocated here and waiting for its
-   data outweighs a copy kept because it was used a moment ago or because pending jobs may
-   want it (the backfill plan is a guess: a third of the jobs in the replay benchmark
-   started on the node last planned for them; a job running on another node reads its own
-   copy). The Prolog would otherwise fail the stage and its job read the source for its
-   whole run; a pending job that loses its copy gets it again from its Prolog or a
-   prefetch. Only a lease stops a stage. Usage
+   for space, but for a stage that cannot fit otherwise a recent copy that no pending job
+   may still use on this node (none planned here, none unplanned) may go, after every other
+   candidate: a job waiting for its data here outweighs a copy kept because it was used a
+   moment ago or because jobs on other nodes use their own copies of it (the Prolog would
+   fail the stage and read the source instead). Usage
    is recomputed as copies go: bytes that two versions share (hard links) are freed only
    when both are gone.
 
@@ -210,8 +207,8 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
         hot = {c.key for c in candidates if c.current and demand_score(c.dataset, demand, node, now) > 0}
         fits_room = [c for c in order if c.key not in recent]
         if space.need:
-            # min_keep must not fail a stage: recent copies may go too, last of all, in the same order
-            fits_room += [c for c in order if c.key in recent]
+            # min_keep must not fail a stage: a recent copy no job may still use here goes, last of all
+            fits_room += [c for c in order if c.key in recent and not wanted_here(c.dataset, demand, node)]
         pressured = _shortest_prefix(fits_room, remaining, space, hot)
     for c in candidates:
         if c in pressured:
@@ -297,6 +294,16 @@ def demand_score(dataset: str, demand: Demand, node: str, now: float) -> float:
         where = UNPLANNED if not w.nodes else HERE if node in w.nodes else ELSEWHERE
         score += where * soonness(w, now)
     return score
+
+
+def wanted_here(dataset: str, demand: Demand, node: str) -> bool:
+    """Whether a pending job may still use this node's copy of ``dataset``: one the backfill
+    plan put here, or one not planned yet (it may land anywhere). A job running or planned
+    on another node reads its own node's copy, not this one. A stale snapshot carries no
+    demand (as in ``demand_score``)."""
+    if demand.stale:
+        return False
+    return any(w.state == "pending" and (not w.nodes or node in w.nodes) for w in demand.wants.get(dataset, ()))
 
 
 def soonness(w: Want, now: float) -> float:

@@ -125,34 +125,25 @@ def test_min_keep_does_not_block_a_stage():
     assert "within min_keep 10 min, but the stage cannot fit otherwise" in p.decisions[0].reason
 
 
-def test_a_stage_takes_recent_copies_last_and_recent_wanted_ones_last_of_all():
+def test_a_stage_takes_recent_copies_last_and_never_a_recent_wanted_one():
     copies = [copy("recent", 30, idle=60), copy("old", 30, idle=DAY), copy("w", 30, idle=60)]
     p, d = decide(copies, need_gb=20, wants={"w": [pending("1")]})  # 110 GB: one 30 GB copy reaches 80
     assert [e.copy.dataset for e in p.evictions()] == ["old"] and p.fits
     p, d = decide(copies, need_gb=45, wants={"w": [pending("1")]})  # 135 GB: two copies needed
     assert [e.copy.dataset for e in p.evictions()] == ["recent", "old"] and p.fits and d["w"][0] == "keep"
-    recent = [copy("w", 80, idle=60), copy("r", 10, idle=60)]
-    p, d = decide(recent, need_gb=5, wants={"w": [pending("1")]})  # 95 GB: the unwanted recent one is enough
-    assert [e.copy.dataset for e in p.evictions()] == ["r"] and p.fits
-    p, d = decide(recent, need_gb=50, wants={"w": [pending("1")]})  # a job waiting now: the wanted one too
-    assert {e.copy.dataset for e in p.evictions()} == {"r", "w"} and p.fits
+    p, d = decide([copy("w", 80, idle=60)], need_gb=50, wants={"w": [pending("1")]})
+    assert not p.evictions() and not p.fits
 
 
-@pytest.mark.parametrize("want", [
-    pending("1", nodes=("n1",)),  # planned here: a guess, and the job allocated here waits now
-    pending("1", nodes=()),
-    pending("1", nodes=("n2",)),  # planned on n2: it would read n2's copy
-    Want("1", "running", nodes=("n2",)),  # running on n2: same
+@pytest.mark.parametrize("want,evicted", [
+    (pending("1", nodes=("n1",)), False),  # planned here: it will read this copy
+    (pending("1", nodes=()), False),  # not planned yet: it may land here
+    (pending("1", nodes=("n2",)), True),  # planned on n2: it reads n2's copy
+    (Want("1", "running", nodes=("n2",)), True),  # running on n2: same
 ])
-def test_a_stage_may_take_a_recent_wanted_copy_as_a_last_resort(want):
+def test_a_stage_may_take_a_recent_copy_only_jobs_elsewhere_want(want, evicted):
     p, d = decide([copy("w", 80, idle=60)], need_gb=50, wants={"w": [want]})
-    assert p.fits and d["w"][0] == "evict", d
-    assert "within min_keep 10 min, but the stage cannot fit otherwise" in d["w"][1]
-
-
-def test_a_stage_never_takes_a_leased_copy():
-    p, d = decide([copy("w", 80, idle=60, leases=("9",))], need_gb=50)
-    assert not p.fits and d["w"] == ("keep", "leased by job 9"), d
+    assert p.fits is evicted and d["w"][0] == ("evict" if evicted else "keep"), d
 
 
 @pytest.mark.parametrize("first,second,wants", [
