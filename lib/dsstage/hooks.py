@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from . import bbrequest, nodefs
+from . import bbrequest, joblog, nodefs
 from . import catalog as cat
 from . import config as cfg
 from .config import Config, Dataset
@@ -306,8 +306,7 @@ def write_config_cache(run_dir: str, conf: Config) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="dsstage-%(process)d: %(levelname)s: %(message)s",
-                        filename=os.environ.get("DSSTAGE_LOG") or None, force=True)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[JobLogHandler(os.environ)], force=True)
     run_dir = os.environ.get("DSSTAGE_RUN_DIR", nodefs.RUN_DIR)
     which = argv[0] if argv else ""
     try:
@@ -322,6 +321,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print("usage: python -m dsstage.hooks prolog|epilog", file=sys.stderr)
     return 2
+
+
+class JobLogHandler(logging.Handler):
+    """The hooks' log lines to syslog and the configured file, each with the job id
+    (dsstage.joblog)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        super().__init__()
+        self.env = env
+        self.job_id = env.get("SLURM_JOB_ID", "")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            joblog.write(self.format(record), record.levelname, job_id=self.job_id, env=self.env)
+        except Exception:  # noqa: BLE001 - logging must never fail a hook
+            self.handleError(record)
 
 
 def _slurm(bin_dir: str | None = None) -> SlurmClient:

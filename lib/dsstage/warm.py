@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import bbrequest, metrics, nodefs, report
+from . import bbrequest, joblog, metrics, nodefs, report
 from .errors import DsstageError
 from .nodefs import Layout, RootDir
 
@@ -121,15 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv == ["prolog"]:
         run_dir = env.get("DSSTAGE_RUN_DIR", nodefs.RUN_DIR)
         config_path = env.get("DSSTAGE_CONFIG") or nodefs.CONFIG_PATH
-        log_path = env.get("DSSTAGE_LOG")
+        job_id = env.get("SLURM_JOB_ID", "")
 
         def log(text: str) -> None:
-            line = f"dsstage-{os.getpid()}: INFO: {text}\n"
-            if log_path:
-                with open(log_path, "a") as fh:
-                    fh.write(line)
-            else:
-                sys.stderr.write(line)
+            joblog.write(text, job_id=job_id, env=env)
         try:
             rc = prolog(env, run_dir, config_path, log)
         except Exception:  # noqa: BLE001 - anything unexpected: the full Prolog decides and logs

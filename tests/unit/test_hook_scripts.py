@@ -226,3 +226,36 @@ def test_taskprolog_accepts_array_and_het_ids_and_dotted_node_names(installed, t
     task_file(tmp_path, job, HELD, node=node or "node")
     res = taskprolog(installed, SLURM_JOB_ID=job, SLURMD_NODENAME=node)
     assert (res.returncode, res.stdout) == (1, HELD)
+
+
+# -- logs: syslog (journald reads it), with the job id on every line ------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the store is root's: the real Prolog runs as root")
+def test_prolog_and_epilog_log_to_syslog_with_the_job_id(tmp_path):
+    import socket
+    sock_path = tmp_path / "log.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(0.2)
+    try:
+        env = {**job_env(tmp_path), "DSSTAGE_SYSLOG": str(sock_path)}
+        for script in (PROLOG, EPILOG):
+            res = subprocess.run([str(script)], env=env, cwd="/", capture_output=True, text=True, timeout=120)
+            assert res.returncode == 0, res.stderr
+        lines = []
+        while True:
+            try:
+                lines.append(sock.recv(65536).decode())
+            except TimeoutError:
+                break
+    finally:
+        sock.close()
+    assert lines, "nothing reached the syslog socket"
+    import re
+    pattern = re.compile(r"^<(2[4-9]|30|31)>dsstage\[\d+\]: job 7: ")  # facility daemon, tag dsstage
+    assert all(pattern.match(line) for line in lines), lines
+    assert any(line.startswith("<28>") and "has no manifest yet" in line for line in lines), lines  # a warning
+    assert any("released" in line for line in lines), lines  # the Epilog
+    # and the file the defaults name has the same lines
+    text = (tmp_path / "hooks.log").read_text()
+    assert all(line.split(": ", 1)[1] in text for line in lines), (lines, text)
