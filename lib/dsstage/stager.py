@@ -136,6 +136,7 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
     def copy(entries: Sequence[Entry]) -> tuple[TransferStats, list[Mismatch]]:
         if source.kind == "local":
             return copier.copy_verified(source.path, dest_fd, entries, threads=copier.THREADS,
+                                        hash_threads=transfer.hash_threads,
                                         bwlimit=transfer.bwlimit * 1024 * transfer.streams,
                                         deadline=deadline, reader=reader, progress=copying)
         stats = fetch(source, dest_path, entries, transfer, deadline=deadline, progress=copying)
