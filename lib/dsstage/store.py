@@ -54,6 +54,8 @@ if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs i
     from .stager import FillReport
 
 log = logging.getLogger(__name__)
+#: seconds a job's stage waits for the prefetches it asked to yield the room
+PREEMPT_WAIT = 3.0
 
 
 def node_name() -> str:
@@ -275,7 +277,7 @@ class Store:
         needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
         tier_conf = self.config.tiers[ds.tier]
         self._make_room(tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
-                        resumed=record)
+                        resumed=record, job_id=job_id)
         transfer = self.config.transfer
         if prefetch and prefetch.bwlimit:
             # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
@@ -508,18 +510,27 @@ class Store:
 
     def _make_room(self, tier: RootDir, tier_conf: Tier, name: str, needed: int,
                    spare: Callable[[retention.Copy, retention.Demand], str] | None = None,
-                   resumed: str = "") -> None:
+                   resumed: str = "", job_id: str = "") -> None:
         """Before a stage of ``name`` (holding its lock): evict what the planner says to make
         room for ``needed`` bytes; NoSpace, saying what holds the space, if they cannot fit,
         or if the plan would evict a copy that ``spare`` (a prefetch's rule) gives a reason
         to keep. ``resumed``: the reservation of the staging area this stage takes over
-        (an interrupted stage's, a yielded prefetch's), which ``needed`` replaces."""
+        (an interrupted stage's, a yielded prefetch's), which ``needed`` replaces. A stage
+        for a job (not a prefetch) first stops the prefetches of other datasets whose
+        staging areas keep it from fitting when evictions cannot: a job allocated here
+        outweighs one expected later."""
         use = space.usage(tier, besides=resumed)
         sp = self.space_of(tier, tier_conf, needed, use)
         if use.total + needed <= sp.high * sp.capacity:
             return
         dem, _snap = self.demand()
         p = self.plan(tier, tier_conf, dem, space=sp, protect=(name,))
+        if not p.fits and spare is None and use.reserved and self._stop_prefetches(tier, name, job_id):
+            use = space.usage(tier, besides=resumed)
+            sp = self.space_of(tier, tier_conf, needed, use)
+            if use.total + needed <= sp.high * sp.capacity:
+                return
+            p = self.plan(tier, tier_conf, dem, space=sp, protect=(name,))
         if not p.fits:
             held = p.holding()
             fix = ("the dataset alone is larger than the tier: raise the tier's capacity" if held == "nothing" else
@@ -539,6 +550,32 @@ class Store:
         if any(e.action == "evicted" for e in done):
             # the evicted bytes count until they are deleted: delete them now, the stage needs the room
             background.purge(tier.root)
+
+    def _stop_prefetches(self, tier: RootDir, name: str, job_id: str, wait: float = PREEMPT_WAIT) -> list[str]:
+        """Ask the prefetches staging other datasets in ``tier`` to yield, and remove the
+        staging areas of those that did within ``wait`` seconds (their reservations go
+        with them); the datasets whose staging areas went."""
+        from .lock import ask_to_yield, clear_yield, is_held
+        layout = Layout(tier.root)
+        others = {e.rpartition(".")[0] for e in tier.names("staging")} - {name}
+        asked = [o for o in sorted(others) if ask_to_yield(layout.lock(o), job_id or "?")]
+        deadline = time.monotonic() + wait
+        stopped = []
+        for other in asked:
+            while is_held(layout.lock(other)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            try:
+                with _lock(layout, other, 0.0, ""):
+                    if self._remove_staging(tier, other):
+                        stopped.append(other)
+            except LockTimeout:
+                continue  # still staging: its space stays taken
+            finally:
+                clear_yield(layout.lock(other))
+        for other in stopped:
+            log.info("job %s: stopped the prefetch of %s on %s and removed its staging area: the job needs the "
+                     "room now", job_id or "?", other, self.node)
+        return stopped
 
     def reclaim_stale(self, snap: Snapshot) -> list[Lease]:
         """Remove the leases of jobs that the demand snapshot shows are gone: not running

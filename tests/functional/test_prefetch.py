@@ -170,3 +170,20 @@ def test_a_stage_resuming_an_interrupted_one_counts_its_space_once(env: Env) -> 
     result, err = while_prefetching(env, "big", lambda: env.store().stage("big", user=User.lookup(os.getuid()),
                                                                           job_id="61"))
     assert result.action == "staged" and "yielded big for job 61" in err
+
+
+def test_a_prolog_for_another_dataset_stops_a_prefetch_that_holds_the_room(env: Env) -> None:
+    # a tier that holds big (3 MB) or x, not both while big stages: the job allocated here
+    # now (x) outweighs the pending one (big) whose prefetch reserved the room
+    slow(env)
+    data = yaml.safe_load(env.config_path.read_text())
+    data["tiers"]["nvme"].update(capacity=3_005_000, high_watermark="100%")
+    env.config_path.write_text(yaml.safe_dump(data))
+    snapshot(env, pending("71", "big"))
+    result, err = while_prefetching(env, "big", lambda: env.store().stage("x", user=User.lookup(os.getuid()),
+                                                                          job_id="72"))
+    assert result.action == "staged" and ready(env, "x")
+    assert "yielded big for job 71: job 72 needs it now" in err
+    assert not ready(env, "big") and not any((env.tier_root() / "staging").iterdir())
+    assert not list((env.tier_root() / "reserved").iterdir())  # the prefetch's reservation went with it
+    assert not (env.tier_root() / "locks" / "big.lock.yield").exists()
