@@ -30,7 +30,9 @@ class Cluster:
         self.jobs = directory / "jobs"
         self.env = dict(os.environ, SLURM_CONF=str(self.etc / "slurm.conf"),
                         DSSTAGE_CONFIG=str(self.etc / "dsstage.yaml"), DSSTAGE_RUN_DIR=str(directory / "dsstage-run"))
-        self.venv_bin = top / ".venv" / "bin"
+        # the package pass (packaging/run-tests, DSSTAGE_FROM_PACKAGE=1) runs the installed command too
+        from_package = os.environ.get("DSSTAGE_FROM_PACKAGE", "0") not in ("", "0")
+        self.venv_bin = Path("/usr/bin") if from_package else top / ".venv" / "bin"
 
     # -- commands ------------------------------------------------------------------
 

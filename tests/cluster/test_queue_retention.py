@@ -309,7 +309,7 @@ def test_prolog_makes_room_by_evicting_an_unwanted_copy(lab):
     # the same Prolog process (lines start with dsstage-<pid>:) made the room
     prolog = staged[0].split(":", 1)[0]
     log = (lab.cluster.dir / "log" / "dsstage-hooks.log").read_text()
-    assert (f"{prolog}: INFO: making room for rx on {NODE}: evicted ry {lab.version('ry')} "
+    assert (f"{prolog}: INFO: job {job}: making room for rx on {NODE}: evicted ry {lab.version('ry')} "
             "(room for the stage in progress") in log, log[-3000:]
 
 
