@@ -159,29 +159,29 @@ def test_spares_what_a_sooner_job_needs(env: Env) -> None:
     assert ready(env, "x") and ready(env, "y")
 
 
+def job_stage_while_prefetching(env: Env, capacity: int, name: str, *, job: str,
+                                prefetched_for: str | None = None) -> tuple[Any, str]:
+    """A tier of ``capacity`` bytes; while the prefetch stages big for a pending job, a
+    job's stage of ``name``: its result, and the prefetch's log."""
+    slow(env)
+    data = yaml.safe_load(env.config_path.read_text())
+    data["tiers"]["nvme"].update(capacity=capacity, high_watermark="100%")
+    env.config_path.write_text(yaml.safe_dump(data))
+    snapshot(env, pending(prefetched_for or job, "big"))
+    return while_prefetching(env, "big", lambda: env.store().stage(name, user=User.lookup(os.getuid()), job_id=job))
+
+
 def test_a_stage_resuming_an_interrupted_one_counts_its_space_once(env: Env) -> None:
     # a tier that holds big once (3 MB of 3.4 MB): the interrupted stage's reservation is
     # the one the resuming stage takes over, not more space on top of it
-    slow(env)
-    data = yaml.safe_load(env.config_path.read_text())
-    data["tiers"]["nvme"].update(capacity=3_400_000, high_watermark="100%")
-    env.config_path.write_text(yaml.safe_dump(data))
-    snapshot(env, pending("61", "big"))
-    result, err = while_prefetching(env, "big", lambda: env.store().stage("big", user=User.lookup(os.getuid()),
-                                                                          job_id="61"))
+    result, err = job_stage_while_prefetching(env, 3_400_000, "big", job="61")
     assert result.action == "staged" and "yielded big for job 61" in err
 
 
 def test_a_prolog_for_another_dataset_stops_a_prefetch_that_holds_the_room(env: Env) -> None:
     # a tier that holds big (3 MB) or x, not both while big stages: the job allocated here
     # now (x) outweighs the pending one (big) whose prefetch reserved the room
-    slow(env)
-    data = yaml.safe_load(env.config_path.read_text())
-    data["tiers"]["nvme"].update(capacity=3_005_000, high_watermark="100%")
-    env.config_path.write_text(yaml.safe_dump(data))
-    snapshot(env, pending("71", "big"))
-    result, err = while_prefetching(env, "big", lambda: env.store().stage("x", user=User.lookup(os.getuid()),
-                                                                          job_id="72"))
+    result, err = job_stage_while_prefetching(env, 3_005_000, "x", job="72", prefetched_for="71")
     assert result.action == "staged" and ready(env, "x")
     assert "yielded big for job 71: job 72 needs it now" in err
     assert not ready(env, "big") and not any((env.tier_root() / "staging").iterdir())
