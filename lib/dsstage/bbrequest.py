@@ -17,7 +17,8 @@ one of them and nobody else can write it. Even a forged record could only ask fo
 datasets: the Prolog checks names, catalog and access with the job's uid as for
 ``--dataset``.
 
-This module imports only the standard library and dsstage.errors: the warm Prolog uses it.
+This module imports only the standard library, dsstage.errors and dsstage.nodefs: the warm
+Prolog uses it.
 """
 
 from __future__ import annotations
@@ -28,13 +29,12 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 
+from . import nodefs
 from .errors import ConfigError, StateError, UnsafeStore
 
 DIR = "bb"
 #: the hook scripts' variable naming the directory (from the defaults file)
 ENV = "DSSTAGE_BB_REQUESTS"
-_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _MAX = 64 * 1024
 
 
@@ -86,7 +86,7 @@ def read(state_dir: str, job_id: str, writer_uid: int | None = None) -> str | No
     writers = (0,) if writer_uid in (None, 0) else (0, writer_uid)
     where = directory(state_dir)
     try:
-        dfd = os.open(where, _O_DIR)
+        dfd = os.open(where, nodefs.O_DIR)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -98,7 +98,7 @@ def read(state_dir: str, job_id: str, writer_uid: int | None = None) -> str | No
         if problem:
             raise _refuse(where, problem)
         try:
-            fd = os.open(job_id, _O_READ, dir_fd=dfd)
+            fd = os.open(job_id, nodefs.O_READ, dir_fd=dfd)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -126,18 +126,8 @@ def write(state_dir: str, job_id: str, names: Sequence[str]) -> str:
     """Record job ``job_id``'s datasets (atomically: a fresh temporary file, then rename)."""
     if not _job_ok(job_id):
         raise StateError(f"{job_id!r} is not a job id")
-    where = directory(state_dir)
-    os.makedirs(where, mode=0o755, exist_ok=True)
-    path = os.path.join(where, job_id)
-    tmp = os.path.join(where, f".{job_id}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        os.fchmod(fd, 0o644)  # whatever the umask
-        os.write(fd, json.dumps({"job": job_id, "datasets": ",".join(names)}).encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    path = os.path.join(directory(state_dir), job_id)
+    nodefs.write_atomic(path, json.dumps({"job": job_id, "datasets": ",".join(names)}) + "\n")
     return path
 
 
