@@ -555,17 +555,15 @@ class Store:
         """Ask the prefetches staging other datasets in ``tier`` to yield, and remove the
         staging areas of those that did within ``wait`` seconds (their reservations go
         with them); the datasets whose staging areas went."""
-        from .lock import ask_to_yield, clear_yield, is_held
+        from .lock import ask_to_yield, clear_yield
         layout = Layout(tier.root)
         others = {e.rpartition(".")[0] for e in tier.names("staging")} - {name}
         asked = [o for o in sorted(others) if ask_to_yield(layout.lock(o), job_id or "?")]
         deadline = time.monotonic() + wait
         stopped = []
         for other in asked:
-            while is_held(layout.lock(other)) and time.monotonic() < deadline:
-                time.sleep(0.05)
             try:
-                with _lock(layout, other, 0.0, ""):
+                with _lock(layout, other, max(0.0, deadline - time.monotonic()), ""):
                     if self._remove_staging(tier, other):
                         stopped.append(other)
             except LockTimeout:
