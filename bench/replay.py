@@ -48,6 +48,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -464,17 +465,18 @@ exit $rc
         return rows
 
 
-def children(pid: int) -> list[int]:
-    out = []
+def processes(name: str) -> Iterator[tuple[int, bytes]]:
+    """(pid, content of /proc/<pid>/<name>) of every process that is still there to read."""
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                stat = (d / "stat").read_text()
+                yield int(d.name), (d / name).read_bytes()
             except OSError:
                 continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
-                out.append(int(d.name))
-    return out
+
+
+def children(pid: int) -> list[int]:
+    return [p for p, stat in processes("stat") if int(stat.rpartition(b")")[2].split()[1]) == pid]
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -486,16 +488,8 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def other_clusters(mine: Path) -> list[str]:
     """Other slurmctld processes on this machine (another cluster's tests: noise)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                continue
-            if cmd.startswith("slurmctld") and str(mine) not in cmd:
-                out.append(cmd)
-    return out
+    cmds = (raw.replace(b"\0", b" ").decode(errors="replace").strip() for _pid, raw in processes("cmdline"))
+    return [cmd for cmd in cmds if cmd.startswith("slurmctld") and str(mine) not in cmd]
 
 
 # -- figures ---------------------------------------------------------------------------------
