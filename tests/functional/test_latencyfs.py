@@ -1,0 +1,138 @@
+"""tests/latencyfs.c, the emulated network filesystem of the latency benchmarks and tests:
+it mirrors its backing directory, delays each request by one round trip, serves many
+requests at once, counts them, and shows symlinks as symlinks."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import latencyfs
+import pytest
+from latencyfs import LatencyFS
+
+DELAY_US = 20_000  # large against the machine's noise: 20 ms per round trip
+
+
+@pytest.fixture
+def backing(tmp_path: Path) -> Path:
+    latencyfs.require()
+    root = tmp_path / "backing"
+    for i in range(16):
+        d = root / f"d{i % 4}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:02d}").write_bytes(os.urandom(1000 + i * 9000))
+    (root / "big").write_bytes(os.urandom(3 << 20))
+    os.symlink("d0/f00", root / "link")
+    os.symlink("/etc/hostname", root / "outside")
+    return root
+
+
+@pytest.fixture
+def fs(backing: Path, tmp_path: Path):
+    with LatencyFS(backing, tmp_path / "mnt", delay_us=DELAY_US) as fs:
+        yield fs
+    assert not latencyfs.mounted(tmp_path / "mnt")
+    assert fs.final is not None and fs.final["final"] is True  # written at exit
+
+
+def test_files_read_back_identical(fs: LatencyFS, backing: Path) -> None:
+    mnt = Path(fs.mountpoint)
+    names = sorted(str(p.relative_to(backing)) for p in backing.rglob("*"))
+    assert sorted(str(p.relative_to(mnt)) for p in mnt.rglob("*")) == names
+    for p in backing.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            assert (mnt / p.relative_to(backing)).read_bytes() == p.read_bytes()
+    st = (mnt / "big").stat()
+    assert st.st_size == 3 << 20 and st.st_ino == (backing / "big").stat().st_ino
+
+
+def test_read_only(fs: LatencyFS) -> None:
+    with pytest.raises(OSError):
+        open(Path(fs.mountpoint) / "d0" / "f00", "r+b")
+    with pytest.raises(OSError):
+        (Path(fs.mountpoint) / "new").write_bytes(b"x")
+
+
+def test_a_stat_costs_a_round_trip(fs: LatencyFS) -> None:
+    t = time.perf_counter()
+    os.stat(Path(fs.mountpoint) / "d1" / "f01")  # uncached: lookup d1, lookup f01
+    assert time.perf_counter() - t >= 2 * DELAY_US / 1e6
+
+
+def test_concurrent_opens_overlap_and_are_counted(fs: LatencyFS) -> None:
+    mnt = Path(fs.mountpoint)
+    for d in range(4):
+        os.listdir(mnt / f"d{d}")  # entries cached: what is timed below is the opens and reads
+    fs.reset()
+    start = threading.Barrier(16)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            start.wait()
+            with open(mnt / f"d{i % 4}" / f"f{i:02d}", "rb") as fh:
+                fh.read()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - t
+    assert not errors
+    # each thread: an open and a read, 2 round trips; serially 16 x 2 x 20 ms = 640 ms
+    assert elapsed < 16 * DELAY_US / 1e6, elapsed
+    s = fs.stats()
+    assert s["ops"]["open"] == 16 and s["ops"]["read"] >= 16
+    assert s["peak_opens_in_flight"] >= 2 and s["peak_in_flight"] >= 2
+    assert s["bytes_read"] == sum(1000 + i * 9000 for i in range(16))
+    assert fs.reset()["ops"]["open"] == 0
+
+
+def test_page_cache_dropped_on_open(fs: LatencyFS) -> None:
+    path = Path(fs.mountpoint) / "big"
+    path.read_bytes()
+    fs.reset()
+    path.read_bytes()
+    s = fs.stats()
+    assert s["ops"]["open"] == 1 and s["bytes_read"] == 3 << 20  # read through again
+
+
+def test_symlinks_are_symlinks(fs: LatencyFS) -> None:
+    mnt = Path(fs.mountpoint)
+    assert (mnt / "link").is_symlink() and os.readlink(mnt / "link") == "d0/f00"
+    assert (mnt / "outside").is_symlink() and os.readlink(mnt / "outside") == "/etc/hostname"
+    assert (mnt / "link").read_bytes() == (mnt / "d0" / "f00").read_bytes()  # followed inside the mount
+    with pytest.raises(OSError):
+        os.open(mnt / "link", os.O_RDONLY | os.O_NOFOLLOW)
+
+
+def test_remount_is_cold(fs: LatencyFS) -> None:
+    path = Path(fs.mountpoint) / "d2" / "f02"
+    path.stat()
+    fs.remount()
+    fs.reset()
+    t = time.perf_counter()
+    path.stat()
+    assert time.perf_counter() - t >= 2 * DELAY_US / 1e6
+    assert fs.stats()["ops"]["getattr"] >= 2
+
+
+def test_the_thread_bound_caps_concurrency(backing: Path, tmp_path: Path) -> None:
+    with LatencyFS(backing, tmp_path / "mnt2", delay_us=DELAY_US, threads=2) as fs:
+        mnt = Path(fs.mountpoint)
+        for d in range(4):
+            os.listdir(mnt / f"d{d}")
+        fs.reset()
+        threads = [threading.Thread(target=lambda i=i: (mnt / f"d{i % 4}" / f"f{i:02d}").read_bytes())
+                   for i in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert fs.stats()["peak_in_flight"] <= 2

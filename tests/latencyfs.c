@@ -1,0 +1,408 @@
+/*
+ * latencyfs: a read-only FUSE passthrough of a backing directory in which every metadata
+ * operation (lookup/getattr, readlink, opendir, readdir, statfs), every open and every
+ * read request waits a fixed delay before it is answered: one emulated network round
+ * trip. Requests are served concurrently by up to `threads` worker threads, so the
+ * delays of concurrent requests overlap, as on a network filesystem with many RPCs in
+ * flight. For the benchmarks and functional tests of dsstage (see tests/latencyfs.py
+ * and docs/benchmarks.md); not a production filesystem.
+ *
+ *   latencyfs BACKING MOUNTPOINT [-f] [-o delay_us=1000,threads=256,stats=FILE,
+ *             entry_timeout=1,attr_timeout=1,readdirplus,allow_other,...]
+ *
+ * Kernel caching follows NFS's cold path: entries and attributes are cached for
+ * entry_timeout / attr_timeout seconds (libfuse's options, default 1 s here as there),
+ * negative lookups are not cached, and a file's page cache is dropped when it is opened
+ * (no keep_cache), so every open reads through the delay again.
+ *
+ * Counters: operations by kind, bytes read, and the peak number of requests in flight
+ * (all kinds, and opens alone). They are written as JSON to the `stats` file (written
+ * to FILE.tmp and renamed) on SIGUSR1 and at exit; SIGUSR2 resets them and writes the
+ * file too. Each write carries a sequence number `seq`, so a reader can wait for it.
+ *
+ * Paths are resolved beneath the backing directory's descriptor with openat2's
+ * RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, never following a symlink: a symlink is
+ * reported as one (lstat, readlink) and the kernel follows it inside the mount.
+ */
+#define _GNU_SOURCE
+#define FUSE_USE_VERSION 35
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse.h>
+#include <linux/openat2.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+enum kind { K_GETATTR, K_READLINK, K_OPENDIR, K_READDIR, K_OPEN, K_READ, K_RELEASE, K_RELEASEDIR,
+            K_STATFS, K_COUNT };
+static const char *const kind_names[K_COUNT] = {
+    "getattr", "readlink", "opendir", "readdir", "open", "read", "release", "releasedir", "statfs"};
+
+static struct options {
+    char *backing;
+    char *stats;
+    unsigned delay_us;
+    unsigned threads;
+    int readdirplus;
+} opt = {.delay_us = 1000, .threads = 256};
+
+static int backing_fd = -1;
+static atomic_long counts[K_COUNT];
+static atomic_long bytes_read, in_flight, peak, opens_in_flight, opens_peak;
+static long seq;
+static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void raise_peak(atomic_long *p, long n)
+{
+    long cur = atomic_load(p);
+    while (n > cur && !atomic_compare_exchange_weak(p, &cur, n))
+        ;
+}
+
+/* One request: count it, mark it in flight, wait the round trip. */
+static void enter(enum kind k)
+{
+    atomic_fetch_add(&counts[k], 1);
+    raise_peak(&peak, atomic_fetch_add(&in_flight, 1) + 1);
+    if (k == K_OPEN)
+        raise_peak(&opens_peak, atomic_fetch_add(&opens_in_flight, 1) + 1);
+    if (opt.delay_us && k != K_RELEASE && k != K_RELEASEDIR) {
+        struct timespec ts = {opt.delay_us / 1000000, (long)(opt.delay_us % 1000000) * 1000};
+        while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+            ;
+    }
+}
+
+static int leave(enum kind k, int res)
+{
+    if (k == K_OPEN)
+        atomic_fetch_sub(&opens_in_flight, 1);
+    atomic_fetch_sub(&in_flight, 1);
+    return res;
+}
+
+static void write_stats(int final)
+{
+    if (!opt.stats)
+        return;
+    pthread_mutex_lock(&stats_lock);
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", opt.stats);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        fprintf(f, "{\"seq\": %ld, \"final\": %s, \"pid\": %ld, \"delay_us\": %u, \"threads\": %u, \"ops\": {",
+                ++seq, final ? "true" : "false", (long)getpid(), opt.delay_us, opt.threads);
+        for (int k = 0; k < K_COUNT; k++)
+            fprintf(f, "%s\"%s\": %ld", k ? ", " : "", kind_names[k], atomic_load(&counts[k]));
+        fprintf(f, "}, \"bytes_read\": %ld, \"in_flight\": %ld, \"peak_in_flight\": %ld, "
+                   "\"peak_opens_in_flight\": %ld}\n",
+                atomic_load(&bytes_read), atomic_load(&in_flight), atomic_load(&peak),
+                atomic_load(&opens_peak));
+        if (fclose(f) == 0)
+            rename(tmp, opt.stats);
+    }
+    pthread_mutex_unlock(&stats_lock);
+}
+
+static void reset_stats(void)
+{
+    for (int k = 0; k < K_COUNT; k++)
+        atomic_store(&counts[k], 0);
+    atomic_store(&bytes_read, 0);
+    atomic_store(&peak, atomic_load(&in_flight));
+    atomic_store(&opens_peak, atomic_load(&opens_in_flight));
+}
+
+/* SIGUSR1 and SIGUSR2 are blocked in every thread; this one takes them with sigwait. */
+static void *signal_thread(void *arg)
+{
+    sigset_t *set = arg;
+    for (;;) {
+        int sig;
+        if (sigwait(set, &sig) != 0)
+            continue;
+        if (sig == SIGUSR2)
+            reset_stats();
+        write_stats(0);
+    }
+    return NULL;
+}
+
+static sigset_t usr_signals;
+
+/* A descriptor for PATH (as FUSE gives it, "/a/b") beneath the backing directory. */
+static int open_beneath(const char *path, int flags)
+{
+    const char *rel = path[0] == '/' ? path + 1 : path;
+    if (!*rel)
+        rel = ".";
+    struct open_how how = {.flags = (unsigned long long)(flags | O_NOFOLLOW | O_CLOEXEC),
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+    int fd = (int)syscall(SYS_openat2, backing_fd, rel, &how, sizeof how);
+    return fd < 0 ? -errno : fd;
+}
+
+static void *lfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
+{
+    cfg->use_ino = 1;
+    cfg->kernel_cache = 0;  /* the page cache is dropped on every open */
+    cfg->auto_cache = 0;
+    cfg->nullpath_ok = 0;
+    cfg->direct_io = 0;
+    /* asynchronous reads and readahead are background requests: let as many be in flight
+     * as there are threads (the kernel's default is 12) */
+    conn->max_background = opt.threads;
+    conn->congestion_threshold = opt.threads * 3 / 4;
+    if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+        conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+    if (conn->capable & FUSE_CAP_ASYNC_READ)
+        conn->want |= FUSE_CAP_ASYNC_READ;
+    if (!opt.readdirplus)
+        conn->want &= ~(unsigned)(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO);
+    pthread_t t;
+    if (pthread_create(&t, NULL, signal_thread, &usr_signals) == 0)
+        pthread_detach(t);
+    write_stats(0);
+    return NULL;
+}
+
+static void lfs_destroy(void *data)
+{
+    (void)data;
+    write_stats(1);
+}
+
+static int lfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
+{
+    (void)fi;
+    enter(K_GETATTR);
+    int fd = open_beneath(path, O_PATH);
+    if (fd < 0)
+        return leave(K_GETATTR, fd);
+    int res = fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 ? 0 : -errno;
+    close(fd);
+    return leave(K_GETATTR, res);
+}
+
+static int lfs_readlink(const char *path, char *buf, size_t size)
+{
+    enter(K_READLINK);
+    if (size == 0)
+        return leave(K_READLINK, -EINVAL);
+    int fd = open_beneath(path, O_PATH);
+    if (fd < 0)
+        return leave(K_READLINK, fd);
+    ssize_t n = readlinkat(fd, "", buf, size - 1);
+    int res = n < 0 ? -errno : 0;
+    close(fd);
+    if (n >= 0)
+        buf[n] = '\0';
+    return leave(K_READLINK, res);
+}
+
+static int lfs_open(const char *path, struct fuse_file_info *fi)
+{
+    enter(K_OPEN);
+    if ((fi->flags & O_ACCMODE) != O_RDONLY)
+        return leave(K_OPEN, -EROFS);
+    int fd = open_beneath(path, O_RDONLY);
+    if (fd < 0)
+        return leave(K_OPEN, fd);
+    fi->fh = (uint64_t)fd;
+    fi->keep_cache = 0;
+    return leave(K_OPEN, 0);
+}
+
+static int lfs_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    (void)path;
+    enter(K_READ);
+    ssize_t n = pread((int)fi->fh, buf, size, off);
+    if (n < 0)
+        return leave(K_READ, -errno);
+    atomic_fetch_add(&bytes_read, n);
+    return leave(K_READ, (int)n);
+}
+
+static int lfs_release(const char *path, struct fuse_file_info *fi)
+{
+    (void)path;
+    enter(K_RELEASE);
+    close((int)fi->fh);
+    return leave(K_RELEASE, 0);
+}
+
+struct dir {
+    DIR *dp;
+    struct dirent *entry;
+    off_t offset;
+};
+
+static int lfs_opendir(const char *path, struct fuse_file_info *fi)
+{
+    enter(K_OPENDIR);
+    int fd = open_beneath(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return leave(K_OPENDIR, fd);
+    struct dir *d = calloc(1, sizeof *d);
+    if (!d || !(d->dp = fdopendir(fd))) {
+        int err = d ? -errno : -ENOMEM;
+        free(d);
+        close(fd);
+        return leave(K_OPENDIR, err);
+    }
+    fi->fh = (uint64_t)(uintptr_t)d;
+    return leave(K_OPENDIR, 0);
+}
+
+/* One call per kernel READDIR request (entries carry their offsets), as NFS answers a
+ * large directory in several READDIR round trips. */
+static int lfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, off_t offset,
+                       struct fuse_file_info *fi, enum fuse_readdir_flags flags)
+{
+    (void)path;
+    enter(K_READDIR);
+    struct dir *d = (struct dir *)(uintptr_t)fi->fh;
+    if (offset != d->offset) {
+        seekdir(d->dp, offset);
+        d->entry = NULL;
+        d->offset = offset;
+    }
+    for (;;) {
+        if (!d->entry) {
+            errno = 0;
+            d->entry = readdir(d->dp);
+            if (!d->entry) {
+                if (errno)
+                    return leave(K_READDIR, -errno);
+                break;
+            }
+        }
+        struct stat st;
+        enum fuse_fill_dir_flags fill = 0;
+        memset(&st, 0, sizeof st);
+        if ((flags & FUSE_READDIR_PLUS) &&
+            fstatat(dirfd(d->dp), d->entry->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+            fill = FUSE_FILL_DIR_PLUS;
+        } else {
+            st.st_ino = d->entry->d_ino;
+            st.st_mode = (mode_t)DTTOIF(d->entry->d_type);
+        }
+        off_t next = telldir(d->dp);
+        if (filler(buf, d->entry->d_name, &st, next, fill))
+            break;
+        d->entry = NULL;
+        d->offset = next;
+    }
+    return leave(K_READDIR, 0);
+}
+
+static int lfs_releasedir(const char *path, struct fuse_file_info *fi)
+{
+    (void)path;
+    enter(K_RELEASEDIR);
+    struct dir *d = (struct dir *)(uintptr_t)fi->fh;
+    closedir(d->dp);
+    free(d);
+    return leave(K_RELEASEDIR, 0);
+}
+
+static int lfs_statfs(const char *path, struct statvfs *sv)
+{
+    (void)path;
+    enter(K_STATFS);
+    return leave(K_STATFS, fstatvfs(backing_fd, sv) == 0 ? 0 : -errno);
+}
+
+static const struct fuse_operations ops = {
+    .init = lfs_init,
+    .destroy = lfs_destroy,
+    .getattr = lfs_getattr,
+    .readlink = lfs_readlink,
+    .open = lfs_open,
+    .read = lfs_read,
+    .release = lfs_release,
+    .opendir = lfs_opendir,
+    .readdir = lfs_readdir,
+    .releasedir = lfs_releasedir,
+    .statfs = lfs_statfs,
+};
+
+#define OPT(t, p) {t, offsetof(struct options, p), 1}
+static const struct fuse_opt option_spec[] = {
+    OPT("delay_us=%u", delay_us),
+    OPT("threads=%u", threads),
+    OPT("stats=%s", stats),
+    OPT("readdirplus", readdirplus),
+    FUSE_OPT_END,
+};
+
+static int take_backing(void *data, const char *arg, int key, struct fuse_args *args)
+{
+    (void)data;
+    (void)args;
+    if (key == FUSE_OPT_KEY_NONOPT && !opt.backing) {
+        opt.backing = strdup(arg);
+        return 0;
+    }
+    return 1;
+}
+
+int main(int argc, char *argv[])
+{
+    struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+    if (fuse_opt_parse(&args, &opt, option_spec, take_backing) == -1)
+        return 2;
+    if (!opt.backing) {
+        fprintf(stderr, "usage: %s BACKING MOUNTPOINT [-f] [-o delay_us=N,threads=N,stats=FILE,"
+                        "entry_timeout=S,attr_timeout=S,readdirplus]\n", argv[0]);
+        return 2;
+    }
+    if (opt.threads < 1)
+        opt.threads = 1;
+    backing_fd = open(opt.backing, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (backing_fd < 0) {
+        fprintf(stderr, "latencyfs: %s: %s\n", opt.backing, strerror(errno));
+        return 1;
+    }
+    if (opt.stats && opt.stats[0] != '/') {  /* fuse_main may chdir("/") */
+        char *abs = realpath(".", NULL);
+        char *joined = NULL;
+        if (!abs || asprintf(&joined, "%s/%s", abs, opt.stats) < 0)
+            return 1;
+        free(abs);
+        opt.stats = joined;
+    }
+    /* defaults first, so that options given on the command line override them */
+    char threads_opt[128], fsname_opt[4200];
+    snprintf(threads_opt, sizeof threads_opt, "-omax_threads=%u,max_idle_threads=%u", opt.threads,
+             opt.threads);
+    snprintf(fsname_opt, sizeof fsname_opt, "-ofsname=latencyfs:%s,subtype=latencyfs", opt.backing);
+    struct fuse_args full = FUSE_ARGS_INIT(0, NULL);
+    fuse_opt_add_arg(&full, args.argv[0]);
+    fuse_opt_add_arg(&full, "-oro,entry_timeout=1,attr_timeout=1,negative_timeout=0");
+    fuse_opt_add_arg(&full, threads_opt);
+    fuse_opt_add_arg(&full, strchr(opt.backing, ',') ? "-osubtype=latencyfs" : fsname_opt);
+    for (int i = 1; i < args.argc; i++)
+        fuse_opt_add_arg(&full, args.argv[i]);
+    sigemptyset(&usr_signals);
+    sigaddset(&usr_signals, SIGUSR1);
+    sigaddset(&usr_signals, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &usr_signals, NULL);
+    int res = fuse_main(full.argc, full.argv, &ops, NULL);
+    fuse_opt_free_args(&full);
+    fuse_opt_free_args(&args);
+    return res;
+}
