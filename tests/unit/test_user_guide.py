@@ -12,32 +12,15 @@ build_parser(), which is weaker than running it but catches a renamed option at 
 
 from __future__ import annotations
 
-import ast
 import re
-import shlex
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from dsstage import config as cfg
 from dsstage import nodefs
-from dsstage.cli import build_parser
+from guides import TOP, Runs, check_coverage, check_parses, check_runs, fenced, inline_commands, prose
 
-TOP = Path(__file__).resolve().parents[2]
 GUIDE = TOP / "docs" / "user-guide.md"
 COMMANDS = ("sbatch", "srun", "salloc", "squeue", "scontrol", "dsstage")
-
-
-@dataclass(frozen=True)
-class Runs:
-    """``path`` (a test function ``test`` in it, or the whole file for a script) contains
-    every piece of ``pieces``: it runs the command."""
-
-    path: str
-    test: str | None
-    pieces: tuple[str, ...]
-    note: str = ""
-
 
 CLUSTER = "tests/cluster/test_cluster.py"
 HOLD = "tests/cluster/test_hold.py"
@@ -138,12 +121,6 @@ def guide() -> str:
     return GUIDE.read_text()
 
 
-def fenced(text: str) -> list[tuple[str, str]]:
-    """(language, body) of every fenced block, indented ones (in list items) included."""
-    return [(m.group(2), re.sub(rf"^{m.group(1)}", "", m.group(3), flags=re.M))
-            for m in re.finditer(r"^( *)```(\w*)\n(.*?)^\1```$", text, re.S | re.M)]
-
-
 def guide_commands(text: str) -> list[str]:
     out: list[str] = []
     for lang, body in fenced(text):
@@ -152,12 +129,8 @@ def guide_commands(text: str) -> list[str]:
                 out.append(line[2:].strip())
             elif lang == "bash" and line.startswith(("#SBATCH --dataset", "#BB_LUA")):
                 out.append(line.strip())
-    prose = re.sub(r"^( *)```.*?^\1```$", "", text, flags=re.S | re.M)
-    for span in re.findall(r"`([^`\n]+)`", prose):
-        if span.split(" ", 1)[0] in COMMANDS and " " in span:
-            out.append(span)
-        elif span in COMMANDS[-1:]:
-            out.append(span)
+    out += inline_commands(text, COMMANDS)
+    out += [span for span in re.findall(r"`([^`\n]+)`", prose(text)) if span == "dsstage"]
     return out
 
 
@@ -169,39 +142,17 @@ def test_the_guide_has_commands_and_blocks():
 
 
 def test_every_command_in_the_guide_has_a_place_that_runs_it():
-    missing = sorted({c for c in guide_commands(guide()) if c not in COVERAGE})
-    assert not missing, f"docs/user-guide.md shows commands no test is named for (add them to COVERAGE): {missing}"
-    unused = sorted(set(COVERAGE) - set(guide_commands(guide())))
-    assert not unused, f"COVERAGE names commands the guide no longer shows: {unused}"
-
-
-def source_of(path: Path, name: str) -> str:
-    """The source of function (with its decorators) or module-level assignment ``name`` in ``path``."""
-    text = path.read_text()
-    lines = text.splitlines()
-    for node in ast.parse(text).body:
-        names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
-            [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
-        if name in names:
-            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-            return "\n".join(lines[first - 1:node.end_lineno])
-    raise AssertionError(f"{path.relative_to(TOP)} has no {name}")
+    check_coverage("docs/user-guide.md", guide_commands(guide()), COVERAGE)
 
 
 @pytest.mark.parametrize("command", sorted(COVERAGE))
 def test_the_named_place_runs_the_command(command):
-    for runs in COVERAGE[command]:
-        path = TOP / runs.path
-        assert path.is_file(), f"{command}: {runs.path} is gone"
-        text = source_of(path, runs.test) if runs.test else path.read_text()
-        for piece in runs.pieces:
-            assert piece in text, f"{command}: {runs.path} {runs.test or ''} no longer has {piece!r}"
+    check_runs(command, COVERAGE[command])
 
 
 @pytest.mark.parametrize("command", sorted(c for c in COVERAGE if c.startswith("dsstage")))
 def test_dsstage_commands_parse(command):
-    args = build_parser().parse_args(shlex.split(command)[1:])
-    assert getattr(args, "handler", None) is not None, command
+    check_parses(command)
 
 
 def test_the_guide_quotes_what_the_code_says():
