@@ -308,7 +308,8 @@ def cmd_manifest_build(args: argparse.Namespace) -> int:
     from .ui import progress_bar
     with progress_bar(f"hashing {ds.name}", enabled=not args.json) as advance:
         report = mf.build(ds.name, root, source=ds.source.raw, previous=previous, reader=_reader(conf),
-                          threads=conf.transfer.hash_threads, progress=advance)
+                          threads=conf.transfer.hash_threads, progress=advance,
+                          max_parallel=conf.transfer.max_parallel)
     path = manifests.publish(report.manifest)
     m = report.manifest
     data = {"dataset": ds.name, "digest": m.digest, "version": m.digest[:16], "files": m.files,

@@ -82,6 +82,9 @@ class Transfer:
     timeout: float = 86400.0
     hash_threads: int = 0  # 0: one per CPU
     bwlimit: int = 0  # KiB/s per rsync stream; 0: no limit
+    #: the most requests (files being read, directories listed) in flight at once against a
+    #: mounted source; fewer while more are not faster (dsstage.parallel)
+    max_parallel: int = 64
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "tr
              "burst_buffer")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark")
 _DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
-_TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit")
+_TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit", "max_parallel")
 _RETENTION_KEYS = ("min_keep", "max_idle", "demand_max_age", "poll_interval", "manifest_keep")
 _REPORT_KEYS = ("user", "interval", "max_age")
 _FLEET_KEYS = ("user", "port", "key", "known_hosts", "connect_timeout", "timeout", "parallel", "command")
@@ -485,7 +488,11 @@ class _Validator:
         timeout = self.number(spec.get("timeout", Transfer.timeout), "transfer.timeout", minimum=1)
         threads = int(self.number(spec.get("hash_threads", 0), "transfer.hash_threads", minimum=0))
         bwlimit = int(self.number(spec.get("bwlimit", 0), "transfer.bwlimit", minimum=0))
-        return Transfer(streams=streams, rsh=rsh, timeout=timeout, hash_threads=threads, bwlimit=bwlimit)
+        max_parallel = self.number(spec.get("max_parallel", Transfer.max_parallel), "transfer.max_parallel", minimum=1)
+        if max_parallel != int(max_parallel) or max_parallel > 1024:
+            self.fail("transfer.max_parallel", f"{max_parallel:g} is not a whole number from 1 to 1024")
+        return Transfer(streams=streams, rsh=rsh, timeout=timeout, hash_threads=threads, bwlimit=bwlimit,
+                        max_parallel=int(max_parallel))
 
     def retention(self, spec: Any) -> Retention:
         if not isinstance(spec, dict):

@@ -46,7 +46,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import blake3
 
-from . import nodefs
+from . import nodefs, parallel
+from .config import Transfer
 from .errors import OutOfTime, SourceError, local_error
 from .identity import Identity, acting_as
 from .manifest import Entry, Mismatch
@@ -54,10 +55,8 @@ from .nodefs import Tree
 from .transfer import TransferStats
 
 CHUNK = 8 * 2**20
-#: files in flight at once; measured best on a 2-core machine with a virtio disk (bench/run)
+#: files in flight at first; measured best on a 2-core machine with a virtio disk (bench/run)
 THREADS = 4
-BATCH = 64
-BATCH_BYTES = 32 * 2**20
 #: files at least this large are copied as byte ranges by several streams
 SPLIT = 128 * 2**20
 #: the byte range one stream copies at a time (and the unit the hash follows the copy in)
@@ -358,23 +357,6 @@ def _finish(dfd: int, tmp: str, name: str, e: Entry) -> None:
         raise local_error(exc, f"publishing {e.path!r} in the staging area") from None
 
 
-def batched(entries: Sequence[Entry], files: int = BATCH, nbytes: int = BATCH_BYTES) -> list[list[Entry]]:
-    """Consecutive entries (directory order: kind to readahead) in batches of at most
-    ``files`` files or ``nbytes`` bytes, so that large files are spread over the threads."""
-    out: list[list[Entry]] = []
-    cur: list[Entry] = []
-    size = 0
-    for e in entries:
-        if cur and (len(cur) >= files or size + e.size > nbytes):
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(e)
-        size += e.size
-    if cur:
-        out.append(cur)
-    return out
-
-
 def present(dest: Tree, rel: str) -> bool:
     """Whether ``rel`` exists in ``dest`` (a link is never followed)."""
     try:
@@ -390,29 +372,33 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
                   reader: Identity | None = None,
                   progress: Callable[[int, int], None] | None = None,
                   hash_threads: int = 0, split: int | None = None, range_size: int | None = None,
-                  range_streams: int = 0) -> tuple[TransferStats, list[Mismatch]]:
+                  range_streams: int = 0,
+                  max_parallel: int = Transfer.max_parallel) -> tuple[TransferStats, list[Mismatch]]:
     """Copy ``entries`` that are not yet below ``dest_fd`` (at most ``bwlimit`` bytes/s if
     set); return stats and the files that were missing or did not match the manifest
     (nothing is written for those). Raises OutOfTime when ``deadline`` (monotonic) passes:
     what was copied stays, the next call resumes. ``progress(bytes_delta, bytes_total)``
-    is called as batches finish.
+    is called as files finish.
 
-    At most ``threads`` threads copy at once: files, or the byte ranges (``range_size``,
-    default RANGE) of a file of at least ``split`` bytes (default SPLIT), one such file
-    after another, ``range_streams`` ranges at once (0: one if the source is on the staging
-    area's filesystem, where the kernel copies and more streams of one file measured
-    slower, else ``threads``). BLAKE3 uses at most ``hash_threads`` threads per file (0:
-    one per CPU)."""
+    Files are copied ``threads`` at once at first, then as many as measurably go faster,
+    up to ``max_parallel`` (dsstage.parallel: a latency-bound source needs many requests in
+    flight, a local disk a few). A file of at least ``split`` bytes (default SPLIT) is
+    copied as byte ranges (``range_size``, default RANGE), one such file after another,
+    ``range_streams`` ranges at once (0: one if the source is on the staging area's
+    filesystem, where the kernel copies and more streams of one file measured slower,
+    else ``threads``). BLAKE3 uses at most ``hash_threads`` threads per file (0: one per
+    CPU)."""
     split = SPLIT if split is None else split
     range_size = RANGE if range_size is None else range_size
     threads = max(1, threads)
+    max_parallel = max(1, max_parallel)
     limit = RateLimit(bwlimit)
     src_fd = open_source_root(src_root, reader)
     stop = threading.Event()
     try:
         if range_streams <= 0:
             range_streams = 1 if os.fstat(src_fd).st_dev == os.fstat(dest_fd).st_dev else threads
-        streams = min(threads, range_streams)
+        streams = max(1, min(threads, range_streams, max_parallel))
         with Tree(dest_fd, create=True) as dest:
             try:
                 todo = [e for e in entries if not present(dest, e.path)]
@@ -421,48 +407,49 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
             total = sum(e.size for e in todo)
             large = [e for e in todo if e.size >= max(split, 1)]
             rest = [e for e in todo if e.size < max(split, 1)]
+            stats, failures = TransferStats(), []
+            counting = threading.Lock()
 
             def late() -> bool:
                 if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
                     stop.set()
                 return stop.is_set()
 
-            def work(batch: Sequence[Entry]) -> list[tuple[Entry, Mismatch | None]]:
-                out = []
-                for e in batch:
-                    if late():
-                        break
-                    out.append((e, _copy_one(src_fd, src_root, dest, e, limit, reader, hash_threads)))
-                return out
-
-            def ranged(delta: int) -> None:
-                if progress:
-                    progress(delta, total)
-
-            stats, failures = TransferStats(), []
-
-            def count(results: Sequence[tuple[Entry, Mismatch | None]]) -> None:
-                for e, failure in results:
+            def count(e: Entry, failure: Mismatch | None) -> None:
+                with counting:
                     if failure:
                         failures.append(failure)
                     else:
                         stats.files += 1
                         stats.bytes += e.size
 
-            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="copy") as pool:
-                try:
-                    for results in pool.map(work, batched(rest)):
-                        count(results)
-                        if progress:
-                            progress(sum(e.size for e, _f in results), total)
-                    for e in large:
-                        if late():
-                            break
-                        count([(e, _copy_large(src_fd, src_root, dest, e, limit, reader, pool, streams,
-                                               hash_threads, range_size, ranged))])
-                except BaseException:
+            def one(e: Entry) -> int:
+                failure = _copy_one(src_fd, src_root, dest, e, limit, reader, hash_threads)
+                count(e, failure)
+                if progress:
+                    progress(e.size, total)
+                if deadline is not None and time.monotonic() > deadline:
                     stop.set()
-                    raise
+                return 0 if failure else e.size
+
+            def ranged(delta: int) -> None:
+                if progress:
+                    progress(delta, total)
+
+            try:
+                if not late():
+                    parallel.run(rest, one, bound=max_parallel, start=min(threads, max_parallel),
+                                 what=f"copying from {src_root}", size=lambda n: n, stop=stop)
+                if large and not late():
+                    with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="range") as pool:
+                        for e in large:
+                            if late():
+                                break
+                            count(e, _copy_large(src_fd, src_root, dest, e, limit, reader, pool, streams,
+                                                 hash_threads, range_size, ranged))
+            except BaseException:
+                stop.set()
+                raise
             if stop.is_set():
                 raise OutOfTime(f"copied {stats.files} of {len(todo)} files before the time budget ran out; "
                                 "the copy so far is kept and the next stage resumes")

@@ -14,17 +14,14 @@ import mmap
 import os
 import stat
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 
-from . import nodefs
+from . import nodefs, parallel
 from .identity import Identity, acting_as
 
 #: files at least this large are memory-mapped and hashed with several threads
 LARGE = 8 * 2**20
-#: files per task when hashing many small files, to keep the pool's overhead low
-BATCH = 64
 
 
 def default_threads(configured: int = 0) -> int:
@@ -78,31 +75,24 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int
 
 def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
               progress: Callable[[int], None] | None = None,
-              reader: Identity | None = None) -> list[tuple[int, str] | None]:
-    """(size, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be read),
-    with at most ``threads`` threads hashing at once (0: one per CPU).
+              reader: Identity | None = None, max_parallel: int = 0) -> list[tuple[int, str] | None]:
+    """(size, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be read).
 
-    ``progress`` is called with the number of files finished since its last call.
+    Small files are read and hashed ``threads`` at once (0: one per CPU), or, given
+    ``max_parallel`` (a source that may be a network filesystem), from that many up to
+    as many as measurably go faster (dsstage.parallel). ``progress`` is called with the
+    number of files finished since its last call.
     """
     workers = default_threads(threads)
-    batches = [range(i, min(i + BATCH, len(rels))) for i in range(0, len(rels), BATCH)]
-    results: list[tuple[int, str | None] | None] = [None] * len(rels)
 
-    def work(batch: range) -> None:
-        done = 0
-        for i in batch:
-            results[i] = got = hash_at(root_fd, rels[i], reader, large=False)
-            done += got is None or got[1] is not None
-        if progress and done:
-            progress(done)
+    def small(rel: str) -> tuple[int, str | None] | None:
+        got = hash_at(root_fd, rel, reader, large=False)
+        if progress and (got is None or got[1] is not None):
+            progress(1)
+        return got
 
-    if len(batches) <= 1:
-        for b in batches:
-            work(b)
-    else:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blake3") as pool:
-            for _ in pool.map(work, batches):
-                pass
+    results = parallel.run(rels, small, bound=max(workers, max_parallel), start=workers, what="hashing",
+                           size=lambda got: got[0] if got is not None and got[1] is not None else 0)
     # large files one at a time, each on blake3's threads (reading ahead, memory-mapped)
     for i, got in enumerate(results):
         if got is not None and got[1] is None:

@@ -138,7 +138,8 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
             return copier.copy_verified(source.path, dest_fd, entries, threads=copier.THREADS,
                                         hash_threads=transfer.hash_threads,
                                         bwlimit=transfer.bwlimit * 1024 * transfer.streams,
-                                        deadline=deadline, reader=reader, progress=copying)
+                                        deadline=deadline, reader=reader, progress=copying,
+                                        max_parallel=transfer.max_parallel)
         stats = fetch(source, dest_path, entries, transfer, deadline=deadline, progress=copying)
         _check_time(deadline)
         return stats, check_tree(dest_fd, entries, transfer.hash_threads, verifying(len(entries)))

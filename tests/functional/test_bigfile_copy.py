@@ -143,7 +143,6 @@ def test_no_more_streams_than_the_bound_copy_at_once_and_blake3_gets_its_bound(t
 def test_verification_hashes_large_files_with_no_more_threads_than_configured(tmp_path, monkeypatch):
     from dsstage import hashing
     monkeypatch.setattr(hashing, "LARGE", 4096)  # these count as large: memory-mapped, blake3's threads
-    monkeypatch.setattr(hashing, "BATCH", 2)  # and the small ones are hashed on the pool
     files = {f"f{i}": os.urandom(size) for i, size in enumerate([10, 5000, 3000, 70_000, 0, 4096])}
     root = write_tree(tmp_path / "copy", files)
     made = []

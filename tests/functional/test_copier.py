@@ -81,14 +81,6 @@ def test_rsync_source_that_changed_is_refused(env: Env, tmp_path):
         daemon.stop()
 
 
-def test_batches_spread_large_files():
-    from dsstage.manifest import Entry
-    entries = [Entry(f"s{i}", 1000, 0, "h") for i in range(100)] + [Entry(f"L{i}", 2**30, 0, "h") for i in range(3)]
-    batches = copier.batched(entries, files=64, nbytes=32 * 2**20)
-    assert [len(b) for b in batches] == [64, 36, 1, 1, 1]
-    assert [e for b in batches for e in b] == entries
-
-
 def test_a_source_swapped_for_links_fifos_or_devices_is_never_followed_nor_blocks(tmp_path, chunk):
     """Between the manifest build and the copy, the data owner swaps a directory for a link
     to a root-only directory, a file for a FIFO, and a directory for a link to /dev: the

@@ -90,7 +90,7 @@ def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: E
     copied = []
 
     def slow(*args, **kw):
-        time.sleep(0.01)
+        time.sleep(0.1)  # a slow source: even with many files in flight, 200 take over 0.3 s
         copied.append(1)
         return real(*args, **kw)
     copier._copy_one, saved = slow, copier._copy_one
