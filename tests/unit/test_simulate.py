@@ -325,6 +325,12 @@ def test_text_report_says_what_the_offline_figures_are():
     assert "UPPER bound" in out and "LOWER bound" in out and "tier 2.0 TB" in out
 
 
+def test_dsstage_simulate_runs_the_simulator(capsys):
+    from dsstage import cli
+    assert cli.main(["simulate", "--jobs", "80", "--nodes", "4", "--datasets", "8", "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["policies"]) == ["planner", "lru", "job-end", "offline"]
+
+
 @pytest.mark.parametrize("argv", [["--policies", "fifo"], ["--capacity", "lots"], ["--high", "0.5"],
                                   ["--trace", "/nonexistent.swf"]])
 def test_bad_options_end_in_one_line(argv, capsys):
