@@ -42,6 +42,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -154,6 +155,33 @@ static int open_beneath(const char *path, int flags)
     return fd < 0 ? -errno : fd;
 }
 
+/*
+ * Parallel lookups and readdirs in one directory. Without FUSE_PARALLEL_DIROPS in the INIT
+ * reply the kernel serializes them per directory (one LOOKUP in flight per directory,
+ * where an NFS client sends many). libfuse before 3.16 never sent that flag, whatever the
+ * filesystem wants (libfuse pull requests 861 and 880); Debian 12 has 3.14. So this
+ * program defines writev(), which libfuse calls to answer the kernel: the one reply
+ * written while init() is being answered (the INIT reply: out header, then
+ * fuse_init_out whose `flags` is at byte 12) gets the flag added; every other call is
+ * the plain system call. The high-level library takes its own per-node locks and is
+ * safe with concurrent lookups.
+ */
+#define KERNEL_PARALLEL_DIROPS (1u << 18)  /* FUSE_PARALLEL_DIROPS in linux/fuse.h */
+static atomic_int patch_init_reply;
+
+ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
+{
+    if (atomic_load(&patch_init_reply) && iovcnt >= 2 && iov[0].iov_len == 16 && iov[1].iov_len >= 16 &&
+        ((const int32_t *)iov[0].iov_base)[1] == 0) {
+        uint32_t flags;
+        memcpy(&flags, (char *)iov[1].iov_base + 12, sizeof flags);
+        flags |= KERNEL_PARALLEL_DIROPS;
+        memcpy((char *)iov[1].iov_base + 12, &flags, sizeof flags);
+        atomic_store(&patch_init_reply, 0);
+    }
+    return syscall(SYS_writev, fd, iov, iovcnt);
+}
+
 static void *lfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 {
     cfg->use_ino = 1;
@@ -165,8 +193,10 @@ static void *lfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
      * as there are threads (the kernel's default is 12) */
     conn->max_background = opt.threads;
     conn->congestion_threshold = opt.threads * 3 / 4;
-    if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+    if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) {
         conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+        atomic_store(&patch_init_reply, 1);  /* see writev() */
+    }
     if (conn->capable & FUSE_CAP_ASYNC_READ)
         conn->want |= FUSE_CAP_ASYNC_READ;
     if (!opt.readdirplus)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import latencyfs
@@ -14,6 +15,28 @@ import pytest
 from latencyfs import LatencyFS
 
 DELAY_US = 20_000  # large against the machine's noise: 20 ms per round trip
+
+
+def together(fn: Callable[[int], object], n: int = 16) -> float:
+    """fn(0) ... fn(n - 1), each in its own thread, started at once; the seconds they took."""
+    start = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        start.wait()
+        try:
+            fn(i)
+        except BaseException as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - t
 
 
 @pytest.fixture
@@ -24,6 +47,9 @@ def backing(tmp_path: Path) -> Path:
         d = root / f"d{i % 4}"
         d.mkdir(parents=True, exist_ok=True)
         (d / f"f{i:02d}").write_bytes(os.urandom(1000 + i * 9000))
+    (root / "flat").mkdir()
+    for i in range(16):
+        (root / "flat" / f"e{i:02d}").write_bytes(b"x")
     (root / "big").write_bytes(os.urandom(3 << 20))
     os.symlink("d0/f00", root / "link")
     os.symlink("/etc/hostname", root / "outside")
@@ -67,24 +93,7 @@ def test_concurrent_opens_overlap_and_are_counted(fs: LatencyFS) -> None:
     for d in range(4):
         os.listdir(mnt / f"d{d}")  # entries cached: what is timed below is the opens and reads
     fs.reset()
-    start = threading.Barrier(16)
-    errors: list[BaseException] = []
-
-    def one(i: int) -> None:
-        try:
-            start.wait()
-            with open(mnt / f"d{i % 4}" / f"f{i:02d}", "rb") as fh:
-                fh.read()
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    elapsed = time.perf_counter() - t
-    assert not errors
+    elapsed = together(lambda i: (mnt / f"d{i % 4}" / f"f{i:02d}").read_bytes())
     # each thread: an open and a read, 2 round trips; serially 16 x 2 x 20 ms = 640 ms
     assert elapsed < 16 * DELAY_US / 1e6, elapsed
     s = fs.stats()
@@ -92,6 +101,18 @@ def test_concurrent_opens_overlap_and_are_counted(fs: LatencyFS) -> None:
     assert s["peak_opens_in_flight"] >= 2 and s["peak_in_flight"] >= 2
     assert s["bytes_read"] == sum(1000 + i * 9000 for i in range(16))
     assert fs.reset()["ops"]["open"] == 0
+
+
+def test_lookups_in_one_directory_run_concurrently(fs: LatencyFS) -> None:
+    """As an NFS client sends many LOOKUPs in one directory at once (the kernel serializes
+    them unless the INIT reply says FUSE_PARALLEL_DIROPS, which latencyfs adds)."""
+    flat = Path(fs.mountpoint) / "flat"
+    flat.stat()
+    fs.reset()
+    elapsed = together(lambda i: os.stat(flat / f"e{i:02d}"))
+    s = fs.stats()
+    assert s["ops"]["getattr"] == 16 and s["peak_in_flight"] >= 8, s
+    assert elapsed < 8 * DELAY_US / 1e6, elapsed
 
 
 def test_page_cache_dropped_on_open(fs: LatencyFS) -> None:
@@ -129,10 +150,5 @@ def test_the_thread_bound_caps_concurrency(backing: Path, tmp_path: Path) -> Non
         for d in range(4):
             os.listdir(mnt / f"d{d}")
         fs.reset()
-        threads = [threading.Thread(target=lambda i=i: (mnt / f"d{i % 4}" / f"f{i:02d}").read_bytes())
-                   for i in range(8)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        together(lambda i: (mnt / f"d{i % 4}" / f"f{i:02d}").read_bytes(), 8)
         assert fs.stats()["peak_in_flight"] <= 2
