@@ -16,8 +16,10 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,7 +30,66 @@ TOP = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tests"))
 from dsstage import hashing  # noqa: E402
 from dsstage import manifest as mf  # noqa: E402
+from latencyfs import LatencyFS  # noqa: E402
 from servers import RsyncDaemon  # noqa: E402
+
+CHUNK = 1 << 20
+
+
+def in_parallel(items: Sequence[object], fn: Callable[[object, bytearray], object], threads: int) -> None:
+    """``fn(item, buffer)`` for every item, ``threads`` at once, each thread pulling the next
+    item and reusing its own 1 MiB buffer (no pool's per-item cost, no allocation per read)."""
+    it = iter(items)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        buf = bytearray(CHUNK)
+        while not errors:
+            with lock:
+                item = next(it, None)
+            if item is None:
+                return
+            try:
+                fn(item, buf)
+            except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
+                errors.append(e)
+    workers = [threading.Thread(target=worker) for _ in range(max(1, min(threads, len(items))))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+
+
+def read_file(path: object, buf: bytearray) -> None:
+    """open, read to the end, close: what any copy must do with a source file, and no more."""
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        while os.readv(fd, [buf]):
+            pass
+    finally:
+        os.close(fd)
+
+
+def copy_file(pair: object, buf: bytearray) -> None:
+    """read_file, each chunk written as it is read to a new file (no hashing, no fsync: dsstage
+    does not fsync either before the copy is usable; its syncfs runs in the background)."""
+    src, dst = pair  # type: ignore[misc]
+    fin = os.open(src, os.O_RDONLY)
+    try:
+        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(buf)
+            while n := os.readv(fin, [buf]):
+                done = 0
+                while done < n:
+                    done += os.write(fout, view[done:n])
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
 
 
 @dataclass
@@ -60,6 +121,7 @@ class Bench:
         self.only = set(args.only.split(",")) if args.only else None
         #: "cold": page cache dropped before each run; "warm": sources read once beforehand
         self.caches = ["cold", "warm"] if args.cache == "both" else [args.cache]
+        self.delays = [int(d) for d in args.delays.split(",")]
 
     def wants(self, scenario: str) -> bool:
         if scenario == "single":  # the same shape as the large-file scenario: on request only
@@ -224,6 +286,14 @@ class Bench:
         t_ds = self.time_median(lambda: self.ds("stage", name, "--job-id", "1"), fresh_store)
         t_rsync = self.time_median(lambda: self.sh("rsync", "-a", f"{root}/", f"{dest}/"), fresh_dest)
         t_cp = self.time_median(lambda: self.sh("cp", "-a", str(root), str(dest)), fresh_dest)
+        t_read = self.time_median(lambda: in_parallel(sources, read_file, self.CEILING_THREADS), fresh_dest)
+        rels = [os.path.relpath(p, root) for p in sources]
+
+        def bare_copy() -> None:
+            for d in sorted({os.path.dirname(r) for r in rels}):
+                os.makedirs(dest / d, exist_ok=True)
+            in_parallel([(str(root / r), str(dest / r)) for r in rels], copy_file, self.CEILING_THREADS)
+        t_ceil = self.time_median(bare_copy, fresh_dest)
         gib = total / 2**30
         self.add(label, "dsstage stage (incl. BLAKE3 verify)", t_ds, "s")
         self.add(label, "rsync -a", t_rsync, "s")
@@ -233,6 +303,10 @@ class Bench:
             t_fp = self.time_median(lambda: self.sh("fpsync", "-n", "4", "-t", str(fp_tmp), f"{root}/", f"{dest}/"),
                                     fresh_dest)
             self.add(label, "fpsync -n 4", t_fp, "s")
+        self.add(label, f"bare parallel read of the source ({self.CEILING_THREADS} threads, nothing written)",
+                 t_read, "s")
+        self.add(label, f"ceiling: bare parallel copy ({self.CEILING_THREADS} threads read each file and write "
+                 "its bytes to a new file; no hashing, no fsync)", t_ceil, "s")
         if compare == "rsync":
             self.add(label, "speed-up of dsstage over rsync -a", t_rsync / t_ds, "x", "rsync -a", t_rsync,
                      t_rsync / t_ds, f">= {target_ratio}x", t_rsync / t_ds >= target_ratio)
@@ -240,6 +314,109 @@ class Bench:
             self.add(label, "dsstage throughput / cp -a throughput", (gib / t_ds) / (gib / t_cp), "x", "cp -a",
                      gib / t_cp, t_cp / t_ds, f">= {target_ratio}x", t_cp / t_ds >= target_ratio)
         self.add(label, "dsstage throughput", gib / t_ds, "GiB/s")
+        self.add(label, "dsstage throughput / ceiling throughput", t_ceil / t_ds, "x", "bare parallel copy",
+                 gib / t_ceil, t_ceil / t_ds)
+
+    # -- latency-bound sources: latencyfs (tests/latencyfs.c) --------------------------
+
+    CEILING_THREADS = 16  # the local-disk ceiling's copy threads
+    LATENCY_CEILING_THREADS = (64, 256)  # the latency ceiling: the faster of these
+    LATENCY_PARALLEL_RSYNC = 16  # rsync processes of the plain parallel rsync, one per top directory
+    LATENCY_FPSYNC_JOBS = 16
+
+    def latency(self, delays_us: Sequence[int]) -> None:
+        """A source where each metadata operation, open and read costs one round trip:
+        dsstage stage and manifest build against rsync -a, cp -a, fpsync, a plain parallel
+        rsync and a bare parallel read of the same files, each run with cold caches (the
+        page cache dropped and latencyfs mounted again, so no dentry or attribute is cached)."""
+        n = 2000 if self.quick else 5000
+        root = self.make_files(f"latency{n}", n, 100_000, fanout=100)
+        rels = sorted(str(p.relative_to(root)) for p in root.rglob("*.bin"))
+        total = sum((root / r).stat().st_size for r in rels)
+        mnt = self.dir / "mnt-latency"
+        dest = self.dir / "baseline-dest"
+        fp_tmp = self.dir / "fpsync-tmp"
+        name = "latency"
+        for delay in delays_us:
+            label = f"latency {delay / 1000:g} ms, {n} x 100 KB"
+            with LatencyFS(root, mnt, delay_us=delay) as fs:
+                self.say(f"{label}: latencyfs on {mnt} (pid {fs.pid})")
+                paths = [str(mnt / r) for r in rels]
+
+                def cold() -> None:
+                    fs.remount()  # no dentry, attribute or page cached for the mount
+                    self.drop_caches()  # nor for the backing files
+
+                def fresh_dest() -> None:
+                    shutil.rmtree(dest, ignore_errors=True)
+                    cold()
+
+                def fresh_store() -> None:
+                    self.clear_store(name)
+                    cold()
+                requests: dict[str, dict[str, object]] = {}
+
+                def timed(tool: str, fn: Callable[[], object], setup: Callable[[], object]) -> float:
+                    t = self.time_median(fn, setup)
+                    requests[tool] = fs.stats()  # the counters of its last run (since the remount)
+                    return t
+
+                def parallel_rsync() -> None:
+                    dest.mkdir(parents=True, exist_ok=True)
+                    tops = sorted(os.listdir(mnt))
+                    with ThreadPoolExecutor(self.LATENCY_PARALLEL_RSYNC) as pool:
+                        list(pool.map(lambda d: self.sh("rsync", "-a", str(mnt / d), f"{dest}/"), tops))
+
+                def rebuild() -> None:
+                    (Path(mf.Catalog(str(self.dir / "state")).dir(name)) / mf.CURRENT).unlink(missing_ok=True)
+                    self.ds("manifest", "build", name)
+
+                cold()
+                self.build_manifest(name, mnt)
+                t_ds = timed("dsstage", lambda: self.ds("stage", name, "--job-id", "1"), fresh_store)
+                t_build = timed("manifest", rebuild, cold)
+                t_rsync = timed("rsync", lambda: self.sh("rsync", "-a", f"{mnt}/", f"{dest}/"), fresh_dest)
+                t_cp = timed("cp", lambda: self.sh("cp", "-a", str(mnt), str(dest)), fresh_dest)
+                t_par = timed("parallel rsync", parallel_rsync, fresh_dest)
+                t_fp = None
+                fp_chunk = max(1, n // 64)
+                if shutil.which("fpsync"):
+                    t_fp = timed("fpsync", lambda: self.sh(
+                        "fpsync", "-n", str(self.LATENCY_FPSYNC_JOBS), "-f", str(fp_chunk), "-t", str(fp_tmp),
+                        f"{mnt}/", f"{dest}/"), fresh_dest)
+                t_reads = {k: timed(f"read{k}", lambda k=k: in_parallel(paths, read_file, k), cold)  # type: ignore[misc]
+                           for k in self.LATENCY_CEILING_THREADS}
+            best = min(t_reads, key=lambda k: t_reads[k])
+            t_ceil = t_reads[best]
+            mib = total / 2**20
+            self.add(label, "dsstage stage (incl. BLAKE3 verify)", t_ds, "s")
+            self.add(label, "rsync -a", t_rsync, "s")
+            self.add(label, "cp -a", t_cp, "s")
+            if t_fp is not None:
+                self.add(label, f"fpsync -n {self.LATENCY_FPSYNC_JOBS} -f {fp_chunk}", t_fp, "s")
+            self.add(label, f"parallel rsync ({self.LATENCY_PARALLEL_RSYNC} rsync -a at once, one per top "
+                     "directory)", t_par, "s")
+            for k, t in t_reads.items():
+                self.add(label, f"bare parallel read, {k} threads (open, read, close)", t, "s")
+            speedup = t_rsync / t_ds
+            self.add(label, "speed-up of dsstage over rsync -a", speedup, "x", "rsync -a", t_rsync, speedup,
+                     *((">= 3x", speedup >= 3) if delay == 1000 else ()))
+            self.add(label, "dsstage throughput / ceiling throughput", t_ceil / t_ds, "x",
+                     f"bare parallel read, {best} threads, MiB/s", mib / t_ceil, t_ceil / t_ds, ">= 0.85x",
+                     t_ceil / t_ds >= 0.85)
+            self.add(label, "dsstage manifest build throughput / ceiling throughput", t_ceil / t_build, "x",
+                     "ceiling, MiB/s", mib / t_ceil, t_ceil / t_build)
+            self.add(label, "dsstage manifest build", t_build, "s")
+            for tool, st in requests.items():
+                ops = st["ops"]
+                assert isinstance(ops, dict)
+                self.say(f"{label}: {tool}: {sum(ops.values()) / n:.2f} requests per file "
+                         f"({', '.join(f'{k} {v}' for k, v in ops.items() if v)}), "
+                         f"peak {st['peak_in_flight']} in flight, {st['peak_opens_in_flight']} opens")
+            for tool in ("dsstage", "manifest"):
+                self.add(label, f"{'dsstage stage' if tool == 'dsstage' else 'manifest build'}: peak requests "
+                         "in flight (opens)", float(requests[tool]["peak_in_flight"]),  # type: ignore[arg-type]
+                         f"requests ({requests[tool]['peak_opens_in_flight']} opens)")
 
     def warm_prolog(self, files: int) -> float:
         name = f"warm{files // 1000}k"
@@ -668,6 +845,8 @@ class Bench:
             self.manifests(small, 1_000_000)
         if self.wants("status"):
             self.status_view()
+        if self.wants("latency"):
+            self.latency(self.delays)
 
 
 def table(rows: list[Row]) -> str:
@@ -686,12 +865,15 @@ def main() -> int:
     p.add_argument("--json", help="also write the rows as JSON to this file")
     p.add_argument("--runs", type=int, help="runs per measurement (default 3 quick, 5 full)")
     p.add_argument("--dir", default="/var/tmp/dsstage-bench", help="where data and stores go")
-    p.add_argument("--only", help="comma-separated scenarios: cold, single, warm, verify, sharing, manifest, status "
+    p.add_argument("--only", help="comma-separated scenarios: cold, single, warm, verify, sharing, manifest, status, "
+                   "latency "
                    "(single, one 2 GiB file, runs only when named)")
     p.add_argument("--cache", choices=("cold", "warm", "both"), default="cold",
                    help="cold, warm or both: page cache dropped before each run of cold, warm and single stages "
                    "and of verify (cold), or the data read into it beforehand (warm), to see the hashing "
                    "path without a slow disk hiding it")
+    p.add_argument("--delays", default="1000,200", help="the latency scenario's emulations: per-request delays of "
+                   "latencyfs in microseconds (default 1000,200: 1 ms and 0.2 ms round trips)")
     args = p.parse_args()
     if os.geteuid() != 0:
         print("bench/run: run as root (the store is root-owned; the page cache is dropped)", file=sys.stderr)
