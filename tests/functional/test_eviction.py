@@ -210,6 +210,10 @@ def test_evict_without_a_name_shows_the_plan(env: Env):
     out = env.cli("evict", "--dry-run").stdout
     assert "nvme x " in out and "kept: leased by job 1" in out
     assert "nvme y " in out and "kept: no demand, idle" in out
+    # and without --dry-run applies it, as the Epilog does: no pressure, so both stay
+    out = env.cli("evict").stdout
+    assert "kept: leased by job 1" in out and "kept: no demand, idle" in out
+    assert (env.tier_root() / "ready" / "x").exists() and (env.tier_root() / "ready" / "y").exists()
 
 
 def test_a_purge_cut_short_is_restarted_by_the_next_retention_pass(env: Env, monkeypatch, caplog):
