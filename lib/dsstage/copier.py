@@ -4,8 +4,10 @@ Measured against ``rsync -a`` on the same data (bench/run), rsync's pipeline of 
 and the separate verification pass that must follow it cost more than the copy itself.
 Here each file is read once, hashed with BLAKE3 from the same buffer, and written only if
 the hash matches the manifest: what lands is what was verified. Many files are in flight
-at once (threads; reads, writes and hashing release the GIL), which keeps a parallel
-filesystem or an NVMe queue busy where one rsync reads one file at a time.
+at once (threads; reads, writes and hashing release the GIL; as many as measurably go
+faster, up to transfer.max_parallel: dsstage.parallel), which hides a network
+filesystem's round trips and keeps an NVMe queue busy where one rsync reads one file at
+a time.
 
 Reading: every source file is opened below the source's directory descriptor without
 following a symbolic link at any component (a directory swapped for a link between the
