@@ -430,8 +430,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
                 count(e, failure)
                 if progress:
                     progress(e.size, total)
-                if deadline is not None and time.monotonic() > deadline:
-                    stop.set()
+                late()  # sets stop once the deadline passed: no more files are handed out
                 return 0 if failure else e.size
 
             def ranged(delta: int) -> None:
@@ -440,8 +439,8 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
 
             try:
                 if not late():
-                    parallel.run(rest, one, bound=max_parallel, start=min(threads, max_parallel),
-                                 what=f"copying from {src_root}", size=lambda n: n, stop=stop)
+                    gate = parallel.Limiter(min(threads, max_parallel), max_parallel, f"copying from {src_root}")
+                    parallel.run(rest, one, gate, size=lambda n: n, stop=stop)
                 if large and not late():
                     with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="range") as pool:
                         for e in large:

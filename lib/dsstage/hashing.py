@@ -91,8 +91,8 @@ def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
             progress(1)
         return got
 
-    results = parallel.run(rels, small, bound=max(workers, max_parallel), start=workers, what="hashing",
-                           size=lambda got: got[0] if got is not None and got[1] is not None else 0)
+    gate = parallel.Limiter(workers, max(workers, max_parallel), "hashing")
+    results = parallel.run(rels, small, gate, size=lambda got: got[0] if got is not None and got[1] is not None else 0)
     # large files one at a time, each on blake3's threads (reading ahead, memory-mapped)
     for i, got in enumerate(results):
         if got is not None and got[1] is None:

@@ -374,9 +374,9 @@ def walk(root_fd: int, shown: str = "", limiter: parallel.Limiter | None = None,
 
     try:
         while level:
-            listed = parallel.run(level, listing, bound=gate.bound, start=gate.limit, limiter=gate)
+            listed = parallel.run(level, listing, gate)
             items = [(rel, de, fd) for (_r, fd), found in zip(level, listed) for rel, de in found or ()]
-            examined = parallel.run(items, examine, bound=gate.bound, start=gate.limit, limiter=gate)
+            examined = parallel.run(items, examine, gate)
             for _rel, done in level:  # the level's entries are all examined: its directories are done
                 opened.discard(done)
                 os.close(done)
@@ -426,8 +426,8 @@ def _build(name: str, root: str, root_fd: int, source: str, previous: Manifest |
     old = {e.path: e for e in previous.entries} if previous else {}
     skipped: dict[str, list[str]] = {}
     found: list[tuple[str, int, int]] = []
-    gate = parallel.Limiter(hashing.default_threads(threads), max(hashing.default_threads(threads), max_parallel),
-                            f"reading {root}")
+    workers = hashing.default_threads(threads)
+    gate = parallel.Limiter(workers, max(workers, max_parallel), f"reading {root}")
     listing = walk(root_fd, root, gate, reader)
     for rel, st, kind in listing:
         if st is None:

@@ -136,16 +136,15 @@ class Limiter:
             self.cond.notify_all()
 
 
-def run(items: Sequence[T], fn: Callable[[T], R], *, bound: int, start: int, what: str = "",
-        size: Callable[[R], int] = lambda _r: 0, stop: threading.Event | None = None,
-        limiter: Limiter | None = None) -> list[R | None]:
-    """``fn`` of every item, in order, on up to ``bound`` threads with an adaptive limit
-    (``start`` at first); ``size(result)`` is the bytes an item moved. The first exception
-    stops the rest and is raised; ``stop`` set stops handing out items (theirs stay None)."""
+def run(items: Sequence[T], fn: Callable[[T], R], gate: Limiter, *,
+        size: Callable[[R], int] = lambda _r: 0, stop: threading.Event | None = None) -> list[R | None]:
+    """``fn`` of every item, in order, on up to ``gate.bound`` threads, as many at once as
+    ``gate`` lets through; ``size(result)`` is the bytes an item moved. The first exception
+    stops the rest and is raised; ``stop`` set stops handing out items (theirs stay None).
+    One gate may serve several runs in turn, which then start where the last one left it."""
     results: list[R | None] = [None] * len(items)
     if not items:
         return results
-    gate = limiter or Limiter(start, bound, what)
     nxt = iter(range(len(items)))
     take = threading.Lock()
     failed = threading.Event()
@@ -172,7 +171,7 @@ def run(items: Sequence[T], fn: Callable[[T], R], *, bound: int, start: int, wha
     if n == 1:
         worker()
     else:
-        threads = [threading.Thread(target=worker, name=f"{what or 'work'}-{k}", daemon=True) for k in range(n)]
+        threads = [threading.Thread(target=worker, name=f"{gate.what or 'work'}-{k}", daemon=True) for k in range(n)]
         for t in threads:
             t.start()
         for t in threads:

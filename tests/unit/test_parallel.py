@@ -58,7 +58,7 @@ def test_the_limiter_climbs_on_a_source_whose_requests_wait_and_never_passes_the
             now -= 1
         return 1000
 
-    out = parallel.run(list(range(600)), request, bound=16, start=2, size=lambda n: n, limiter=lim)
+    out = parallel.run(list(range(600)), request, lim, size=lambda n: n)
     assert out == [1000] * 600
     assert lim.limit == 16 and peak == 16 and lim.peak == 16
     assert any("trying 16" in c for c in lim.changes)
@@ -75,21 +75,21 @@ def test_the_limiter_stays_low_where_more_in_flight_is_no_faster():
             time.sleep(0.001)
         return 0
 
-    parallel.run(list(range(800)), request, bound=32, start=2, limiter=lim)
+    parallel.run(list(range(800)), request, lim)
     assert lim.limit <= 4
     assert any("no faster" in c for c in lim.changes)
 
 
 def test_run_keeps_order_stops_on_the_first_failure_and_on_request():
-    assert parallel.run(list(range(50)), lambda i: i * 2, bound=8, start=2) == [i * 2 for i in range(50)]
-    assert parallel.run([], lambda i: i, bound=8, start=2) == []
+    assert parallel.run(list(range(50)), lambda i: i * 2, Limiter(2, 8)) == [i * 2 for i in range(50)]
+    assert parallel.run([], lambda i: i, Limiter(2, 8)) == []
 
     def boom(i: int) -> int:
         if i == 7:
             raise ValueError("file 7")
         return i
     with pytest.raises(ValueError, match="file 7"):
-        parallel.run(list(range(1000)), boom, bound=4, start=4)
+        parallel.run(list(range(1000)), boom, Limiter(4, 4))
     stop = threading.Event()
     seen = []
 
@@ -98,5 +98,5 @@ def test_run_keeps_order_stops_on_the_first_failure_and_on_request():
         if i == 3:
             stop.set()
         return i
-    out = parallel.run(list(range(1000)), stopping, bound=1, start=1, stop=stop)
+    out = parallel.run(list(range(1000)), stopping, Limiter(1, 1), stop=stop)
     assert seen == [0, 1, 2, 3] and out[4:] == [None] * 996
