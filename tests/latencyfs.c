@@ -7,18 +7,26 @@
  * flight. For the benchmarks and functional tests of dsstage (see tests/latencyfs.py
  * and docs/benchmarks.md); not a production filesystem.
  *
- *   latencyfs BACKING MOUNTPOINT [-f] [-o delay_us=1000,threads=256,stats=FILE,
+ *   latencyfs BACKING MOUNTPOINT [-f] [-o delay_us=1000,threads=256,rate=0,stats=FILE,
  *             entry_timeout=1,attr_timeout=1,readdirplus,allow_other,...]
+ *
+ * Bandwidth: with rate=N (bytes per second, 0 = unlimited), the read replies of all
+ * threads of this mount together deliver at most N bytes per second, as a shared filesystem whose
+ * aggregate bandwidth is the bottleneck for all its clients: after its round trip and
+ * its pread, each read reply is given the next free slot of the link (n / N seconds,
+ * starting when the previous slot ends or now, whichever is later) and is answered when
+ * its slot ends. An idle link earns no credit, so no burst goes beyond the rate.
  *
  * Kernel caching follows NFS's cold path: entries and attributes are cached for
  * entry_timeout / attr_timeout seconds (libfuse's options, default 1 s here as there),
  * negative lookups are not cached, and a file's page cache is dropped when it is opened
  * (no keep_cache), so every open reads through the delay again.
  *
- * Counters: operations by kind, bytes read, and the peak number of requests in flight
- * (all kinds, and opens alone). They are written as JSON to the `stats` file (written
- * to FILE.tmp and renamed) on SIGUSR1 and at exit; SIGUSR2 resets them and writes the
- * file too. Each write carries a sequence number `seq`, so a reader can wait for it.
+ * Counters: operations by kind, bytes delivered by read replies (`bytes_read`), and the
+ * peak number of requests in flight (all kinds, and opens alone). They are written as
+ * JSON to the `stats` file (written to FILE.tmp and renamed) on SIGUSR1 and at exit;
+ * SIGUSR2 resets them and writes the file too. Each write carries a sequence number
+ * `seq`, so a reader can wait for it.
  *
  * Paths are resolved beneath the backing directory's descriptor with openat2's
  * RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, never following a symlink: a symlink is
@@ -56,6 +64,7 @@ static struct options {
     char *stats;
     unsigned delay_us;
     unsigned threads;
+    unsigned long rate;  /* bytes per second over all read replies, 0 = unlimited */
     int readdirplus;
 } opt = {.delay_us = 1000, .threads = 256};
 
@@ -94,6 +103,36 @@ static int leave(enum kind k, int res)
     return res;
 }
 
+/*
+ * Pace a read reply of N bytes to opt.rate: reserve the link's next free N / rate seconds
+ * under the mutex, then sleep (outside it) until the end of that slot, when the bytes
+ * have been "delivered". Slots are in nanoseconds of CLOCK_MONOTONIC.
+ */
+static pthread_mutex_t link_lock = PTHREAD_MUTEX_INITIALIZER;
+static long long link_free_ns;  /* when the link's last reserved slot ends */
+
+static long long monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void pace(size_t n)
+{
+    if (!opt.rate || !n)
+        return;
+    long long cost = (long long)((unsigned __int128)n * 1000000000u / opt.rate);
+    pthread_mutex_lock(&link_lock);
+    long long now = monotonic_ns();
+    long long due = (link_free_ns > now ? link_free_ns : now) + cost;
+    link_free_ns = due;
+    pthread_mutex_unlock(&link_lock);
+    struct timespec ts = {(time_t)(due / 1000000000LL), (long)(due % 1000000000LL)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
 static void write_stats(int final)
 {
     if (!opt.stats)
@@ -103,8 +142,9 @@ static void write_stats(int final)
     snprintf(tmp, sizeof tmp, "%s.tmp", opt.stats);
     FILE *f = fopen(tmp, "w");
     if (f) {
-        fprintf(f, "{\"seq\": %ld, \"final\": %s, \"pid\": %ld, \"delay_us\": %u, \"threads\": %u, \"ops\": {",
-                ++seq, final ? "true" : "false", (long)getpid(), opt.delay_us, opt.threads);
+        fprintf(f, "{\"seq\": %ld, \"final\": %s, \"pid\": %ld, \"delay_us\": %u, \"threads\": %u, "
+                   "\"rate\": %lu, \"ops\": {",
+                ++seq, final ? "true" : "false", (long)getpid(), opt.delay_us, opt.threads, opt.rate);
         for (int k = 0; k < K_COUNT; k++)
             fprintf(f, "%s\"%s\": %ld", k ? ", " : "", kind_names[k], atomic_load(&counts[k]));
         fprintf(f, "}, \"bytes_read\": %ld, \"in_flight\": %ld, \"peak_in_flight\": %ld, "
@@ -262,6 +302,7 @@ static int lfs_read(const char *path, char *buf, size_t size, off_t off, struct 
     ssize_t n = pread((int)fi->fh, buf, size, off);
     if (n < 0)
         return leave(K_READ, -errno);
+    pace((size_t)n);
     atomic_fetch_add(&bytes_read, n);
     return leave(K_READ, (int)n);
 }
@@ -374,6 +415,7 @@ static const struct fuse_operations ops = {
 static const struct fuse_opt option_spec[] = {
     OPT("delay_us=%u", delay_us),
     OPT("threads=%u", threads),
+    OPT("rate=%lu", rate),
     OPT("stats=%s", stats),
     OPT("readdirplus", readdirplus),
     FUSE_OPT_END,
@@ -396,7 +438,7 @@ int main(int argc, char *argv[])
     if (fuse_opt_parse(&args, &opt, option_spec, take_backing) == -1)
         return 2;
     if (!opt.backing) {
-        fprintf(stderr, "usage: %s BACKING MOUNTPOINT [-f] [-o delay_us=N,threads=N,stats=FILE,"
+        fprintf(stderr, "usage: %s BACKING MOUNTPOINT [-f] [-o delay_us=N,threads=N,rate=N,stats=FILE,"
                         "entry_timeout=S,attr_timeout=S,readdirplus]\n", argv[0]);
         return 2;
     }

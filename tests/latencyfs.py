@@ -2,9 +2,9 @@
 passthrough in which every metadata operation, open and read waits one emulated round
 trip (docs/benchmarks.md, "Latency-bound sources").
 
-    with LatencyFS(backing, mountpoint, delay_us=1000) as fs:
+    with LatencyFS(backing, mountpoint, delay_us=1000, rate=100 << 20) as fs:
         ...                  # read through mountpoint
-        fs.stats()           # {"ops": {"getattr": ..., "open": ...}, "peak_in_flight": ...}
+        fs.stats()           # {"ops": {"getattr": ..., "open": ...}, "bytes_read": ..., "peak_in_flight": ...}
         fs.reset()           # zero the counters
         fs.remount()         # cold dentry, attribute and page caches
 
@@ -125,14 +125,19 @@ def _umount(mountpoint: str, lazy: bool = False) -> bool:
 class LatencyFS:
     """``backing`` served read-only on ``mountpoint`` by latencyfs, each metadata operation,
     open and read request delayed by ``delay_us`` microseconds, up to ``threads`` requests
-    served at once; the kernel caches entries and attributes for ``attr_timeout`` seconds."""
+    served at once; the kernel caches entries and attributes for ``attr_timeout`` seconds.
+    ``rate`` (bytes per second, 0 = unlimited) caps what the read replies of all threads
+    and clients together deliver, as a shared filesystem's aggregate bandwidth: each read
+    waits its round trip, then its turn on the link."""
 
     def __init__(self, backing: str | Path, mountpoint: str | Path, delay_us: int = 1000, threads: int = 256,
                  attr_timeout: float = 1.0, entry_timeout: float | None = None, readdirplus: bool = False,
-                 allow_other: bool = False, extra_options: str = "") -> None:
+                 allow_other: bool = False, extra_options: str = "", rate: int = 0) -> None:
+        if rate < 0:
+            raise ValueError(f"latencyfs: rate must be >= 0 bytes per second, not {rate}")
         self.backing = os.path.realpath(backing)
         self.mountpoint = os.path.realpath(mountpoint)
-        self.delay_us, self.threads = delay_us, threads
+        self.delay_us, self.threads, self.rate = delay_us, threads, int(rate)
         self.attr_timeout = attr_timeout
         self.entry_timeout = attr_timeout if entry_timeout is None else entry_timeout
         self.readdirplus, self.allow_other, self.extra_options = readdirplus, allow_other, extra_options
@@ -148,7 +153,7 @@ class LatencyFS:
         return self.proc.pid if self.proc else None
 
     def options(self) -> str:
-        opts = [f"delay_us={self.delay_us}", f"threads={self.threads}", f"stats={self.stats_file}",
+        opts = [f"delay_us={self.delay_us}", f"threads={self.threads}", f"rate={self.rate}", f"stats={self.stats_file}",
                 f"attr_timeout={self.attr_timeout}", f"entry_timeout={self.entry_timeout}"]
         opts += ["readdirplus"] * self.readdirplus + ["allow_other"] * self.allow_other
         return ",".join(opts + ([self.extra_options] if self.extra_options else []))
@@ -196,8 +201,9 @@ class LatencyFS:
 
     def stats(self) -> dict[str, Any]:
         """The counters now: ``ops`` by kind (getattr, readlink, opendir, readdir, open, read,
-        release, releasedir, statfs), ``bytes_read``, ``in_flight``, ``peak_in_flight`` and
-        ``peak_opens_in_flight`` since the mount or the last reset."""
+        release, releasedir, statfs), ``bytes_read`` (bytes delivered by read replies),
+        ``in_flight``, ``peak_in_flight`` and ``peak_opens_in_flight`` since the mount or the
+        last reset; and the settings ``delay_us``, ``threads`` and ``rate``."""
         return self._signal(signal.SIGUSR1)
 
     def reset(self) -> dict[str, Any]:

@@ -152,3 +152,54 @@ def test_the_thread_bound_caps_concurrency(backing: Path, tmp_path: Path) -> Non
         fs.reset()
         together(lambda i: (mnt / f"d{i % 4}" / f"f{i:02d}").read_bytes(), 8)
         assert fs.stats()["peak_in_flight"] <= 2
+
+
+def test_bytes_read_counts_what_read_replies_deliver(fs: LatencyFS, backing: Path) -> None:
+    """bytes_read is the sum of the read replies: what a reader got through the mount. Each
+    open drops the file's page cache, and a remount drops everything, so a file read again
+    is counted again."""
+    mnt = Path(fs.mountpoint)
+    sizes = {"empty": 0, "one": 1, "odd": 4096 * 3 + 17, "mid": (1 << 20) + 5}
+    for name, size in sizes.items():
+        (backing / name).write_bytes(os.urandom(size))
+    fs.reset()
+    got = sum(len((mnt / name).read_bytes()) for name in sizes)
+    assert got == sum(sizes.values())
+    s = fs.stats()
+    assert s["bytes_read"] == got and s["ops"]["open"] == len(sizes), s
+    fs.remount()
+    assert fs.stats()["bytes_read"] == 0  # a new process: counted from the mount
+    with open(mnt / "mid", "rb") as fh:
+        assert len(fh.read()) == sizes["mid"]
+    assert fs.stats()["bytes_read"] == sizes["mid"]
+    assert fs.reset()["bytes_read"] == 0
+
+
+def test_rate_caps_the_bandwidth_of_all_readers_together(backing: Path, tmp_path: Path) -> None:
+    """rate=N: the read replies of all threads together deliver at most N bytes a second,
+    so two readers of 10 MiB each at 20 MiB/s take about 1 s between them, not 0.5 s each.
+    Only a lower bound is asserted: a slow machine may take longer."""
+    rate, size = 20 << 20, 10 << 20
+    for i in range(2):
+        (backing / f"r{i}").write_bytes(os.urandom(size))
+    with LatencyFS(backing, tmp_path / "mnt3", delay_us=1000, rate=rate) as fs:
+        mnt = Path(fs.mountpoint)
+        for i in range(2):
+            (mnt / f"r{i}").stat()
+        assert fs.reset()["rate"] == rate
+        got = [0, 0]
+
+        def read(i: int) -> None:
+            with open(mnt / f"r{i}", "rb", buffering=0) as fh:
+                while chunk := fh.read(4 << 20):  # large reads are paced too, not let through in a burst
+                    got[i] += len(chunk)
+        elapsed = together(read, 2)
+        s = fs.stats()
+    assert got == [size, size]
+    assert s["bytes_read"] == 2 * size, s
+    assert elapsed >= 0.8 * 2 * size / rate, elapsed
+    assert s["ops"]["read"] >= 2 * size // (1 << 20), s  # the kernel splits reads (128 KiB to 1 MiB each)
+
+
+def test_rate_zero_is_unlimited(fs: LatencyFS) -> None:
+    assert fs.rate == 0 and fs.stats()["rate"] == 0
