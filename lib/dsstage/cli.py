@@ -92,8 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--job-id", help="the job holding the lease (default: $SLURM_JOB_ID, else the calling shell)")
     c.add_argument("--user", help="stage on behalf of this user (root only; default: you)")
     c.add_argument("--full", action="store_true", help="re-hash a cached copy and repair it")
+    c.add_argument("--with", dest="group", metavar="HOSTLIST",
+                   help="stage together with these nodes, this one among them (peers.enabled): this node's "
+                        "share from the source, the rest from them (default: $SLURM_JOB_NODELIST)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_stage)
+
+    pp = sub.add_parser("peers", help="the rsync daemon through which the nodes of a job share a stage")
+    psub = pp.add_subparsers(dest="peers_command", metavar="COMMAND")
+    c = psub.add_parser("serve", help="serve this node's tiers to its peers, in the foreground "
+                        "(dsstage-peers.service runs it)")
+    c.set_defaults(handler=cmd_peers_serve)
+    pp.set_defaults(handler=lambda _a: _usage(pp))
 
     c = sub.add_parser("release", help="release a job's lease on a dataset")
     c.add_argument("name", help="dataset name")
@@ -225,7 +235,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     errors = [p for p in problems if p.level == "error"]
     data = {"config": conf.origin, "ok": not errors, "state_dir": conf.state_dir, "on_failure": conf.on_failure,
             "slurm_bin": conf.slurm_bin, "prolog_budget": conf.prolog_budget, "source_user": conf.source_user,
-            "slurm": slurm,
+            "slurm": slurm, "peers": {"enabled": conf.peers.enabled, "port": conf.peers.port},
             "tiers": {t.name: {"path": t.path, "capacity": t.capacity, "high_watermark": t.high_watermark,
                                "low_watermark": t.low_watermark} for t in conf.tiers.values()},
             "datasets": sorted(conf.datasets),
@@ -244,6 +254,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             cap = f"{t.capacity:.0%} of the filesystem" if isinstance(t.capacity, float) else human(t.capacity)
             marks = f"{t.low_watermark:.0%}-{t.high_watermark:.0%}"
             print(f"  tier {t.name:<8} {t.path}  capacity {cap}  watermarks {marks}")
+        peers = (f"on, port {conf.peers.port}, secret {conf.peers.secret_file}" if conf.peers.enabled
+                 else "off (every node reads from the source alone)")
+        print(f"  peers          {peers}")
         print(f"  {len(conf.datasets)} dataset(s): {', '.join(sorted(conf.datasets)) or '-'}")
         for p in problems:
             if p.level == "note":
@@ -336,7 +349,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
     if not job_id:
         job_id, pid = default_holder()
     store = Store(conf, args.node)
-    results = [store.stage(ds.name, user=user, job_id=job_id, pid=pid, full=args.full) for ds in datasets]
+    nodes = args.group if args.group is not None else os.environ.get("SLURM_JOB_NODELIST", "")
+    results = [store.stage(ds.name, user=user, job_id=job_id, pid=pid, full=args.full, nodes=nodes)
+               for ds in datasets]
     store.report()
 
     def text() -> None:
@@ -350,8 +365,19 @@ def cmd_stage(args: argparse.Namespace) -> int:
 def _how(r: StageResult) -> str:
     if r.action == "staged":
         reused = f", {r.linked_files} reused from an older version" if r.linked_files else ""
-        return f"staged {r.transferred_files} files, {human(r.transferred_bytes)}{reused}"
+        peers = f", {r.peer_files} files, {human(r.peer_bytes)} from peers" if r.peer_files else ""
+        return f"staged {r.transferred_files} files, {human(r.transferred_bytes)}{peers}{reused}"
     return {"cached": "already here", "repaired": "repaired"}.get(r.action, r.action)
+
+
+def cmd_peers_serve(args: argparse.Namespace) -> int:
+    from . import peers
+    from .store import node_name
+    conf = _config(args)
+    if not conf.peers.enabled:
+        raise cfg.ConfigError(f"{conf.origin}: peers.enabled is off: set it to true on every node to share stages")
+    logging.getLogger().setLevel(logging.INFO)
+    return peers.serve(conf, args.node or node_name())
 
 
 def cmd_release(args: argparse.Namespace) -> int:

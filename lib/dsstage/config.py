@@ -137,6 +137,20 @@ class Prefetch:
 
 
 @dataclass(frozen=True)
+class Peers:
+    """Fan-out between the nodes of one job (dsstage.peers): each node reads a share of a
+    dataset from the source and the rest from the other nodes' rsync daemons."""
+
+    enabled: bool = False  # sites that forbid node-to-node traffic leave it off
+    port: int = 8873  # where every node's `dsstage peers serve` listens
+    hosts: Mapping[str, str] = field(default_factory=dict)  # node -> host or host:port, where not the node name
+    secret_file: str = "/etc/dsstage/peers.secret"  # root-only, the same on every node
+    wait: float = 120.0  # seconds a peer may add nothing before its share comes from the source
+    timeout: float = 60.0  # seconds a peer's transfer may stall (rsync --timeout)
+    parallel: int = 8  # peers fetched from at once
+
+
+@dataclass(frozen=True)
 class Placement:
     """Data-aware placement: node features for ready datasets, and --prefer at submit."""
 
@@ -171,6 +185,7 @@ class Config:
     prefetch: Prefetch = field(default_factory=Prefetch)
     placement: Placement = field(default_factory=Placement)
     burst_buffer: BurstBuffer = field(default_factory=BurstBuffer)
+    peers: Peers = field(default_factory=Peers)
 
     def slurm_command(self, name: str) -> str:
         """The full path of a Slurm client command (``scontrol``, ``squeue``)."""
@@ -182,7 +197,7 @@ class Config:
 
 _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
              "prolog_budget", "source_user", "retention", "report", "fleet", "metrics", "prefetch", "placement",
-             "burst_buffer")
+             "burst_buffer", "peers")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark")
 _DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit", "max_parallel")
@@ -193,6 +208,9 @@ _METRICS_KEYS = ("textfile",)
 _PREFETCH_KEYS = ("horizon", "interval", "bwlimit", "io_class")
 _PLACEMENT_KEYS = ("features", "prefer", "prefix")
 _BURST_BUFFER_KEYS = ("user",)
+_PEERS_KEYS = ("enabled", "port", "hosts", "secret_file", "wait", "timeout", "parallel")
+#: how a peer is reached: a host name or address, and optionally a port
+PEER_HOST_RE = re.compile(r"[A-Za-z0-9_.-]+(:[0-9]{1,5})?")
 IO_CLASSES = ("idle", "best-effort")
 #: a node feature: what Slurm's constraint syntax takes as one name
 FEATURE_PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,15}")
@@ -261,6 +279,7 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     prefetch = v.prefetch({} if data.get("prefetch") is None else data["prefetch"])
     placement = v.placement({} if data.get("placement") is None else data["placement"])
     burst_buffer = v.burst_buffer({} if data.get("burst_buffer") is None else data["burst_buffer"])
+    peers = v.peers({} if data.get("peers") is None else data["peers"])
 
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
@@ -276,7 +295,7 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
                   on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer,
                   slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user,
                   retention=retention, report=report, fleet=fleet, metrics=metrics, prefetch=prefetch,
-                  placement=placement, burst_buffer=burst_buffer)
+                  placement=placement, burst_buffer=burst_buffer, peers=peers)
 
 
 # -- what check-config adds: the configuration against this host's Slurm ----------------------
@@ -371,6 +390,13 @@ def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, A
             if timeout is None and re.search(r"(?im)^\s*include\s", text):
                 problems.append(Problem("note", "prolog_budget", f"no PrologEpilogTimeout in {path}, and its "
                                         "Include files are not read: check prolog_budget against any setting there"))
+    if conf.peers.enabled:
+        from .peers import read_secret
+        try:
+            read_secret(conf.peers.secret_file)
+        except ConfigError as exc:
+            problems.append(Problem("error", "peers.secret_file", f"{exc}; until it is, this node stages from the "
+                                    "source alone and its daemon (dsstage peers serve) does not start"))
     scontrol = conf.slurm_command("scontrol")
     if not os.access(scontrol, os.X_OK):
         problems.append(Problem("note", "slurm_bin", f"{scontrol} is not an executable on this host; on the "
@@ -580,6 +606,31 @@ class _Validator:
     def burst_buffer(self, spec: Any) -> BurstBuffer:
         self._section(spec, "burst_buffer", _BURST_BUFFER_KEYS)
         return BurstBuffer(user=self.user(spec.get("user"), "burst_buffer.user"))
+
+    def peers(self, spec: Any) -> Peers:
+        self._section(spec, "peers", _PEERS_KEYS)
+        d = Peers()
+        enabled = spec.get("enabled", d.enabled)
+        if not isinstance(enabled, bool):
+            self.fail("peers.enabled", f"{enabled!r} is not true or false")
+        port = self.number(spec.get("port", d.port), "peers.port", minimum=1)
+        if port != int(port) or port > 65535:
+            self.fail("peers.port", f"{port:g} is not a TCP port")
+        hosts = spec.get("hosts") or {}
+        if not isinstance(hosts, dict):
+            self.fail("peers.hosts", "must map node names to how to reach them (host or host:port)")
+        for node, host in hosts.items():
+            if not isinstance(node, str) or not isinstance(host, str) or not PEER_HOST_RE.fullmatch(host) \
+                    or (":" in host and not 0 < int(host.rsplit(":", 1)[1]) <= 65535):
+                self.fail(f"peers.hosts.{node}", f"{host!r} is not a host name or address, with an optional :port")
+        parallel = self.number(spec.get("parallel", d.parallel), "peers.parallel", minimum=1)
+        if parallel != int(parallel) or parallel > 256:
+            self.fail("peers.parallel", f"{parallel:g} is not a whole number from 1 to 256")
+        return Peers(enabled=enabled, port=int(port), hosts=dict(hosts),
+                     secret_file=self.abs_path(spec.get("secret_file", d.secret_file), "peers.secret_file"),
+                     wait=self.duration(spec.get("wait", d.wait), "peers.wait"),
+                     timeout=max(1.0, self.duration(spec.get("timeout", d.timeout), "peers.timeout")),
+                     parallel=int(parallel))
 
     def duration(self, value: Any, key: str) -> float:
         return self._parsed(parse_duration, value, key)

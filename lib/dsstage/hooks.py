@@ -48,13 +48,15 @@ class JobContext:
     user: str
     node: str
     request: str | None
+    nodes: str = ""  # the job's nodes, a Slurm hostlist
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> JobContext:
         request = next((env[v] for v in nodefs.REQUEST_VARS if env.get(v)), None)
         return cls(job_id=env.get("SLURM_JOB_ID", ""), uid=int(env.get("SLURM_JOB_UID", "-1") or -1),
                    gid=int(env.get("SLURM_JOB_GID", "-1") or -1), user=env.get("SLURM_JOB_USER", ""),
-                   node=env.get("SLURMD_NODENAME", ""), request=request)
+                   node=env.get("SLURMD_NODENAME", ""), request=request,
+                   nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""))
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
     for name in names:
         ds = conf.datasets.get(name)
         try:
-            result = store.stage(name, user=user, job_id=ctx.job_id, deadline=deadline)
+            result = store.stage(name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes)
         except DsstageError as exc:
             log.warning("job %s: %s: %s", ctx.job_id, name, exc)
             outcomes.append(on_failure(name, ds, exc))

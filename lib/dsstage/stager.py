@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import copier, hashing, nodefs
+from . import copier, hashing, nodefs, peers
 from .config import Source, Transfer
 from .errors import OutOfTime, StoreError, VerifyError
 from .identity import Identity
@@ -39,6 +39,8 @@ class FillReport:
     linked_bytes: int = 0
     refetched: list[str] = field(default_factory=list)
     removed_extras: int = 0
+    from_peers: TransferStats = field(default_factory=TransferStats)  # transferred counts the source's only
+    peers_given_up: dict[str, str] = field(default_factory=dict)  # peer -> why
 
 
 def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
@@ -112,11 +114,15 @@ def link_reuse(dest: Tree, entries: Sequence[Entry],
 def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, transfer: Transfer,
          older: Sequence[tuple[int, Manifest]] = (), *, deadline: float | None = None,
          reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None,
-         progress: Callable[[str, int, int], None] | None = None) -> FillReport:
+         progress: Callable[[str, int, int], None] | None = None,
+         group: peers.Group | None = None, tier: str = "") -> FillReport:
     """Make the staging area ``dest_fd`` (at ``dest_path``) hold exactly ``manifest``; raise
     VerifyError if the source cannot, OutOfTime when ``deadline`` passes (work is kept).
     ``linked`` receives what was hard-linked from each older version. ``progress(phase,
-    delta, total)``: "copying" in bytes, then (rsync sources) "verifying" in files."""
+    delta, total)``: "copying" in bytes, then (rsync sources) "verifying" in files.
+    With ``group`` (the nodes of a job, this tier's name ``tier``), this node copies its
+    share from the source and the rest from the other nodes (dsstage.peers); what comes
+    back wrong from the source is fetched from the source again, as without peers."""
     def copying(delta: int, total: int) -> None:
         if progress:
             progress("copying", delta, total)
@@ -148,7 +154,21 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
         # left by an interrupted stage: renamed into place only once verified, but a crash
         # of the node may have lost what was not yet on disk
         _remove(dest_fd, check_tree(dest_fd, resumed, transfer.hash_threads))
-    stats, bad = copy(manifest.entries)
+    if group is not None:
+        def present(entries: Sequence[Entry]) -> list[Entry]:
+            with Tree(dest_fd) as tree:
+                return [e for e in entries if copier.present(tree, e.path)]
+
+        total = manifest.total_bytes
+        shared = peers.cooperate(
+            group, peers.Where(manifest.name, manifest.digest, tier), dest_path, manifest.entries,
+            present=present, check=lambda es: check_tree(dest_fd, es, transfer.hash_threads),
+            remove=lambda bad: _remove(dest_fd, bad), from_source=copy, deadline=deadline,
+            progress=lambda n: copying(n, total))
+        stats, bad = shared.source, shared.bad
+        report.from_peers, report.peers_given_up = shared.from_peers, shared.given_up
+    else:
+        stats, bad = copy(manifest.entries)
     report.transferred = stats
     report.removed_extras = sweep_extras(dest_fd, manifest.entries)
     if bad:

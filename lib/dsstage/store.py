@@ -98,6 +98,8 @@ class StageResult:
     transferred_files: int = 0
     transferred_bytes: int = 0
     linked_files: int = 0
+    peer_files: int = 0  # from the job's other nodes (transferred_*: from the source)
+    peer_bytes: int = 0
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
@@ -200,8 +202,8 @@ class Store:
 
     def stage(self, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,
               on_staging: Callable[[], None] | None = None, deadline: float | None = None,
-              progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None
-              ) -> StageResult:
+              progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None,
+              nodes: str = "") -> StageResult:
         """Make the current version of ``name`` ready on this node and lease it to ``job_id``.
 
         Before a transfer starts (holding the lock) the node report is rebuilt, so that it
@@ -212,7 +214,10 @@ class Store:
 
         A stage that finds the dataset's lock held by a prefetch asks it to yield (see
         dsstage.prefetch) and then waits for the lock as for any other holder. ``prefetch``:
-        this stage is one, which waits for no lock and evicts nothing it spares."""
+        this stage is one, which waits for no lock and evicts nothing it spares.
+
+        ``nodes``: the job's nodes (a Slurm hostlist); with ``peers.enabled`` and more than
+        one, this node copies its share from the source and the rest from them."""
         started = time.monotonic()
         ds = self.dataset(name)
         cat.authorize(ds, user)
@@ -252,20 +257,23 @@ class Store:
                         self.report()
                         if on_staging:
                             on_staging()
-                        report = self._stage_locked(tier, ds, digest, deadline, job_id, progress, prefetch)
+                        report = self._stage_locked(tier, ds, digest, deadline, job_id, progress, prefetch,
+                                                    nodes)
                         result.action = "staged"
                         result.transferred_files = report.transferred.files
                         result.transferred_bytes = report.transferred.bytes
                         result.linked_files = report.linked_files
+                        result.peer_files = report.from_peers.files
+                        result.peer_bytes = report.from_peers.bytes
                     book.take(lease)
         result.seconds = time.monotonic() - started
         return result
 
     def _stage_locked(self, tier: RootDir, ds: Dataset, digest: str, deadline: float | None,
                       job_id: str = "", progress: Callable[[str, int, int], None] | None = None,
-                      prefetch: Prefetching | None = None) -> FillReport:
+                      prefetch: Prefetching | None = None, nodes: str = "") -> FillReport:
+        from . import peers, stager
         from . import report as node_report
-        from . import stager
         name = ds.name
         manifest = self.load_manifest(name, digest)
         staging = nodefs.staging_name(name, digest)
@@ -291,7 +299,8 @@ class Store:
                                  linked=linked, progress=node_report.ProgressNote(
                                      self.run_dir, self.node, tier_conf.name, name, version_id(digest), job_id,
                                      interval=self.config.report.interval,
-                                     publish_to=node_report.publish_target(self.config), also=progress))
+                                     publish_to=node_report.publish_target(self.config), also=progress),
+                                 group=peers.group_for(self.config.peers, nodes, self.node), tier=tier_conf.name)
             versions = [version_id(m.digest) for _fd, m in older]
             publish.publish(tier, name, digest, {
                 "files": manifest.files, "bytes": manifest.total_bytes, "staged_at": self.clock(),

@@ -125,6 +125,9 @@ COVERAGE: dict[str, list[Runs]] = {
              note="the unit's command, parsed"),
         Runs(PRESTAGE, "test_a_pending_jobs_dataset_is_prefetched_on_its_planned_node",
              ('"prefetch", "--once"',), note="one round of it")],
+    "dsstage peers serve": [
+        Runs("tests/functional/test_peers.py", "Peers", ('"-m", "dsstage", "peers", "serve"',),
+             note="every node's daemon in the fan-out tests")],
     "dsstage prefetch --once": [Runs(PRESTAGE, "test_a_pending_jobs_dataset_is_prefetched_on_its_planned_node",
                                      ('cluster.dsstage("--node", "n2", "prefetch", "--once")',))],
     "dsstage prefetch --dry-run [--json]": [

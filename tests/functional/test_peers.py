@@ -1,0 +1,212 @@
+"""Fan-out between the nodes of a job (dsstage.peers) with real rsync daemons on loopback:
+the source serves a dataset about once, every byte from a peer is verified, and a peer
+that dies or serves a corrupt file costs a retry, never a wrong byte.
+
+The nodes are Store objects for n1..n3 (the tier is per node through {node}), each with
+its own `dsstage peers serve` daemon; the source is a latencyfs mount, whose count of
+bytes read is what the source served.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import latencyfs
+import pytest
+from helpers import Env, random_tree
+from latencyfs import LatencyFS
+from servers import free_port, wait_port
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store and the daemons are root's: run as root")
+
+FILES, SIZE = 60, 100_000
+NODES = ("n1", "n2", "n3")
+
+
+class Peers:
+    """The daemons of the nodes, each in a process group of its own, stopped by pid."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.ports = {n: free_port() for n in NODES}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, *extra: str) -> subprocess.Popen[bytes]:
+        """``dsstage peers serve`` for ``node``; with ``extra``, the rsync command it would
+        run (same configuration and secret), with those options added."""
+        env = dict(self.env.env(), SLURMD_NODENAME=node)
+        log = open(self.env.tmp / f"peer-{node}.log", "ab")
+        if extra:
+            from dsstage import peers
+            work = self.env.tmp / f"peer-{node}"
+            work.mkdir(mode=0o700)
+            argv = [*peers.serve_argv(self.env.config(), node, str(work)), *extra]
+        else:
+            argv = [sys.executable, "-m", "dsstage", "peers", "serve"]
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.procs[node] = proc
+        wait_port(self.ports[node], proc, f"peer daemon of {node}")
+        return proc
+
+    def kill(self, node: str) -> None:
+        """Kill the daemon and the connections it forked (its process group) at once."""
+        proc = self.procs[node]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+@pytest.fixture
+def cluster(env: Env, tmp_path: Path):
+    """Dataset "shared" on a latencyfs source, peers on for n1..n3, their daemons not started."""
+    latencyfs.require()
+    backing = random_tree(tmp_path / "backing", FILES, SIZE, fanout=20)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    secret = tmp_path / "peers.secret"
+    secret.write_text("s3cret-for-tests\n")
+    secret.chmod(0o600)
+    peers = Peers(env)
+    env.extra["peers"] = {"enabled": True, "secret_file": str(secret), "wait": 30, "timeout": 20,
+                          "hosts": {n: f"127.0.0.1:{p}" for n, p in peers.ports.items()}}
+    with LatencyFS(backing, mnt, delay_us=0) as fs:
+        env.add("shared", source=str(mnt))
+        env.cli("manifest", "build", "shared")
+        fs.remount()
+        fs.reset()
+        try:
+            yield env, fs, peers
+        finally:
+            peers.stop()
+
+
+def stage(env: Env, node: str, job: str, nodes: str) -> object:
+    from dsstage import catalog
+    return env.store(node=node).stage("shared", user=catalog.User.lookup(0), job_id=job, nodes=nodes)
+
+
+def verified(env: Env, node: str) -> bool:
+    return env.store(node=node).verify("shared", full=True).ok
+
+
+def dataset_bytes(env: Env) -> int:
+    return FILES * (SIZE + 8)  # random_tree adds 8 bytes to every file
+
+
+def test_three_nodes_read_the_source_about_once_and_all_end_verified(cluster):
+    env, fs, peers = cluster
+    for n in NODES:
+        peers.start(n)
+    results: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def one(node: str) -> None:
+        try:
+            results[node] = stage(env, node, "700", "n[1-3]")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in NODES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    total = dataset_bytes(env)
+    source_read = fs.stats()["bytes_read"]
+    # three independent stages would read 3x
+    assert total <= source_read <= 1.1 * total, (source_read, total)
+    for n in NODES:
+        r = results[n]
+        assert r.action == "staged" and r.peer_files > 0, r  # type: ignore[attr-defined]
+        assert r.transferred_files + r.peer_files == FILES, r  # type: ignore[attr-defined]
+        assert verified(env, n)
+    assert sum(r.transferred_bytes for r in results.values()) == total  # type: ignore[attr-defined]
+
+
+def share_of(env: Env, node: str, nodes: tuple[str, ...]) -> list[str]:
+    """The files of ``node``'s share when ``nodes`` stage together."""
+    from dsstage import peers
+    store = env.store(node=node)
+    manifest = store.load_manifest("shared", store.current("shared"))
+    return [e.path for e in peers.shares(manifest.entries, nodes)[node]]
+
+
+def test_a_peer_killed_mid_transfer_costs_a_fetch_from_the_source(cluster, caplog):
+    env, fs, peers = cluster
+    stage(env, "n1", "800", "")  # n1 holds the whole dataset, published
+    peers.start("n1", "--bwlimit=150")  # KiB/s: slow enough to be killed mid-way
+    share = share_of(env, "n1", ("n1", "n2"))
+    staging = env.tier_root("n2") / "staging"
+    fs.reset()
+    done: dict[str, object] = {}
+    caplog.set_level(logging.INFO, logger="dsstage")
+    worker = threading.Thread(target=lambda: done.setdefault("r", stage(env, "n2", "801", "n[1-2]")))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the first file of n1's share has landed on n2
+        if any((d / rel).exists() for d in staging.glob("shared.*") for rel in share):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("no file of n1's share arrived from n1 within 60s")
+    peers.kill("n1")
+    worker.join(120)
+    r = done["r"]
+    assert r.action == "staged" and 0 < r.peer_files < len(share), r  # type: ignore[attr-defined]
+    assert r.peer_files + r.transferred_files == FILES  # type: ignore[attr-defined]
+    assert verified(env, "n2")
+    given_up = [m for m in caplog.messages if m.startswith("peer n1: rsync exit")]
+    assert given_up and "come from the other peers or the source" in given_up[0], caplog.messages
+    # what n1 did not send came from the source, once
+    assert fs.stats()["bytes_read"] == r.transferred_bytes  # type: ignore[attr-defined]
+
+
+def test_a_peer_serving_a_corrupt_file_is_caught_named_and_the_file_refetched(cluster, caplog):
+    env, fs, peers = cluster
+    first = stage(env, "n1", "900", "")
+    share = share_of(env, "n1", ("n1", "n2"))
+    victim = Path(first.path) / share[0]  # type: ignore[attr-defined]
+    st = victim.stat()
+    victim.chmod(0o644)
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 0xFF  # same size, same mtime: only the hash tells
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    victim.chmod(0o444)
+    peers.start("n1")
+    fs.reset()
+    caplog.set_level(logging.INFO, logger="dsstage")
+    r = stage(env, "n2", "901", "n[1-2]")
+    assert r.action == "staged" and verified(env, "n2")  # type: ignore[attr-defined]
+    named = [m for m in caplog.messages if m.startswith("peer n1 served 1 file(s) of shared that do not match")]
+    assert named and share[0] in named[0], caplog.messages
+    # the rest of n1's share came from n1; n2's own share and the corrupt file from the source
+    assert r.peer_files == len(share) - 1, r  # type: ignore[attr-defined]
+    assert r.transferred_files == FILES - len(share) + 1, r  # type: ignore[attr-defined]
+
+
+def test_without_peers_enabled_a_multi_node_stage_reads_everything_from_the_source(cluster):
+    env, fs, peers = cluster
+    env.extra["peers"]["enabled"] = False
+    env.write()
+    r = stage(env, "n2", "950", "n[1-3]")
+    assert r.peer_files == 0 and r.transferred_files == FILES  # type: ignore[attr-defined]
+    assert fs.stats()["bytes_read"] == dataset_bytes(env)
