@@ -377,7 +377,9 @@ def cmd_peers_serve(args: argparse.Namespace) -> int:
     if not conf.peers.enabled:
         raise cfg.ConfigError(f"{conf.origin}: peers.enabled is off: set it to true on every node to share stages")
     logging.getLogger().setLevel(logging.INFO)
-    return peers.serve(conf, args.node or node_name())
+    from . import nodefs
+    peers.serve(conf, args.node or node_name(), os.environ.get("DSSTAGE_RUN_DIR") or nodefs.RUN_DIR)
+    return 1  # not reached: serve becomes rsync
 
 
 def cmd_release(args: argparse.Namespace) -> int:

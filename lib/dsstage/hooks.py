@@ -138,7 +138,12 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
             outcomes.append(on_failure(name, ds, exc))
             store.count(failure_events(name, outcomes[-1], exc) if ds else [])
             continue
-        log.info("job %s: %s %s at %s in %.2fs", ctx.job_id, name, result.action, result.path, result.seconds)
+        moved = ""
+        if result.action == "staged":
+            moved = (f" ({result.transferred_files} files, {result.transferred_bytes} bytes from the source; "
+                     f"{result.peer_files} files, {result.peer_bytes} bytes from peers)")
+        log.info("job %s: %s %s at %s in %.2fs%s", ctx.job_id, name, result.action, result.path, result.seconds,
+                 moved)
         outcomes.append(Outcome(name, "local", result.path, result.action))
         label = {"dataset": name}
         store.count([("misses", label, 1), ("staged_bytes", label, result.transferred_bytes),

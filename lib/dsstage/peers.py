@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
-import subprocess
 import tempfile
 import threading
 import time
@@ -189,27 +187,40 @@ def serve_argv(config: Config, node: str, workdir: str) -> list[str]:
 
 
 def _write_private(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """Write ``path`` (in a directory only root can write) as root's alone, replacing it whole."""
+    tmp = os.path.join(os.path.dirname(path), nodefs.temp_name())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         nodefs.write_all(fd, text.encode())
     finally:
         os.close(fd)
+    os.replace(tmp, path)
 
 
-def serve(config: Config, node: str) -> int:
-    """Run this node's daemon in the foreground until it is stopped; its exit code."""
-    workdir = tempfile.mkdtemp(prefix="dsstage-peers-")
+def private_dir(path: str) -> str:
+    """``path``, a directory only root can enter, created if missing; refused if it is
+    anything else (a link, another owner, open to others)."""
     try:
-        argv = serve_argv(config, node, workdir)
-        log.info("serving %s to peers on %s", ", ".join(modules(config, node)), address(config.peers, node))
-        child = subprocess.Popen(argv)
-        try:
-            return child.wait()
-        except KeyboardInterrupt:
-            child.terminate()
-            return child.wait()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ConfigError(f"{path}: must be a directory of root's that nobody else can enter; remove it and "
+                          "start again")
+    return path
+
+
+def serve(config: Config, node: str, run_dir: str) -> None:
+    """Become this node's daemon (exec rsync in the foreground): its configuration and the
+    secrets file are written to ``<run_dir>/peers-<node>``, root's alone."""
+    os.makedirs(run_dir, mode=0o755, exist_ok=True)
+    workdir = private_dir(os.path.join(run_dir, f"peers-{node}"))
+    argv = serve_argv(config, node, workdir)
+    log.info("serving %s to peers on %s", ", ".join(modules(config, node)), address(config.peers, node))
+    for h in logging.getLogger().handlers:
+        h.flush()
+    os.execvp(argv[0], argv)
 
 
 # -- fetching from peers ---------------------------------------------------------------------------

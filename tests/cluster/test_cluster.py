@@ -159,6 +159,26 @@ def test_multi_node_job_gets_the_dataset_on_every_node(cluster):
         assert int(count) == m.files
 
 
+def test_a_three_node_job_reads_its_dataset_from_the_source_once(cluster):
+    """peers are on in the devcluster: each node's Prolog copies a share from the source and
+    fetches the others' from their daemons; every copy ends verified."""
+    import re
+    files = {f"part{i % 4}/f{i:03d}.bin": os.urandom(50_000 + i) for i in range(120)}
+    cluster.add_dataset("fanout", files)
+    job = cluster.submit("#SBATCH --dataset=fanout\n#SBATCH -N 3\nsrun -N 3 -n 3 true\n")
+    assert cluster.wait(job)["JobState"] == "COMPLETED"
+    log = (cluster.dir / "log" / "dsstage-hooks.log").read_text()
+    staged = re.findall(rf"job {job}: fanout staged at \S+/nvme/(n\d)/\S+ in \S+ \((\d+) files, (\d+) bytes from "
+                        r"the source; (\d+) files, (\d+) bytes from peers\)", log)
+    assert sorted(n for n, *_ in staged) == ["n1", "n2", "n3"], log[-3000:]
+    total = sum(len(v) for v in files.values())
+    assert sum(int(b) for _n, _f, b, _pf, _pb in staged) == total  # the source served it once
+    for node, sf, _sb, pf, _pb in staged:
+        assert int(pf) > 0 and int(sf) + int(pf) == len(files), staged
+        verify = json.loads(cluster.dsstage("--node", node, "verify", "fanout", "--full", "--json").stdout)
+        assert verify["ok"] is True, verify
+
+
 def test_job_without_dataset_gets_nothing(cluster):
     job = cluster.submit("env | grep -E '^DSSTAGE_(PATH|DATASET)' || echo NONE\n", "-w", "n1")
     assert cluster.wait(job)["JobState"] == "COMPLETED"
