@@ -847,6 +847,109 @@ class Bench:
             self.status_view()
         if self.wants("latency"):
             self.latency(self.delays)
+        if self.wants("fanout"):
+            self.fanout()
+
+    #: the fan-out scenario's devcluster: its own directory and ports (bench/replay uses 46917)
+    FANOUT_PORT = 36817
+    #: the shared source's bandwidth for all nodes together, MiB/s (a filesystem busy with a job start)
+    FANOUT_RATE = 40
+
+    def fanout(self) -> None:
+        """Many nodes, one read of the shared filesystem: a 3-node job on the devcluster
+        (packaging/devcluster: real Slurm, the Prolog on each node) whose source is a
+        latencyfs mount with a bandwidth shared by all readers (FANOUT_RATE). The time is
+        the slowest node's stage in its Prolog (the hooks' log), the source bytes what
+        latencyfs served; baselines in the same run: a one-node job, and the 3-node job with
+        peers off (three independent stages)."""
+        n = 240 if self.quick else 480
+        root = self.make_files(f"fanout{n}", n, 1 << 20, fanout=60)
+        mnt = self.dir / "mnt-fanout"
+        cdir = Path(f"/var/tmp/dsstage-bench-fanout-{os.getpid()}")
+        dc_env = dict(os.environ, DEVCLUSTER_DIR=str(cdir), DEVCLUSTER_PORT=str(self.FANOUT_PORT),
+                      DEVCLUSTER_SAMPLE_FILES="10")
+        env = dict(os.environ, SLURM_CONF=str(cdir / "etc" / "slurm.conf"),
+                   DSSTAGE_CONFIG=str(cdir / "etc" / "dsstage.yaml"), DSSTAGE_RUN_DIR=str(cdir / "dsstage-run"))
+        for var in ("SLURM_JOB_ID", "SLURMD_NODENAME"):
+            env.pop(var, None)
+        script = str(TOP / "packaging" / "devcluster")
+        self.say(f"fanout: devcluster up in {cdir} (slurmctld port {self.FANOUT_PORT})")
+        up = subprocess.run([script, "up"], env=dc_env, text=True, capture_output=True, timeout=1800)
+        try:
+            if up.returncode != 0:
+                raise SystemExit(f"bench: devcluster up failed: {up.stderr[-2000:]}")
+            with LatencyFS(root, mnt, delay_us=200, rate=self.FANOUT_RATE << 20) as fs:
+                self._fanout_runs(n, root, fs, cdir, env)
+        finally:
+            subprocess.run([script, "down"], env=dc_env, timeout=300)
+            shutil.rmtree(cdir, ignore_errors=True)
+
+    def _fanout_runs(self, n: int, root: Path, fs: LatencyFS, cdir: Path, env: dict[str, str]) -> None:
+        import re
+        conf_path = cdir / "etc" / "dsstage.yaml"
+        log_path = cdir / "log" / "dsstage-hooks.log"
+        dsstage = str(TOP / ".venv" / "bin" / "dsstage")
+
+        def run(*argv: str, check: bool = True) -> str:
+            res = subprocess.run(list(argv), env=env, text=True, capture_output=True, timeout=900,
+                                 cwd=str(cdir / "jobs"))
+            if check and res.returncode != 0:
+                raise SystemExit(f"bench: {' '.join(argv[:3])}... failed ({res.returncode}): {res.stderr[-800:]}")
+            return res.stdout
+
+        def configure(peers: bool) -> None:
+            conf = yaml.safe_load(conf_path.read_text())
+            conf["datasets"]["fan"] = {"source": str(fs.mountpoint)}
+            conf["peers"]["enabled"] = peers
+            conf_path.write_text(yaml.safe_dump(conf))
+            conf_path.chmod(0o644)
+
+        configure(True)
+        run(dsstage, "manifest", "build", "fan")
+        run(dsstage, "export-catalog", "-o", str(cdir / "etc" / "dsstage_catalog.lua"))
+        total = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+        def job(nodes: str, count: int) -> tuple[float, int]:
+            """The slowest node's stage in seconds, and the bytes the source served."""
+            for node in ("n1", "n2", "n3"):
+                run(dsstage, "--node", node, "evict", "fan", "--force", check=False)  # not there: nothing to do
+            fs.remount()
+            self.drop_caches()
+            fs.reset()
+            out = run("sbatch", "--parsable", "-N", str(count), "-w", nodes, "--dataset=fan",
+                      "-o", "/dev/null", "--wrap", "true")
+            job_id = out.strip().split(";")[0]
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline:
+                state = run("squeue", "-h", "-j", job_id, "-o", "%T").strip()
+                if not state:
+                    break
+                time.sleep(0.5)
+            served = int(fs.stats()["bytes_read"])
+            times = [float(t) for t in re.findall(rf"job {job_id}: fan staged at \S+ in ([0-9.]+)s",
+                                                   log_path.read_text())]
+            if len(times) != count:
+                raise SystemExit(f"bench: fanout job {job_id}: {len(times)} of {count} nodes staged; see {log_path}")
+            return max(times), served
+
+        results: dict[str, list[tuple[float, int]]] = {"one": [], "independent": [], "fanout": []}
+        for i in range(self.runs):
+            self.say(f"fanout: run {i + 1} of {self.runs}")
+            configure(True)
+            results["one"].append(job("n1", 1))
+            results["fanout"].append(job("n[1-3]", 3))
+            configure(False)
+            results["independent"].append(job("n[1-3]", 3))
+        configure(True)
+        t = {k: statistics.median(x for x, _ in v) for k, v in results.items()}
+        b = {k: statistics.median(y for _, y in v) / total for k, v in results.items()}
+        label = f"fanout 3 nodes, {n} x 1 MiB, source {self.FANOUT_RATE} MiB/s shared"
+        self.add(label, "source bytes / dataset, 3-node job with peers", b["fanout"], "x",
+                 "3 independent stages", b["independent"], b["fanout"], "<= 1.1", b["fanout"] <= 1.1)
+        self.add(label, "slowest node's stage, 3-node job with peers", t["fanout"], "s",
+                 "one node's stage", t["one"], t["fanout"] / t["one"], "<= 1.3x", t["fanout"] / t["one"] <= 1.3)
+        self.add(label, "slowest node's stage, 3 independent stages", t["independent"], "s",
+                 "one node's stage", t["one"], t["independent"] / t["one"])
 
 
 def table(rows: list[Row]) -> str:
