@@ -878,7 +878,7 @@ class Bench:
         try:
             if up.returncode != 0:
                 raise SystemExit(f"bench: devcluster up failed: {up.stderr[-2000:]}")
-            with LatencyFS(root, mnt, delay_us=200, rate=self.FANOUT_RATE << 20) as fs:
+            with LatencyFS(root, mnt, delay_us=200, rate=self.FANOUT_RATE << 20, extra_options="uncached") as fs:
                 self._fanout_runs(n, root, fs, cdir, env)
         finally:
             subprocess.run([script, "down"], env=dc_env, timeout=300)

@@ -8,7 +8,7 @@
  * and docs/benchmarks.md); not a production filesystem.
  *
  *   latencyfs BACKING MOUNTPOINT [-f] [-o delay_us=1000,threads=256,rate=0,stats=FILE,
- *             entry_timeout=1,attr_timeout=1,readdirplus,allow_other,...]
+ *             entry_timeout=1,attr_timeout=1,readdirplus,uncached,allow_other,...]
  *
  * Bandwidth: with rate=N (bytes per second, 0 = unlimited), the read replies of all
  * threads of this mount together deliver at most N bytes per second, as a shared filesystem whose
@@ -20,7 +20,9 @@
  * Kernel caching follows NFS's cold path: entries and attributes are cached for
  * entry_timeout / attr_timeout seconds (libfuse's options, default 1 s here as there),
  * negative lookups are not cached, and a file's page cache is dropped when it is opened
- * (no keep_cache), so every open reads through the delay again.
+ * (no keep_cache), so every open reads through the delay again. With `uncached`, no page
+ * cache is used at all (direct_io): readers that share the mount, standing for separate
+ * nodes, never share a read, as separate NFS clients do not.
  *
  * Counters: operations by kind, bytes delivered by read replies (`bytes_read`), and the
  * peak number of requests in flight (all kinds, and opens alone). They are written as
@@ -66,6 +68,7 @@ static struct options {
     unsigned threads;
     unsigned long rate;  /* bytes per second over all read replies, 0 = unlimited */
     int readdirplus;
+    int direct_io;  /* no page cache at all: several clients of one mount read separately */
 } opt = {.delay_us = 1000, .threads = 256};
 
 static int backing_fd = -1;
@@ -228,7 +231,7 @@ static void *lfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
     cfg->kernel_cache = 0;  /* the page cache is dropped on every open */
     cfg->auto_cache = 0;
     cfg->nullpath_ok = 0;
-    cfg->direct_io = 0;
+    cfg->direct_io = opt.direct_io;
     /* asynchronous reads and readahead are background requests: let as many be in flight
      * as there are threads (the kernel's default is 12) */
     conn->max_background = opt.threads;
@@ -418,6 +421,7 @@ static const struct fuse_opt option_spec[] = {
     OPT("rate=%lu", rate),
     OPT("stats=%s", stats),
     OPT("readdirplus", readdirplus),
+    OPT("uncached", direct_io),
     FUSE_OPT_END,
 };
 
@@ -439,7 +443,7 @@ int main(int argc, char *argv[])
         return 2;
     if (!opt.backing) {
         fprintf(stderr, "usage: %s BACKING MOUNTPOINT [-f] [-o delay_us=N,threads=N,rate=N,stats=FILE,"
-                        "entry_timeout=S,attr_timeout=S,readdirplus]\n", argv[0]);
+                        "entry_timeout=S,attr_timeout=S,readdirplus,uncached]\n", argv[0]);
         return 2;
     }
     if (opt.threads < 1)

@@ -203,3 +203,18 @@ def test_rate_caps_the_bandwidth_of_all_readers_together(backing: Path, tmp_path
 
 def test_rate_zero_is_unlimited(fs: LatencyFS) -> None:
     assert fs.rate == 0 and fs.stats()["rate"] == 0
+
+
+def test_uncached_readers_of_one_mount_never_share_a_read(backing: Path, tmp_path: Path) -> None:
+    """uncached (direct_io): two readers with the file open at once, standing for two nodes,
+    each get every byte from the filesystem, as two NFS clients would."""
+    size = 3 << 20
+    (backing / "shared").write_bytes(os.urandom(size))
+    with LatencyFS(backing, tmp_path / "mnt4", delay_us=0, extra_options="uncached") as fs:
+        path = Path(fs.mountpoint) / "shared"
+        path.stat()
+        fs.reset()
+        with open(path, "rb", buffering=0) as a, open(path, "rb", buffering=0) as b:
+            assert len(a.read(size + 1)) == size
+            assert len(b.read(size + 1)) == size
+        assert fs.stats()["bytes_read"] == 2 * size
