@@ -142,7 +142,7 @@ class Peers:
     dataset from the source and the rest from the other nodes' rsync daemons."""
 
     enabled: bool = False  # sites that forbid node-to-node traffic leave it off
-    port: int = 8873  # where every node's `dsstage peers serve` listens
+    port: int = 873  # where every node's `dsstage peers serve` listens: below 1024, so no user can take it
     hosts: Mapping[str, str] = field(default_factory=dict)  # node -> host or host:port, where not the node name
     secret_file: str = "/etc/dsstage/peers.secret"  # root-only, the same on every node
     wait: float = 120.0  # seconds a peer may add nothing before its share comes from the source
@@ -392,6 +392,11 @@ def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, A
                                         "Include files are not read: check prolog_budget against any setting there"))
     if conf.peers.enabled:
         from .peers import read_secret
+        ports = [conf.peers.port] + [int(h.rsplit(":", 1)[1]) for h in conf.peers.hosts.values() if ":" in h]
+        if max(ports) >= 1024:
+            problems.append(Problem("note", "peers.port", f"port {max(ports)} is not below 1024: while a node's daemon "
+                                    "is not running, any user there can listen on it and be asked by the other nodes' "
+                                    "root for data; use a port below 1024 outside a test cluster"))
         try:
             read_secret(conf.peers.secret_file)
         except ConfigError as exc:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field
 
 from . import nodefs, proc
 from .config import Config, Peers
-from .errors import CommandError, ConfigError, NoSpace, OutOfTime
+from .errors import CommandError, ConfigError, OutOfTime
 from .manifest import Entry, Mismatch
 from .transfer import NO_SPACE, PARTIAL, TransferStats, plan_streams
 
@@ -49,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: the user name the daemons know the peers by (the secret is what authenticates)
 USER = "dsstage"
+#: the shortest secret accepted (rsync's challenge-response can be attacked offline)
+MIN_SECRET = 32
 #: seconds between two asks of a peer that had nothing new
 POLL = 0.5
 #: where the rsync client keeps an interrupted file, as for the source (swept at the end)
@@ -142,6 +143,10 @@ def read_secret(path: str) -> str:
     secret = text.splitlines()[0].strip() if text.strip() else ""
     if not secret or any(ord(c) < 32 for c in secret):
         raise ConfigError(f"peers.secret_file {path}: its first line must be the secret (printable, not empty)")
+    if len(secret) < MIN_SECRET:
+        raise ConfigError(f"peers.secret_file {path}: the secret has {len(secret)} characters; give at least "
+                          f"{MIN_SECRET} random ones (e.g. head -c 24 /dev/urandom | base64): a daemon's challenge "
+                          "can be answered offline for a short one")
     return secret
 
 
@@ -287,25 +292,23 @@ class _Round:
 
 def fetch_round(group: Group, node: str, module: str, rel: str, dest_path: str, entries: Sequence[Entry],
                 deadline: float | None) -> _Round:
-    """Ask ``node`` for ``entries`` once, into ``dest_path`` (no -l: a link is never made)."""
+    """Ask ``node`` for ``entries`` once, into ``dest_path`` (no -l: a link is never made).
+    The list goes on rsync's standard input: no file of it in a directory users can fill.
+    At most the largest entry's size is accepted for any file."""
     timeout = group.conf.timeout
-    with tempfile.NamedTemporaryFile(prefix="dsstage-peer-list-") as lst:
-        lst.write(b"\0".join(os.fsencode(e.path) for e in entries) + b"\0")
-        lst.flush()
-        argv = ["rsync", "-t", "--from0", f"--files-from={lst.name}", "--no-perms", "--chmod=u+rw",
-                f"--partial-dir={PARTIAL_DIR}", f"--timeout={int(timeout)}", f"--contimeout={int(timeout)}",
-                group.url(node, module, rel), dest_path.rstrip("/") + "/"]
-        limit = 6 * 3600.0
-        if deadline is not None:
-            limit = max(1.0, deadline - time.monotonic())
-        try:
-            res = proc.run(argv, timeout=limit, check=False, die_with_parent=True,
-                           env=dict(os.environ, RSYNC_PASSWORD=group.secret))
-        except CommandError as exc:
-            return _Round(None, str(exc))
-    if res.returncode and NO_SPACE in res.stderr:
-        raise NoSpace(f"the tier's filesystem filled up while copying from peer {node}; what arrived is kept "
-                      "and the next stage resumes: free space or lower the tier's capacity")
+    largest = max((e.size for e in entries), default=0)
+    argv = ["rsync", "-t", "--from0", "--files-from=-", "--no-perms", "--chmod=u+rw", f"--max-size={largest + 1}",
+            f"--partial-dir={PARTIAL_DIR}", f"--timeout={int(timeout)}", f"--contimeout={int(timeout)}",
+            group.url(node, module, rel), dest_path.rstrip("/") + "/"]
+    limit = 6 * 3600.0
+    if deadline is not None:
+        limit = max(1.0, deadline - time.monotonic())
+    try:
+        res = proc.run(argv, timeout=limit, check=False, die_with_parent=True,
+                       env=dict(os.environ, RSYNC_PASSWORD=group.secret),
+                       stdin=b"\0".join(os.fsencode(e.path) for e in entries) + b"\0")
+    except CommandError as exc:
+        return _Round(None, str(exc))
     return _Round(res.returncode, res.stderr)
 
 
@@ -341,6 +344,8 @@ def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entr
         """One round from ``node``: the entries still missing, and what rsync said. Files
         that arrived are checked; any that does not match is removed and gives the peer up."""
         rnd = fetch_round(group, node, module, rel, dest_path, todo, deadline)
+        # past the deadline, what arrived is left unhashed: the next stage checks it (resumed)
+        late()
         arrived = present(todo)
         if arrived:
             bad = check(arrived)
@@ -377,6 +382,8 @@ def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entr
             before = len(todo)
             todo, rnd = take(node, module, rel, todo)
             failure = rnd.failure()
+            if failure and NO_SPACE in rnd.stderr:
+                failure += " (if the tier is full, the copy from the source says so)"
             with lock:
                 if node in failed:
                     why = out.given_up[node]
@@ -403,7 +410,7 @@ def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entr
                     node, why, len(todo), where.name)
         for other in group.others():
             with lock:
-                if other in failed:
+                if other in failed or other == node:
                     continue
             if not todo:
                 break
@@ -412,6 +419,7 @@ def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entr
                 todo, rnd = take(other, module, rel, todo)
                 if rnd.failure() or not rnd.missing_base or not todo:
                     break
+        late()
         source(todo)
 
     mine = split[group.me]

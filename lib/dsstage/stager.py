@@ -150,9 +150,10 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
         _check_time(deadline)
         return stats, check_tree(dest_fd, entries, transfer.hash_threads, verifying(len(entries)))
 
-    if resumed and source.kind == "local":
+    if resumed and (source.kind == "local" or group is not None):
         # left by an interrupted stage: renamed into place only once verified, but a crash
-        # of the node may have lost what was not yet on disk
+        # of the node may have lost what was not yet on disk; and a stage with peers hashes
+        # what a peer sent as it arrives, so a stage cut short may have left some unhashed
         _remove(dest_fd, check_tree(dest_fd, resumed, transfer.hash_threads))
     if group is not None:
         def present(entries: Sequence[Entry]) -> list[Entry]:

@@ -81,7 +81,7 @@ def cluster(env: Env, tmp_path: Path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     secret = tmp_path / "peers.secret"
-    secret.write_text("s3cret-for-tests\n")
+    secret.write_text("s3cret-for-tests-" + "x" * 24 + "\n")
     secret.chmod(0o600)
     peers = Peers(env)
     env.extra["peers"] = {"enabled": True, "secret_file": str(secret), "wait": 30, "timeout": 20,
@@ -210,3 +210,32 @@ def test_without_peers_enabled_a_multi_node_stage_reads_everything_from_the_sour
     r = stage(env, "n2", "950", "n[1-3]")
     assert r.peer_files == 0 and r.transferred_files == FILES  # type: ignore[attr-defined]
     assert fs.stats()["bytes_read"] == dataset_bytes(env)
+
+
+def test_what_a_stage_cut_short_left_from_a_peer_is_hashed_again(cluster):
+    """A peer's files land before they are hashed: a Prolog killed in between leaves them in
+    the staging area, and the next stage (with peers) must not publish them unchecked."""
+    from dsstage import nodefs
+    from servers import RsyncDaemon
+    env, fs, peers = cluster
+    stage(env, "n1", "980", "")
+    peers.start("n1")
+    # an rsync source: its files are hashed only after the copy, so only the check of what a
+    # stage cut short left catches the planted file
+    daemon = RsyncDaemon(env.tmp, Path(str(fs.backing)))
+    env.datasets["shared"]["source"] = daemon.url("")
+    env.write()
+    store = env.store(node="n2")
+    digest = store.current("shared")
+    share = share_of(env, "n1", ("n1", "n2"))
+    left = env.tier_root("n2") / "staging" / nodefs.staging_name("shared", digest)
+    planted = left / share[0]
+    planted.parent.mkdir(parents=True, mode=0o700)
+    os.chmod(env.tier_root("n2") / "staging", 0o700)
+    size = (Path(str(fs.backing)) / share[0]).stat().st_size
+    planted.write_bytes(b"\0" * size)  # whole in size, wrong in content: as a corrupt peer's copy
+    try:
+        r = stage(env, "n2", "981", "n[1-2]")
+    finally:
+        daemon.stop()
+    assert r.action == "staged" and verified(env, "n2"), r  # type: ignore[attr-defined]

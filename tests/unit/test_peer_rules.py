@@ -42,7 +42,7 @@ def test_shares_are_the_same_everywhere_disjoint_complete_and_balanced():
 def test_others_start_after_this_node():
     g = peers.Group(nodes=("n1", "n2", "n3", "n4"), me="n3", conf=config.Peers(enabled=True), secret="x")
     assert g.others() == ["n4", "n1", "n2"]
-    assert g.url("n4", "nvme-staging", "ds.abc") == "rsync://dsstage@n4:8873/nvme-staging/ds.abc/"
+    assert g.url("n4", "nvme-staging", "ds.abc") == "rsync://dsstage@n4:873/nvme-staging/ds.abc/"
     g = peers.Group(nodes=("n1", "n2"), me="n1", conf=config.Peers(enabled=True, hosts={"n2": "10.0.0.2:9000"}),
                     secret="x")
     assert g.url("n2", "nvme-datasets", "ds/abc") == "rsync://dsstage@10.0.0.2:9000/nvme-datasets/ds/abc/"
@@ -66,7 +66,10 @@ def test_the_secret_must_be_roots_alone(tmp_path):
     path.write_text("hunter2\nignored\n")
     path.chmod(0o600)
     if os.geteuid() == 0:
-        assert peers.read_secret(str(path)) == "hunter2"
+        with pytest.raises(ConfigError, match="give at least 32 random"):
+            peers.read_secret(str(path))
+        path.write_text("x" * 32 + "\nignored\n")
+        assert peers.read_secret(str(path)) == "x" * 32
     path.chmod(0o640)
     with pytest.raises(ConfigError, match="chmod 0600"):
         peers.read_secret(str(path))
@@ -85,7 +88,7 @@ def test_the_secret_must_be_roots_alone(tmp_path):
 def test_peers_section_defaults_and_errors():
     p = config.from_dict(base()).peers
     assert (p.enabled, p.port, p.secret_file, p.wait, p.timeout, p.parallel) == \
-        (False, 8873, "/etc/dsstage/peers.secret", 120.0, 60.0, 8)
+        (False, 873, "/etc/dsstage/peers.secret", 120.0, 60.0, 8)
     p = config.from_dict(base(peers={"enabled": True, "port": 9000, "hosts": {"n1": "10.1.0.1"},
                                      "wait": "5m", "parallel": 4})).peers
     assert (p.enabled, p.port, dict(p.hosts), p.wait, p.parallel) == (True, 9000, {"n1": "10.1.0.1"}, 300.0, 4)
@@ -121,3 +124,6 @@ def test_check_config_names_a_missing_secret_only_when_peers_are_on(tmp_path):
                                peers={"enabled": True, "secret_file": str(tmp_path / "none")}))
     problems = [p for p in config.check_host(on, str(slurm_conf))[1] if p.key == "peers.secret_file"]
     assert [p.level for p in problems] == ["error"] and "stages from the source alone" in problems[0].message
+    high = config.from_dict(base(slurm_bin=str(tmp_path), peers={"enabled": True, "hosts": {"n1": "h:8873"}}))
+    assert [p.level for p in config.check_host(high, str(slurm_conf))[1] if p.key == "peers.port"] == ["note"]
+    assert not [p for p in config.check_host(on, str(slurm_conf))[1] if p.key == "peers.port"]
