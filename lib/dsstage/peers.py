@@ -50,8 +50,10 @@ log = logging.getLogger(__name__)
 USER = "dsstage"
 #: the shortest secret accepted (rsync's challenge-response can be attacked offline)
 MIN_SECRET = 32
-#: seconds between two asks of a peer that had nothing new
+#: seconds between two asks of a peer that had nothing new, doubling while it has nothing
+#: (each ask sends the list of what is still missing, which the peer looks up) up to MAX_POLL
 POLL = 0.5
+MAX_POLL = 4.0
 #: where the rsync client keeps an interrupted file, as for the source (swept at the end)
 PARTIAL_DIR = ".dsstage-partial"
 
@@ -376,6 +378,7 @@ def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entr
         at = 0
         last = clock()
         why = ""
+        idle = POLL
         while todo:
             late()
             module, rel = places[at]
@@ -395,12 +398,13 @@ def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entr
             if rnd.missing_base:
                 at = (at + 1) % len(places)  # not staging (yet, or any more): published?
             if len(todo) < before:
-                last = clock()
+                last, idle = clock(), POLL
                 continue
             if clock() - last > group.conf.wait:
                 why = f"it added nothing for {group.conf.wait:g}s"
                 break
-            stop.wait(POLL)
+            stop.wait(idle)
+            idle = min(MAX_POLL, idle * 2)
         if not todo:
             return
         with lock:

@@ -124,8 +124,8 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
     share from the source and the rest from the other nodes (dsstage.peers); what comes
     back wrong from the source is fetched from the source again, as without peers."""
     def copying(delta: int, total: int) -> None:
-        if progress:
-            progress("copying", delta, total)
+        if progress:  # with peers, several copies run at once: their progress is of the whole
+            progress("copying", delta, manifest.total_bytes if group is not None else total)
 
     def verifying(total: int) -> Callable[[int], None] | None:
         return (lambda delta: progress("verifying", delta, total)) if progress else None
