@@ -8,13 +8,9 @@ filesystem from too many. So the work runs on up to ``bound`` threads
 (``transfer.max_parallel``), of which a gate lets ``limit`` work at once; the limit starts
 small and climbs while more in flight measurably goes faster:
 
-- after every sample (enough completions to mean something: at least 4 per request in
-  flight, and at least MIN_SECONDS of work, since a few milliseconds on a local disk tell a
-  gain from noise no better than a coin), a probe doubles the limit;
-- a probe that is at least STRONG faster, or at least GAIN faster in two samples in a row,
-  is kept, and the next probe follows at once (a source whose round trips are what limits
-  it gains that much from twice as many in flight; one lucky sample on a local disk does
-  not raise the limit for good);
+- after every sample (enough completions to mean something, at least 4 per request in
+  flight), a probe doubles the limit;
+- a probe that is at least GAIN faster is kept, and the next probe follows at once;
 - one that is not goes back to the limit it came from, and the next probe waits HOLD
   samples (the source may get faster, or busier, later).
 
@@ -35,15 +31,11 @@ log = logging.getLogger(__name__)
 
 #: a probe must be this much faster than the limit it came from to be kept
 GAIN = 1.15
-#: a probe this much faster is kept at once; one between GAIN and STRONG must be so twice
-STRONG = 1.5
 #: samples to wait after a failed probe before probing again
 HOLD = 8
 #: completions in a sample, per request in flight (and at least MIN_SAMPLE)
 PER_SLOT = 4
 MIN_SAMPLE = 16
-#: and lasting at least this long (seconds)
-MIN_SECONDS = 0.25
 #: a file counts as this many bytes of work besides its own bytes (its round trips)
 FILE_COST = 256 * 1024
 
@@ -61,7 +53,6 @@ class Climb:
     base: int
     base_rate: float = 0.0
     hold: int = 0
-    once: bool = False  # the probe was faster in one sample already
 
     @classmethod
     def start(cls, limit: int, bound: int) -> Climb:
@@ -72,10 +63,6 @@ class Climb:
 def climb(state: Climb, rate: float, bound: int) -> tuple[Climb, str]:
     """The next state after a sample measured ``rate`` at ``state.limit``, and why."""
     if state.limit > state.base:  # a probe
-        if state.base_rate * GAIN <= rate < state.base_rate * STRONG and not state.once:
-            return (replace(state, once=True),
-                    f"{state.limit} in flight went {rate / max(state.base_rate, 1e-9):.2f}x as fast as {state.base}: "
-                    "measuring it once more")
         if rate >= state.base_rate * GAIN:
             kept = Climb(limit=state.limit, base=state.limit, base_rate=rate)
             if kept.limit < bound:
@@ -99,9 +86,8 @@ class Limiter:
     what completes."""
 
     def __init__(self, start: int, bound: int, what: str = "",
-                 clock: Callable[[], float] = time.monotonic, min_seconds: float = MIN_SECONDS) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.bound = max(1, bound)
-        self.min_seconds = min_seconds
         self.state = Climb.start(start, self.bound)
         self.what = what
         self.clock = clock
@@ -140,7 +126,7 @@ class Limiter:
                 return
             now = self.clock()
             elapsed = now - self._begin
-            if elapsed <= 0 or elapsed < self.min_seconds:
+            if elapsed <= 0:
                 return
             self.state, why = climb(self.state, self._work / elapsed, self.bound)
             self._begin, self._done, self._work = now, 0, 0.0

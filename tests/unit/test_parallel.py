@@ -7,7 +7,7 @@ import time
 
 import pytest
 from dsstage import parallel
-from dsstage.parallel import GAIN, HOLD, STRONG, Climb, Limiter, climb
+from dsstage.parallel import GAIN, HOLD, Climb, Limiter, climb
 
 
 def test_a_probe_that_goes_faster_is_kept_and_the_next_follows_at_once():
@@ -15,22 +15,7 @@ def test_a_probe_that_goes_faster_is_kept_and_the_next_follows_at_once():
     s, why = climb(s, 100.0, 64)
     assert (s.limit, s.base) == (8, 4) and "trying 8" in why
     s, why = climb(s, 100.0 * GAIN * 1.01, 64)
-    assert (s.limit, s.base) == (8, 4) and "measuring it once more" in why  # one sample is not enough
-    s, why = climb(s, 100.0 * GAIN * 1.01, 64)
     assert (s.limit, s.base) == (16, 8) and "as fast as 4: trying 16" in why
-
-
-def test_a_probe_much_faster_is_kept_at_once():
-    s, _ = climb(Climb.start(4, 64), 100.0, 64)
-    s, why = climb(s, 100.0 * STRONG, 64)
-    assert (s.limit, s.base) == (16, 8) and "trying 16" in why
-
-
-def test_a_probe_faster_once_then_not_goes_back():
-    s, _ = climb(Climb.start(4, 64), 100.0, 64)
-    s, _ = climb(s, 100.0 * GAIN * 1.01, 64)
-    s, why = climb(s, 101.0, 64)
-    assert (s.limit, s.base, s.hold, s.once) == (4, 4, HOLD, False) and "back to 4" in why
 
 
 def test_a_probe_that_is_no_faster_goes_back_and_waits_before_the_next():
@@ -59,7 +44,7 @@ def test_the_bound_is_never_passed():
 def test_the_limiter_climbs_on_a_source_whose_requests_wait_and_never_passes_the_bound():
     """Requests that each wait 20 ms (a round trip): more in flight go faster, so the
     limit climbs from 2 to the bound of 16, and no more than 16 ever run at once."""
-    lim = Limiter(2, 16, "test", min_seconds=0.05)
+    lim = Limiter(2, 16, "test")
     now = peak = 0
     lock = threading.Lock()
 
@@ -82,7 +67,7 @@ def test_the_limiter_climbs_on_a_source_whose_requests_wait_and_never_passes_the
 def test_the_limiter_stays_low_where_more_in_flight_is_no_faster():
     """Requests served one at a time (a disk that serializes them): more in flight is
     no faster, so every probe goes back."""
-    lim = Limiter(2, 32, "test", min_seconds=0.05)
+    lim = Limiter(2, 32, "test")
     serial = threading.Lock()
 
     def request(_i: int) -> int:
