@@ -57,8 +57,12 @@ from .nodefs import Tree
 from .transfer import TransferStats
 
 CHUNK = 8 * 2**20
-#: files in flight at first; measured best on a 2-core machine with a virtio disk (bench/run)
-THREADS = 4
+#: files in flight at first (dsstage.parallel then moves it): between a local disk's best
+#: (4 on a 2-core machine with a virtio disk) and a network filesystem's knee (16 at 1 ms),
+#: where a probe either way is cheap
+THREADS = 8
+#: byte ranges of a large file in flight at once from another filesystem
+RANGE_STREAMS = 4
 #: files at least this large are copied as byte ranges by several streams
 SPLIT = 128 * 2**20
 #: the byte range one stream copies at a time (and the unit the hash follows the copy in)
@@ -382,14 +386,14 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
     what was copied stays, the next call resumes. ``progress(bytes_delta, bytes_total)``
     is called as files finish.
 
-    Files are copied ``threads`` at once at first, then as many as measurably go faster,
-    up to ``max_parallel`` (dsstage.parallel: a latency-bound source needs many requests in
-    flight, a local disk a few). A file of at least ``split`` bytes (default SPLIT) is
-    copied as byte ranges (``range_size``, default RANGE), one such file after another,
-    ``range_streams`` ranges at once (0: one if the source is on the staging area's
-    filesystem, where the kernel copies and more streams of one file measured slower,
-    else ``threads``). BLAKE3 uses at most ``hash_threads`` threads per file (0: one per
-    CPU)."""
+    Files are copied ``threads`` at once at first, then more while more measurably go
+    faster and fewer while fewer go as fast, up to ``max_parallel`` (dsstage.parallel: a
+    latency-bound source needs many requests in flight, a local disk a few). A file of at
+    least ``split`` bytes (default SPLIT) is copied as byte ranges (``range_size``, default
+    RANGE), one such file after another, ``range_streams`` ranges at once (0: one if the
+    source is on the staging area's filesystem, where the kernel copies and more streams
+    of one file measured slower, else RANGE_STREAMS). BLAKE3 uses at most
+    ``hash_threads`` threads per file (0: one per CPU)."""
     split = SPLIT if split is None else split
     range_size = RANGE if range_size is None else range_size
     threads = max(1, threads)
@@ -399,7 +403,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
     stop = threading.Event()
     try:
         if range_streams <= 0:
-            range_streams = 1 if os.fstat(src_fd).st_dev == os.fstat(dest_fd).st_dev else threads
+            range_streams = 1 if os.fstat(src_fd).st_dev == os.fstat(dest_fd).st_dev else RANGE_STREAMS
         streams = max(1, min(threads, range_streams, max_parallel))
         with Tree(dest_fd, create=True) as dest:
             try:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from dsstage import parallel
-from dsstage.parallel import GAIN, HOLD, Climb, Limiter, climb
+from dsstage.parallel import GAIN, HOLD, KEEP, Climb, Limiter, climb
 
 
 def test_a_probe_that_goes_faster_is_kept_and_the_next_follows_at_once():
@@ -18,27 +18,44 @@ def test_a_probe_that_goes_faster_is_kept_and_the_next_follows_at_once():
     assert (s.limit, s.base) == (16, 8) and "as fast as 4: trying 16" in why
 
 
-def test_a_probe_that_is_no_faster_goes_back_and_waits_before_the_next():
-    s, _ = climb(Climb.start(4, 64), 100.0, 64)
+def test_a_probe_up_that_is_no_faster_goes_back_and_the_next_probe_goes_down():
+    s, _ = climb(Climb.start(8, 64), 100.0, 64)
     s, why = climb(s, 105.0, 64)
-    assert (s.limit, s.base, s.hold) == (4, 4, HOLD) and "no faster than 4" in why and "back to 4" in why
-    for _ in range(HOLD):
-        s, why = climb(s, 100.0, 64)
-        assert s.limit == 4 and why == ""
+    assert (s.limit, s.base) == (8, 8) and "no faster than 8" in why and "back to 8" in why
+    s, why = climb(s, 100.0, 64)  # one sample at the known-good limit
+    assert s.limit == 8 and why == ""
     s, why = climb(s, 100.0, 64)
+    assert s.limit == 4 and "trying 4 in flight (from 8)" in why
+
+
+def test_fewer_in_flight_as_fast_are_kept_and_slower_go_back_and_hold():
+    s = Climb(limit=4, base=8, base_rate=100.0, down=True)
+    s, why = climb(s, 100.0 * KEEP, 64)  # as fast with half: kept, and half again at once
+    assert (s.limit, s.base) == (2, 4) and "as fast as 8" in why and "trying 2" in why
+    s, why = climb(s, 100.0 * KEEP * 0.9, 64)
+    assert (s.limit, s.base, s.hold) == (4, 4, HOLD) and "slower than 4" in why
+    for _ in range(HOLD):
+        s, why = climb(s, 95.0, 64)
+        assert s.limit == 4 and why == ""
+    s, why = climb(s, 95.0, 64)  # then up again: the source may have got faster
     assert s.limit == 8 and "trying 8" in why
 
 
-def test_the_bound_is_never_passed():
-    s = Climb.start(100, 6)
-    assert s.limit == 6
-    s, why = climb(Climb.start(4, 6), 10.0, 6)
-    assert s.limit == 6
-    s, why = climb(s, 100.0, 6)
-    assert (s.limit, s.base) == (6, 6) and "bound 6" in why
-    for _ in range(3):
-        s, why = climb(s, 1000.0, 6)
-        assert s.limit == 6 and why == ""
+def test_at_one_and_at_the_bound_the_closed_way_holds_and_the_other_is_tried():
+    s = Climb(limit=1, base=1, base_rate=50.0, down=True)
+    s, why = climb(s, 50.0, 64)
+    assert (s.limit, s.hold, s.down) == (1, HOLD, False) and why == ""
+    for _ in range(HOLD):
+        s, _ = climb(s, 50.0, 64)
+    s, why = climb(s, 50.0, 64)
+    assert s.limit == 2 and "trying 2" in why
+    s = Climb(limit=6, base=6, base_rate=50.0)
+    s, why = climb(s, 50.0, 6)
+    assert (s.limit, s.hold, s.down) == (6, HOLD, True) and why == ""
+    for _ in range(HOLD):
+        s, _ = climb(s, 50.0, 6)
+    s, why = climb(s, 50.0, 6)
+    assert s.limit == 3 and "trying 3" in why
 
 
 def test_the_limiter_climbs_on_a_source_whose_requests_wait_and_never_passes_the_bound():
@@ -60,7 +77,7 @@ def test_the_limiter_climbs_on_a_source_whose_requests_wait_and_never_passes_the
 
     out = parallel.run(list(range(600)), request, lim, size=lambda n: n)
     assert out == [1000] * 600
-    assert lim.limit == 16 and peak == 16 and lim.peak == 16
+    assert lim.state.base == 16 and peak == 16 and lim.peak == 16
     assert any("trying 16" in c for c in lim.changes)
 
 
@@ -76,7 +93,7 @@ def test_the_limiter_stays_low_where_more_in_flight_is_no_faster():
         return 0
 
     parallel.run(list(range(800)), request, lim)
-    assert lim.limit <= 4
+    assert lim.limit <= 4 and lim.state.base <= 2
     assert any("no faster" in c for c in lim.changes)
 
 
@@ -100,3 +117,39 @@ def test_run_keeps_order_stops_on_the_first_failure_and_on_request():
         return i
     out = parallel.run(list(range(1000)), stopping, Limiter(1, 1), stop=stop)
     assert seen == [0, 1, 2, 3] and out[4:] == [None] * 996
+
+
+def test_threads_leave_when_the_limit_falls_and_start_when_it_rises(monkeypatch):
+    """No thread waits for a turn: when the limit falls the extra threads leave, when it
+    rises new ones start; what runs at once follows the limit."""
+    monkeypatch.setattr(parallel, "SAMPLE_SECONDS", 0)
+    plan = iter([1, 1, 1, 1, 4])  # the first sample drops the limit to 1, the fifth raises it to 4
+
+    def forced(state, rate, bound):
+        to = next(plan, state.limit)
+        return (state, "") if to == state.limit else (Climb(limit=to, base=to, base_rate=rate), f"to {to}")
+    monkeypatch.setattr(parallel, "climb", forced)
+    lim = Limiter(8, 8, "test")
+    lock = threading.Lock()
+    now = 0
+    seen: list[tuple[int, int, set[str]]] = []  # (index, in flight, threads alive of this run)
+
+    def request(i: int) -> int:
+        nonlocal now
+        with lock:
+            now += 1
+            seen.append((i, now, {t.name for t in threading.enumerate() if t.name.startswith("test-")}))
+        time.sleep(0.002)
+        with lock:
+            now -= 1
+        return i
+
+    assert parallel.run(list(range(200)), request, lim) == list(range(200))
+    assert lim.changes == ["to 1", "to 4"]
+    # after the drop (the first sample: 32 completions) and its stragglers, one at a time
+    # until the rise (four samples of 16 later)
+    one = [(n, len(alive)) for i, n, alive in seen[48:90]]
+    assert all(n == 1 for n, _ in one) and min(alive for _, alive in one) == 1
+    # after the rise (the next sample: 16 completions at 1), four at once on four threads
+    assert max(n for _i, n, _a in seen[-40:]) == 4
+    assert max(len(alive) for _i, _n, alive in seen[-40:]) <= 4
