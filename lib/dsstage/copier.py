@@ -57,10 +57,8 @@ from .nodefs import Tree
 from .transfer import TransferStats
 
 CHUNK = 8 * 2**20
-#: files in flight at first (dsstage.parallel then moves it): between a local disk's best
-#: (4 on a 2-core machine with a virtio disk) and a network filesystem's knee (16 at 1 ms),
-#: where a probe either way is cheap
-THREADS = 8
+#: files in flight at first (dsstage.parallel then moves it)
+THREADS = parallel.START
 #: byte ranges of a large file in flight at once from another filesystem
 RANGE_STREAMS = 4
 #: files at least this large are copied as byte ranges by several streams

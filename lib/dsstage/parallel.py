@@ -41,6 +41,10 @@ from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
+#: requests in flight at first against a source: between a local disk's best (4 on a
+#: 2-core machine with a virtio disk) and a network filesystem's knee (16 at 1 ms), where
+#: a probe either way is cheap
+START = 8
 #: a probe up must be this much faster than the limit it came from to be kept
 GAIN = 1.15
 #: a probe down is kept if it goes at least this fraction as fast
