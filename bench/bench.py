@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import shutil
 import statistics
@@ -92,6 +93,31 @@ def copy_file(pair: object, buf: bytearray) -> None:
         os.close(fin)
 
 
+def verified_copy_file(item: object, buf: bytearray) -> None:
+    """copy_file of a file read whole into the buffer, its BLAKE3 compared with the hash
+    it should have before it is written (a file no larger than the buffer, as the
+    latency scenario's 100 KB): the least any verifying copy must do (no
+    temporary name, no mtime, no checks on what the source is)."""
+    src, dst, want = item  # type: ignore[misc]
+    fin = os.open(src, os.O_RDONLY)
+    try:
+        view = memoryview(buf)
+        n = 0
+        while k := os.readv(fin, [view[n:]]):
+            n += k
+    finally:
+        os.close(fin)
+    if blake3.blake3(view[:n]).hexdigest() != want:
+        raise RuntimeError(f"{src}: BLAKE3 differs from the manifest's")
+    fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    try:
+        done = 0
+        while done < n:
+            done += os.write(fout, view[done:n])
+    finally:
+        os.close(fout)
+
+
 @dataclass
 class Row:
     scenario: str
@@ -122,6 +148,9 @@ class Bench:
         #: "cold": page cache dropped before each run; "warm": sources read once beforehand
         self.caches = ["cold", "warm"] if args.cache == "both" else [args.cache]
         self.delays = [int(d) for d in args.delays.split(",")]
+        self.pretouch = not args.no_pretouch
+        #: bytes of fresh memory a run of the current measurement takes (pages it reads and writes)
+        self.touch = 1 << 30
 
     def wants(self, scenario: str) -> bool:
         if scenario == "single":  # the same shape as the large-file scenario: on request only
@@ -141,6 +170,20 @@ class Bench:
     def drop_caches(self) -> None:
         if self.can_drop:
             self._try_drop()
+
+    def back_memory(self) -> None:
+        """Touch ``self.touch`` bytes of fresh memory and free them again, so that the pages
+        the next run takes for what it reads and writes are ones the host has just backed
+        (docs/benchmarks.md, "Fresh memory on a virtual machine"); --no-pretouch skips it."""
+        if not self.pretouch:
+            return
+        chunk = b"\1" * (64 << 20)
+        n = max(1, -(-min(self.touch, self.TOUCH_MAX) // len(chunk)))
+        with mmap.mmap(-1, n * len(chunk)) as m:
+            for _ in range(n):
+                m.write(chunk)
+
+    TOUCH_MAX = 8 << 30
 
     def say(self, text: str) -> None:
         print(f"bench: {text}", file=sys.stderr, flush=True)
@@ -259,10 +302,12 @@ class Bench:
     def settle(self, cache: str, paths: list[str]) -> None:
         """Before one run: drop the page cache (cold) or make sure ``paths`` are in it (warm)."""
         if cache == "cold":
+            self.back_memory()
             self.drop_caches()
         else:
             subprocess.run(["sync"], check=True)  # the previous run's dirty pages are not this run's cost
             self.warm_up(paths)
+            self.back_memory()
 
     def cold_stage(self, label: str, name: str, root: Path, target_ratio: float, compare: str,
                    cache: str = "cold") -> None:
@@ -271,6 +316,7 @@ class Bench:
         self.build_manifest(name, root)
         sources = [str(p) for p in root.rglob("*") if p.is_file() and p.name != ".shape"]
         total = sum(os.path.getsize(p) for p in sources)
+        self.touch = (2 if cache == "cold" else 1) * total + (256 << 20)  # read (cold) and written
         dest = self.dir / "baseline-dest"
         if cache == "warm":
             label = label.replace("cold stage", "page-cache stage")
@@ -321,6 +367,7 @@ class Bench:
 
     CEILING_THREADS = 16  # the local-disk ceiling's copy threads
     LATENCY_CEILING_THREADS = (64, 256)  # the latency ceiling: the faster of these
+    LATENCY_VERIFIED_THREADS = (32, 64)  # the bare verified copy: the faster of these
     LATENCY_PARALLEL_RSYNC = 16  # rsync processes of the plain parallel rsync, one per top directory
     LATENCY_FPSYNC_JOBS = 16
 
@@ -333,6 +380,7 @@ class Bench:
         root = self.make_files(f"latency{n}", n, 100_000, fanout=100)
         rels = sorted(str(p.relative_to(root)) for p in root.rglob("*.bin"))
         total = sum((root / r).stat().st_size for r in rels)
+        self.touch = 3 * total + (256 << 20)  # the backing files, the mount's pages, the copy
         mnt = self.dir / "mnt-latency"
         dest = self.dir / "baseline-dest"
         fp_tmp = self.dir / "fpsync-tmp"
@@ -345,6 +393,7 @@ class Bench:
 
                 def cold() -> None:
                     fs.remount()  # no dentry, attribute or page cached for the mount
+                    self.back_memory()
                     self.drop_caches()  # nor for the backing files
 
                 def fresh_dest() -> None:
@@ -386,7 +435,17 @@ class Bench:
                         f"{mnt}/", f"{dest}/"), fresh_dest)
                 t_reads = {k: timed(f"read{k}", lambda k=k: in_parallel(paths, read_file, k), cold)  # type: ignore[misc]
                            for k in self.LATENCY_CEILING_THREADS}
+                hashes = {e.path: e.hash for e in mf.Catalog(str(self.dir / "state")).load(name).entries}
+                copies = [(str(mnt / r), str(dest / r), hashes[r]) for r in rels]
+
+                def verified_copy(k: int) -> None:
+                    for d in sorted({os.path.dirname(r) for r in rels}):
+                        os.makedirs(dest / d, exist_ok=True)
+                    in_parallel(copies, verified_copy_file, k)
+                t_vcopy = {k: timed(f"vcopy{k}", lambda k=k: verified_copy(k), fresh_dest)  # type: ignore[misc]
+                           for k in self.LATENCY_VERIFIED_THREADS}
             best = min(t_reads, key=lambda k: t_reads[k])
+            best_v = min(t_vcopy, key=lambda k: t_vcopy[k])
             t_ceil = t_reads[best]
             mib = total / 2**20
             self.add(label, "dsstage stage (incl. BLAKE3 verify)", t_ds, "s")
@@ -398,12 +457,19 @@ class Bench:
                      "directory)", t_par, "s")
             for k, t in t_reads.items():
                 self.add(label, f"bare parallel read, {k} threads (open, read, close)", t, "s")
+            for k, t in t_vcopy.items():
+                self.add(label, f"bare parallel verified copy, {k} threads (read, BLAKE3, write a new file)", t, "s")
             speedup = t_rsync / t_ds
             self.add(label, "speed-up of dsstage over rsync -a", speedup, "x", "rsync -a", t_rsync, speedup,
                      *((">= 3x", speedup >= 3) if delay == 1000 else ()))
             self.add(label, "dsstage throughput / ceiling throughput", t_ceil / t_ds, "x",
                      f"bare parallel read, {best} threads, MiB/s", mib / t_ceil, t_ceil / t_ds, ">= 0.85x",
                      t_ceil / t_ds >= 0.85)
+            self.add(label, "bare verified copy throughput / ceiling throughput (the most any verifying copy "
+                     "reached)", t_ceil / t_vcopy[best_v], "x", f"bare parallel read, {best} threads, MiB/s",
+                     mib / t_ceil, t_ceil / t_vcopy[best_v])
+            self.add(label, "dsstage throughput / bare verified copy throughput", t_vcopy[best_v] / t_ds, "x",
+                     f"bare verified copy, {best_v} threads, MiB/s", mib / t_vcopy[best_v], t_vcopy[best_v] / t_ds)
             self.add(label, "dsstage manifest build throughput / ceiling throughput", t_ceil / t_build, "x",
                      "ceiling, MiB/s", mib / t_ceil, t_ceil / t_build)
             self.add(label, "dsstage manifest build", t_build, "s")
@@ -454,6 +520,7 @@ class Bench:
         staged = json.loads(self.ds("verify", name, "--json").stdout)["path"]
         staged_files = [str(p) for p in Path(staged).rglob("*.bin")]
         label = "full verification" + (", page cache" if cache == "warm" else "")
+        self.touch = sum(os.path.getsize(f) for f in staged_files) + (256 << 20)  # what a cold run reads
 
         def settle() -> None:
             self.settle(cache, staged_files)
@@ -975,6 +1042,9 @@ def main() -> int:
                    help="cold, warm or both: page cache dropped before each run of cold, warm and single stages "
                    "and of verify (cold), or the data read into it beforehand (warm), to see the hashing "
                    "path without a slow disk hiding it")
+    p.add_argument("--no-pretouch", action="store_true", help="do not touch fresh memory before each run "
+                   "(on a virtual machine whose host reclaims free memory, a run's first use of a page can cost "
+                   "a host fault: see docs/benchmarks.md)")
     p.add_argument("--delays", default="1000,200", help="the latency scenario's emulations: per-request delays of "
                    "latencyfs in microseconds (default 1000,200: 1 ms and 0.2 ms round trips)")
     args = p.parse_args()
