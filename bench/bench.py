@@ -1036,8 +1036,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, help="runs per measurement (default 3 quick, 5 full)")
     p.add_argument("--dir", default="/var/tmp/dsstage-bench", help="where data and stores go")
     p.add_argument("--only", help="comma-separated scenarios: cold, single, warm, verify, sharing, manifest, status, "
-                   "latency "
-                   "(single, one 2 GiB file, runs only when named)")
+                   "latency, fanout (single, one 2 GiB file, runs only when named)")
     p.add_argument("--cache", choices=("cold", "warm", "both"), default="cold",
                    help="cold, warm or both: page cache dropped before each run of cold, warm and single stages "
                    "and of verify (cold), or the data read into it beforehand (warm), to see the hashing "
