@@ -79,9 +79,9 @@ def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
     """(size, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be read).
 
     Small files are read and hashed ``threads`` at once (0: one per CPU), or, given
-    ``max_parallel`` (a source that may be a network filesystem), from parallel.START (or
-    ``threads``, if more) up to as many as measurably pay (dsstage.parallel). ``progress`` is called with the
-    number of files finished since its last call.
+    ``max_parallel`` (a source that may be a network filesystem), as many as measurably
+    pay up to that (parallel.Limiter.for_source). ``progress`` is called with the number
+    of files finished since its last call.
     """
     workers = default_threads(threads)
 
@@ -91,8 +91,7 @@ def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
             progress(1)
         return got
 
-    bound = max(workers, max_parallel)
-    gate = parallel.Limiter(max(workers, parallel.START) if bound > workers else workers, bound, "hashing")
+    gate = parallel.Limiter.for_source(workers, max_parallel, "hashing")
     results = parallel.run(rels, small, gate, size=lambda got: got[0] if got is not None and got[1] is not None else 0)
     # large files one at a time, each on blake3's threads (reading ahead, memory-mapped)
     for i, got in enumerate(results):

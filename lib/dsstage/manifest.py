@@ -405,8 +405,7 @@ def build(name: str, root: str, *, source: str = "", previous: Manifest | None =
 
     ``progress(files_done_delta, files_to_hash)`` is called as files are hashed. Up to
     ``max_parallel`` directories, stats and files are read at once while more go faster
-    (parallel.START or ``threads`` at first; dsstage.parallel), for a source that is a
-    network filesystem.
+    (parallel.Limiter.for_source), for a source that is a network filesystem.
     """
     try:
         with acting_as(reader):
@@ -428,8 +427,7 @@ def _build(name: str, root: str, root_fd: int, source: str, previous: Manifest |
     skipped: dict[str, list[str]] = {}
     found: list[tuple[str, int, int]] = []
     workers = hashing.default_threads(threads)
-    bound = max(workers, max_parallel)
-    gate = parallel.Limiter(max(workers, parallel.START) if bound > workers else workers, bound, f"reading {root}")
+    gate = parallel.Limiter.for_source(workers, max_parallel, f"reading {root}")
     listing = walk(root_fd, root, gate, reader)
     for rel, st, kind in listing:
         if st is None:

@@ -20,8 +20,9 @@ filesystem from too many. So the work runs on ``limit`` threads, never more than
   may have got faster, or busier).
 
 Measured on this project's benchmarks (docs/benchmarks.md), the throughput of a source is
-flat over a wide range past its knee (1 ms round trips: 16 to 128 files in flight within
-5 %), and falls steeply below it (8: 1.7 times as long), while a local disk is fastest
+flat past a knee that moves with the machine's load (1 ms round trips: 16 to 128 files in
+flight within 5 % in one series; 32 and 64 within 10 %, and 16 30 % slower, in another)
+and falls steeply below it (8: 1.7 times as long as 16), while a local disk is fastest
 with a few and 20-30 % slower with dozens: so the limit climbs quickly and comes down
 only where fewer are measurably as fast.
 
@@ -118,6 +119,14 @@ def climb(state: Climb, rate: float, bound: int) -> tuple[Climb, str]:
 
 class Limiter:
     """How many requests may be in flight, adjusted by ``climb`` from what completes."""
+
+    @classmethod
+    def for_source(cls, workers: int, max_parallel: int, what: str = "") -> Limiter:
+        """Work against a source: ``workers`` at once (one per CPU, say) if the site allows
+        no more (``max_parallel``), else from START (or ``workers``, if more) up to
+        ``max_parallel``."""
+        bound = max(workers, max_parallel)
+        return cls(max(workers, START) if bound > workers else workers, bound, what)
 
     def __init__(self, start: int, bound: int, what: str = "",
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -153,3 +153,9 @@ def test_threads_leave_when_the_limit_falls_and_start_when_it_rises(monkeypatch)
     # after the rise (the next sample: 16 completions at 1), four at once on four threads
     assert max(n for _i, n, _a in seen[-40:]) == 4
     assert max(len(alive) for _i, _n, alive in seen[-40:]) <= 4
+
+
+def test_work_against_a_source_starts_at_start_where_the_site_allows_more_than_the_workers():
+    got = {args: (g.limit, g.bound) for args in [(2, 0), (2, 64), (2, 3), (16, 64), (4, 4)]
+           for g in [Limiter.for_source(*args)]}
+    assert got == {(2, 0): (2, 2), (2, 64): (parallel.START, 64), (2, 3): (3, 3), (16, 64): (16, 64), (4, 4): (4, 4)}
