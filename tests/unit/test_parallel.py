@@ -41,21 +41,17 @@ def test_fewer_in_flight_as_fast_are_kept_and_slower_go_back_and_hold():
     assert s.limit == 8 and "trying 8" in why
 
 
-def test_at_one_and_at_the_bound_the_closed_way_holds_and_the_other_is_tried():
-    s = Climb(limit=1, base=1, base_rate=50.0, down=True)
-    s, why = climb(s, 50.0, 64)
-    assert (s.limit, s.hold, s.down) == (1, HOLD, False) and why == ""
+@pytest.mark.parametrize("state, bound, down_after, probe", [
+    (Climb(limit=1, base=1, base_rate=50.0, down=True), 64, False, 2),  # at 1: no way down, so up
+    (Climb(limit=6, base=6, base_rate=50.0), 6, True, 3),  # at the bound: no way up, so down
+], ids=["at one", "at the bound"])
+def test_at_one_and_at_the_bound_the_closed_way_holds_and_the_other_is_tried(state, bound, down_after, probe):
+    s, why = climb(state, 50.0, bound)
+    assert (s.limit, s.hold, s.down) == (state.limit, HOLD, down_after) and why == ""
     for _ in range(HOLD):
-        s, _ = climb(s, 50.0, 64)
-    s, why = climb(s, 50.0, 64)
-    assert s.limit == 2 and "trying 2" in why
-    s = Climb(limit=6, base=6, base_rate=50.0)
-    s, why = climb(s, 50.0, 6)
-    assert (s.limit, s.hold, s.down) == (6, HOLD, True) and why == ""
-    for _ in range(HOLD):
-        s, _ = climb(s, 50.0, 6)
-    s, why = climb(s, 50.0, 6)
-    assert s.limit == 3 and "trying 3" in why
+        s, _ = climb(s, 50.0, bound)
+    s, why = climb(s, 50.0, bound)
+    assert s.limit == probe and f"trying {probe}" in why
 
 
 def test_the_limiter_climbs_on_a_source_whose_requests_wait_and_never_passes_the_bound():
