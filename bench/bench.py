@@ -29,8 +29,13 @@ import yaml
 
 TOP = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tests"))
-from dsstage import hashing  # noqa: E402
-from dsstage import manifest as mf  # noqa: E402
+from dsstage.cluster import reports as cluster_reports  # noqa: E402
+from dsstage.cluster import status as cluster_status  # noqa: E402
+from dsstage.cluster import status_view as cluster_status_view  # noqa: E402
+from dsstage.config import load as config_load  # noqa: E402
+from dsstage.config import manifest as config_manifest  # noqa: E402
+from dsstage.policy import demand  # noqa: E402
+from dsstage.transfer import hashing  # noqa: E402
 from latencyfs import LatencyFS  # noqa: E402
 from servers import RsyncDaemon  # noqa: E402
 
@@ -417,7 +422,7 @@ class Bench:
                         list(pool.map(lambda d: self.sh("rsync", "-a", str(mnt / d), f"{dest}/"), tops))
 
                 def rebuild() -> None:
-                    (Path(mf.Catalog(str(self.dir / "state")).dir(name)) / mf.CURRENT).unlink(missing_ok=True)
+                    (Path(config_manifest.Catalog(str(self.dir / "state")).dir(name)) / config_manifest.CURRENT).unlink(missing_ok=True)
                     self.ds("manifest", "build", name)
 
                 cold()
@@ -435,7 +440,7 @@ class Bench:
                         f"{mnt}/", f"{dest}/"), fresh_dest)
                 t_reads = {k: timed(f"read{k}", lambda k=k: in_parallel(paths, read_file, k), cold)  # type: ignore[misc]
                            for k in self.LATENCY_CEILING_THREADS}
-                hashes = {e.path: e.hash for e in mf.Catalog(str(self.dir / "state")).load(name).entries}
+                hashes = {e.path: e.hash for e in config_manifest.Catalog(str(self.dir / "state")).load(name).entries}
                 copies = [(str(mnt / r), str(dest / r), hashes[r]) for r in rels]
 
                 def verified_copy(k: int) -> None:
@@ -581,13 +586,13 @@ class Bench:
                  target="source read once (1.0x)", met=read8 == total)
 
     def manifests(self, root: Path, entries: int) -> None:
-        cat = mf.Catalog(str(self.dir / "state"))
+        cat = config_manifest.Catalog(str(self.dir / "state"))
         name = "small"
         nbytes = sum(p.stat().st_size for p in root.rglob("*.bin"))
         nfiles = sum(1 for _ in root.rglob("*.bin"))
 
         def rebuild() -> None:
-            (Path(cat.dir(name)) / mf.CURRENT).unlink(missing_ok=True)  # hash everything again
+            (Path(cat.dir(name)) / config_manifest.CURRENT).unlink(missing_ok=True)  # hash everything again
             self.ds("manifest", "build", name)
         t_build = self.time_median(rebuild, self.drop_caches)
         files = [str(p) for p in root.rglob("*.bin")]
@@ -596,12 +601,12 @@ class Bench:
         self.add("manifest", "build throughput", nbytes / t_build / 2**20, "MiB/s", "b3sum on the same files",
                  nbytes / t_b3 / 2**20, t_b3 / t_build)
         big = self.dir / "manifest-1m.manifest"
-        if not big.exists() or mf.read_header(str(big)).get("files") != entries:
+        if not big.exists() or config_manifest.read_header(str(big)).get("files") != entries:
             self.say(f"writing a manifest of {entries} entries")
-            es = [mf.Entry(f"train/n{i % 1000:08d}/img_{i:08d}.JPEG", 110_000, 1_700_000_000_000_000_000,
+            es = [config_manifest.Entry(f"train/n{i % 1000:08d}/img_{i:08d}.JPEG", 110_000, 1_700_000_000_000_000_000,
                            blake3.blake3(i.to_bytes(8, "little")).hexdigest()) for i in range(entries)]
-            mf.write(mf.Manifest("big", mf.compute_digest(es), es, 0, 0.0), str(big))
-        t_load = self.time_median(lambda: mf.read(str(big)))
+            config_manifest.write(config_manifest.Manifest("big", config_manifest.compute_digest(es), es, 0, 0.0), str(big))
+        t_load = self.time_median(lambda: config_manifest.read(str(big)))
 
         def plain() -> None:
             with open(big) as fh:
@@ -634,7 +639,6 @@ class Bench:
                                "high_watermark": "90%", "low_watermark": "50%"}
         self.configure(name, str(root), tier="small")
         self.ds("manifest", "build", name)
-        from dsstage import demand
         defaults = self.dir / "defaults"
         env = self.hook_env(defaults, name, "5151")
         prolog = str(TOP / "prolog" / "dsstage-prolog")
@@ -812,20 +816,17 @@ class Bench:
 
     def status_view(self) -> None:
         """`dsstage status` over 1,000 node reports, against reading the same reports."""
-        from dsstage import config as cfg
-        from dsstage import report
-        from dsstage import status as st
         from dsstage.errors import DsstageError
-        from dsstage.slurm import Job, Node
+        from dsstage.slurm.records import Job, Node
         t_gen = time.perf_counter()
         conf_path, copies = self.make_status()
         self.say(f"status data ready in {time.perf_counter() - t_gen:.1f} s")
-        conf = cfg.load(str(conf_path))
+        conf = config_load.load(str(conf_path))
         nodes_dir = Path(conf.state_dir) / "nodes"
         label = f"status, {self.STATUS_NODES} nodes"
         runs = max(self.runs, 5)
         env = self.env(DSSTAGE_CONFIG=str(conf_path), COLUMNS="80")
-        read_all = f"from dsstage import report; report.read_all({conf.state_dir!r})"
+        read_all = f"from dsstage.cluster import reports; reports.read_all({conf.state_dir!r})"
         bare = (f"import json, os; d = {str(nodes_dir)!r}\n"
                 "for n in sorted(os.listdir(d)):\n    json.load(open(os.path.join(d, n), 'rb'))")
 
@@ -838,7 +839,7 @@ class Bench:
         self.add(label, f"copies in the reports ({size / 2**20:.1f} MiB of JSON)", copies, "copies")
         self.add(label, "python -c pass (interpreter start)", t_py * 1000, "ms")
         self.add(label, "python -c: json.load of every report", t_bare * 1000, "ms")
-        self.add(label, "python -c: report.read_all (read-only baseline)", t_read * 1000, "ms")
+        self.add(label, "python -c: reports.read_all (read-only baseline)", t_read * 1000, "ms")
         target = "< 1000 ms"
         for measure, args in (("dsstage status --no-queue (plain, piped)", ["--no-queue"]),
                               ("dsstage status --json --no-queue", ["--json", "--no-queue"]),
@@ -864,18 +865,18 @@ class Bench:
                 return ""
 
         def view() -> str:
-            s = st.collect(conf, Stub())
+            s = cluster_status.collect(conf, Stub())
             if s.demand_source != "snapshot":
                 raise SystemExit(f"bench: status did not use the demand snapshot: {s.queue_error}")
-            return st.render_plain(s, st.sections(s, show_queue=True, plain=True))
+            return cluster_status_view.render_plain(s, cluster_status_view.sections(s, show_queue=True, plain=True))
         out = view()
-        t_in_read = self.time_median(lambda: report.read_all(conf.state_dir), runs=runs)
+        t_in_read = self.time_median(lambda: cluster_reports.read_all(conf.state_dir), runs=runs)
         t_view = self.time_median(view, runs=runs)
-        s = st.collect(conf, Stub())
-        t_collect = self.time_median(lambda: st.collect(conf, Stub()), runs=runs)
-        t_secs = self.time_median(lambda: st.sections(s, show_queue=True, plain=True), runs=runs)
-        t_json = self.time_median(lambda: json.dumps(st.to_json(s)), runs=runs)
-        self.add(label, "in-process report.read_all", t_in_read * 1000, "ms")
+        s = cluster_status.collect(conf, Stub())
+        t_collect = self.time_median(lambda: cluster_status.collect(conf, Stub()), runs=runs)
+        t_secs = self.time_median(lambda: cluster_status_view.sections(s, show_queue=True, plain=True), runs=runs)
+        t_json = self.time_median(lambda: json.dumps(cluster_status.to_json(s)), runs=runs)
+        self.add(label, "in-process cluster_reports.read_all", t_in_read * 1000, "ms")
         self.add(label, f"in-process collect + sections + render_plain, queue of {len(s.queue)} jobs, output "
                  f"{len(out.encode()) / 1024:.0f} KiB", t_view * 1000, "ms", "in-process read_all",
                  t_in_read * 1000, t_view / t_in_read, target, t_view < 1.0)

@@ -237,7 +237,7 @@ function M.validate(cat, names, submit_uid)
 end
 
 -- A soft preference for nodes that hold the datasets ready (the demand poller keeps a node
--- feature per ready dataset, see dsstage.features): the job starts where its data is when
+-- feature per ready dataset, see dsstage.cluster.features): the job starts where its data is when
 -- such a node is free, anywhere otherwise. A job's own --prefer is left as the user gave it.
 -- Needs SchedulerParameters=ignore_prefer_validation: a feature no node has yet is
 -- otherwise refused at submit.

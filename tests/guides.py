@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsstage.cli import build_parser
+from dsstage.cli.main import build_parser
 
 TOP = Path(__file__).resolve().parents[1]
 

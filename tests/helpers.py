@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dsstage.config import load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,11 +75,10 @@ class Env:
         return self.nvme / (node or self.node)
 
     def config(self) -> Any:
-        from dsstage import config
-        return config.load(str(self.config_path))
+        return load.load(str(self.config_path))
 
     def store(self, **kw: Any) -> Any:
-        from dsstage.store import Store
+        from dsstage.node.store import Store
         kw.setdefault("run_dir", str(self.run))
         return Store(self.config(), kw.pop("node", self.node), **kw)
 

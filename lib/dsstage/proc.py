@@ -13,7 +13,7 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from .errors import CommandError
+from dsstage.errors import CommandError
 
 log = logging.getLogger(__name__)
 

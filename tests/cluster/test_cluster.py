@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from dsstage import manifest as mf
+from dsstage.config import manifest as config_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -33,8 +33,8 @@ def hash_job(extra: str = "", after: str = "") -> str:
     return HASH_JOB.format(extra=extra, after=after)
 
 
-def manifest_of(cluster, name: str) -> mf.Manifest:
-    return mf.Catalog(str(cluster.dir / "dsstage-state")).load(name)
+def manifest_of(cluster, name: str) -> config_manifest.Manifest:
+    return config_manifest.Catalog(str(cluster.dir / "dsstage-state")).load(name)
 
 
 def test_job_reads_the_verified_local_copy(cluster):

@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dsstage import slurm
+from dsstage.slurm import client as slurm_client
+from dsstage.slurm import hold as slurm_hold
+from dsstage.slurm import records
 
 pytestmark = pytest.mark.cluster
 
@@ -29,19 +31,19 @@ def as_user(argv: list[str]) -> list[str]:
 
 
 @pytest.fixture
-def client(cluster, monkeypatch) -> slurm.CliSlurm:
+def client(cluster, monkeypatch) -> slurm_client.CliSlurm:
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     scontrol = shutil.which("scontrol")
     assert scontrol
-    c = slurm.client(bin_dir=os.path.dirname(scontrol))
-    assert isinstance(c, slurm.CliSlurm)
+    c = slurm_client.client(bin_dir=os.path.dirname(scontrol))
+    assert isinstance(c, slurm_client.CliSlurm)
     return c
 
 
-def record(cluster, job_id: str) -> slurm.Job:
+def record(cluster, job_id: str) -> records.Job:
     """The job as dsstage reads it (squeue, no user-controlled field)."""
-    out = cluster.run("squeue", "-h", "-t", "all", "-j", job_id, "-O", slurm.JOB_FORMAT).stdout
-    return slurm.parse_job_records(out)[job_id]
+    out = cluster.run("squeue", "-h", "-t", "all", "-j", job_id, "-O", records.JOB_FORMAT).stdout
+    return records.parse_job_records(out)[job_id]
 
 
 def user_view(cluster, job_id: str) -> str:
@@ -99,7 +101,7 @@ def test_hold_requeues_and_holds_a_running_batch_job(cluster, client):
     job = cluster.submit(SLEEP, "--comment=mine", "-J", "hold-batch", "-w", "n1", user=USER)
     cluster.state(job, "RUNNING")
     try:
-        assert client.hold(job, "source /x is\ngone \x1b[31m") == slurm.HELD
+        assert client.hold(job, "source /x is\ngone \x1b[31m") == slurm_hold.HELD
         info = cluster.state(job, "PENDING")
         assert info["Reason"] == "job_requeued_in_held_state"
         assert comment_of(cluster, job) == "mine"
@@ -110,7 +112,7 @@ def test_hold_requeues_and_holds_a_running_batch_job(cluster, client):
         reason = cluster.run("squeue", "-h", "-j", job, "-o", "%r", user=USER).stdout.strip()
         assert reason == "job requeued in held state"
         # a second node's Prolog: the job is left as it is, one message
-        assert client.hold(job, "source /x is gone") == slurm.ALREADY_HELD
+        assert client.hold(job, "source /x is gone") == slurm_hold.ALREADY_HELD
         assert record(cluster, job).admin_comment.count("dsstage held this job") == 1
         # the user may release it
         cluster.run("scontrol", "release", job, user=USER)
@@ -125,7 +127,7 @@ def test_hold_keeps_the_admin_comment_it_finds(cluster, client):
     cluster.state(job, "RUNNING")
     try:
         cluster.run("scontrol", "update", f"JobId={job}", "AdminComment=site=a|b dsstage=sample")
-        assert client.hold(job, "gone") == slurm.HELD
+        assert client.hold(job, "gone") == slurm_hold.HELD
         rec = record(cluster, job)
         assert rec.admin_comment.startswith("site=a|b dsstage=sample dsstage held this job: gone")
         assert rec.datasets == ("sample",)
@@ -137,7 +139,7 @@ def test_hold_leaves_a_no_requeue_batch_job_running(cluster, client):
     job = cluster.submit(SLEEP, "--no-requeue", "--comment=mine", "-w", "n2", user=USER)
     cluster.state(job, "RUNNING")
     try:
-        assert client.hold(job, "gone") == slurm.NOT_REQUEUED
+        assert client.hold(job, "gone") == slurm_hold.NOT_REQUEUED
         assert cluster.job(job)["JobState"] == "RUNNING"
         assert record(cluster, job).admin_comment == \
             "dsstage stopped this job: gone (it was submitted with --no-requeue)"
@@ -151,7 +153,7 @@ def test_hold_cancels_an_allocation_and_tells_its_terminal(cluster, client):
     try:
         job = alloc.job_id()
         cluster.state(job, "RUNNING")
-        assert client.hold(job, "source /x is gone") == slurm.CANCELLED
+        assert client.hold(job, "source /x is gone") == slurm_hold.CANCELLED
         rc, terminal = alloc.finish()
     finally:
         alloc.stop()
@@ -165,8 +167,8 @@ def test_hold_cancels_an_allocation_and_tells_its_terminal(cluster, client):
 def test_hold_of_a_finished_job_does_nothing(cluster, client):
     job = cluster.submit("true\n", "-w", "n1", user=USER)
     cluster.wait(job)
-    assert client.hold(job, "gone") == slurm.GONE
-    assert client.hold("999999", "gone") == slurm.GONE
+    assert client.hold(job, "gone") == slurm_hold.GONE
+    assert client.hold("999999", "gone") == slurm_hold.GONE
     assert record(cluster, job).admin_comment == ""
 
 

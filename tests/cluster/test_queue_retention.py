@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from dsstage import manifest as mf
+from dsstage.config import manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -146,7 +146,7 @@ class Lab:
         return {r["dataset"]: r for r in rows if r["tier"] == TIER}
 
     def version(self, name: str) -> str:
-        return mf.Catalog(str(self.cluster.dir / "dsstage-state")).require_current(name)[:16]
+        return manifest.Catalog(str(self.cluster.dir / "dsstage-state")).require_current(name)[:16]
 
     def copies(self, name: str) -> list[str]:
         """The version directories of ``name`` on n1."""

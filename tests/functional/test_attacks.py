@@ -26,8 +26,9 @@ from pathlib import Path
 
 import blake3
 import pytest
-from dsstage import manifest as mf
-from dsstage import nodefs
+from dsstage.config import manifest as config_manifest
+from dsstage.fs import safe
+from dsstage.transfer import build as transfer_build
 from helpers import Env, write_tree
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="attacks on root: run as root")
@@ -96,7 +97,7 @@ def background_of(path: Path) -> list[int]:
             cmd = Path("/proc", d, "cmdline").read_bytes() if d.isdigit() else b""
         except OSError:
             continue
-        if b"dsstage.background" in cmd and os.fsencode(path) in cmd:
+        if b"dsstage.node.background" in cmd and os.fsencode(path) in cmd:
             pids.append(int(d))
     return pids
 
@@ -182,8 +183,8 @@ def b3(data: bytes) -> str:
 
 def build_quietly(env: Env, name: str) -> str:
     """What `dsstage manifest build` does, in process (cheaper for parametrized tests)."""
-    report = mf.build(name, env.datasets[name]["source"], source=env.datasets[name]["source"])
-    mf.Catalog(str(env.state)).publish(report.manifest)
+    report = transfer_build.build(name, env.datasets[name]["source"], source=env.datasets[name]["source"])
+    config_manifest.Catalog(str(env.state)).publish(report.manifest)
     return report.manifest.digest
 
 
@@ -369,14 +370,14 @@ def test_links_planted_beside_the_store_are_ignored_and_temporary_names_are_fres
     st = os.lstat(env.tier_root())
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o755
 
-    names = [nodefs.temp_name() for _ in range(1000)]
-    assert len(set(names)) == 1000 and all(nodefs.is_temp(n) and len(n) < 64 for n in names)
+    names = [safe.temp_name() for _ in range(1000)]
+    assert len(set(names)) == 1000 and all(safe.is_temp(n) and len(n) < 64 for n in names)
     # even the very name write_at picks, planted beforehand, is not followed: O_EXCL|O_NOFOLLOW
-    monkeypatch.setattr(nodefs, "temp_name", lambda: planted[2].name)
-    fd = os.open(playground, nodefs.O_DIR)
+    monkeypatch.setattr(safe, "temp_name", lambda: planted[2].name)
+    fd = os.open(playground, safe.O_DIR)
     try:
         with pytest.raises(FileExistsError):
-            nodefs.write_at(fd, "target", b"root's bytes")
+            safe.write_at(fd, "target", b"root's bytes")
     finally:
         os.close(fd)
     assert snapshot(vault) == before[0] and planted[2].is_symlink()
@@ -479,7 +480,7 @@ def test_racing_swaps_during_manifest_build_never_record_a_file_outside_the_sour
         while racer.poll() is None or len(outcomes) < 3:
             res = env.cli("manifest", "build", "ds", "--json", check=False)
             if res.returncode == 0:
-                m = mf.read(json.loads(res.stdout)["path"])
+                m = config_manifest.read(json.loads(res.stdout)["path"])
                 assert {e.hash for e in m.entries} <= real, "a manifest recorded a file root read elsewhere"
                 assert not {e.hash for e in m.entries} & leaked
                 assert not any("only-in-the-vault" in e.path for e in m.entries)
@@ -562,7 +563,7 @@ def test_manifest_build_reads_the_source_as_source_user(env: Env, reader: Accoun
     res = env.cli("manifest", "build", "ds", "--json", check=False)
 
     if res.returncode == 0:
-        listed = [e.path for e in mf.read(json.loads(res.stdout)["path"]).entries]
+        listed = [e.path for e in config_manifest.read(json.loads(res.stdout)["path"]).entries]
         assert "private.bin" not in listed, "root read for the manifest a file the source user may not read"
     else:
         assert "private.bin" in one_error_line(res)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import blake3
 import pytest
-from dsstage import copier
-from dsstage import manifest as mf
-from dsstage.catalog import User
+from dsstage.config.catalog import User
 from dsstage.errors import VerifyError
+from dsstage.node import staging
+from dsstage.transfer import build as transfer_build
+from dsstage.transfer import copier
 from helpers import Env, write_tree
 
 RANGE = 64 * 1024  # small ranges: the same code paths as 32 MiB ones, on small files
@@ -40,7 +41,7 @@ def kernel_copy(request, monkeypatch):
 def test_ranges_of_a_file_not_a_multiple_of_the_range_and_one_smaller_than_a_range(tmp_path, kernel_copy):
     files = {"big": os.urandom(3 * RANGE + 12345), "small": os.urandom(RANGE - 1), "one": os.urandom(RANGE)}
     src = write_tree(tmp_path / "src", files)
-    m = mf.build("ds", str(src)).manifest
+    m = transfer_build.build("ds", str(src)).manifest
     stats, bad = copy(src, tmp_path / "dest", m.entries, threads=3, range_streams=3)
     assert bad == [] and stats.files == 3 and stats.bytes == sum(map(len, files.values()))
     for e in m.entries:
@@ -54,7 +55,7 @@ def test_ranges_of_a_file_not_a_multiple_of_the_range_and_one_smaller_than_a_ran
 def test_a_changed_range_a_shorter_and_a_longer_source_publish_nothing(tmp_path, kernel_copy):
     data = os.urandom(3 * RANGE + 12345)
     src = write_tree(tmp_path / "src", {"flipped": data, "short": data, "long": data})
-    m = mf.build("ds", str(src)).manifest
+    m = transfer_build.build("ds", str(src)).manifest
     with open(src / "flipped", "r+b") as fh:  # one byte of the third range
         fh.seek(2 * RANGE + 7)
         fh.write(bytes([data[2 * RANGE + 7] ^ 1]))
@@ -85,21 +86,21 @@ def test_a_stage_of_a_large_file_with_a_corrupt_range_fails_verification(env: En
         return real(self, off, n)
     monkeypatch.setattr(copier._Ranges, "copy", seen)
     with pytest.raises(VerifyError, match="shard.bin.*nothing was published"):
-        env.store().stage("huge", user=User.lookup(0), job_id="1")
+        staging.stage(env.store(), "huge", user=User.lookup(0), job_id="1")
     assert 4 * RANGE in ranges  # the file did take the range path (twice: fetched again)
     assert not (env.tier_root() / "ready" / "huge").exists()
     published = env.tier_root() / "datasets" / "huge"
     assert not published.exists() or not any(published.rglob("shard.bin"))
     # repaired source: the same stage succeeds and the copy is the source's
     (src / "shard.bin").write_bytes(data)
-    env.store().stage("huge", user=User.lookup(0), job_id="2")
+    staging.stage(env.store(), "huge", user=User.lookup(0), job_id="2")
     assert [p.read_bytes() == data for p in published.rglob("shard.bin")] == [True]
 
 
 @pytest.mark.parametrize("streams", [1, 2, 3])
 def test_no_more_streams_than_the_bound_copy_at_once_and_blake3_gets_its_bound(tmp_path, monkeypatch, streams):
     src = write_tree(tmp_path / "src", {"big": os.urandom(12 * RANGE + 1), "a": b"a" * 10, "b": b"b" * 20})
-    m = mf.build("ds", str(src)).manifest
+    m = transfer_build.build("ds", str(src)).manifest
     lock = threading.Lock()
     now = peak = 0
     # the first ``streams`` ranges wait for each other (a copier that runs fewer at once
@@ -141,7 +142,7 @@ def test_no_more_streams_than_the_bound_copy_at_once_and_blake3_gets_its_bound(t
 
 
 def test_verification_hashes_large_files_with_no_more_threads_than_configured(tmp_path, monkeypatch):
-    from dsstage import hashing
+    from dsstage.transfer import hashing
     monkeypatch.setattr(hashing, "LARGE", 4096)  # these count as large: memory-mapped, blake3's threads
     files = {f"f{i}": os.urandom(size) for i, size in enumerate([10, 5000, 3000, 70_000, 0, 4096])}
     root = write_tree(tmp_path / "copy", files)

@@ -7,8 +7,8 @@ import stat
 import time
 
 import pytest
-from dsstage import copier
-from dsstage import manifest as mf
+from dsstage.transfer import build as transfer_build
+from dsstage.transfer import copier
 from helpers import Env, write_tree
 
 
@@ -29,7 +29,7 @@ def chunk(request, monkeypatch):
 
 def test_copies_verified_files_read_only_with_mtime(tmp_path, chunk):
     src = write_tree(tmp_path / "src", {"a": os.urandom(5000), "d/b": b"x" * 10, "e": b""})
-    m = mf.build("ds", str(src)).manifest
+    m = transfer_build.build("ds", str(src)).manifest
     dest = tmp_path / "dest"
     dest.mkdir()
     stats, bad = copy(src, dest, m.entries)
@@ -43,7 +43,7 @@ def test_copies_verified_files_read_only_with_mtime(tmp_path, chunk):
 
 def test_mismatches_write_nothing(tmp_path, chunk):
     src = write_tree(tmp_path / "src", {"same-size": b"1" * 4000, "grew": b"2" * 3000, "gone": b"3"})
-    m = mf.build("ds", str(src)).manifest
+    m = transfer_build.build("ds", str(src)).manifest
     (src / "same-size").write_bytes(b"X" * 4000)
     (src / "grew").write_bytes(b"2" * 3001)
     (src / "gone").unlink()
@@ -57,7 +57,7 @@ def test_mismatches_write_nothing(tmp_path, chunk):
 
 def test_rate_limit_slows_the_copy(tmp_path):
     src = write_tree(tmp_path / "src", {f"f{i}": os.urandom(100_000) for i in range(10)})
-    m = mf.build("ds", str(src)).manifest
+    m = transfer_build.build("ds", str(src)).manifest
     (tmp_path / "dest").mkdir()
     t = time.monotonic()
     copy(src, tmp_path / "dest", m.entries, bwlimit=2_000_000)
@@ -90,7 +90,7 @@ def test_a_source_swapped_for_links_fifos_or_devices_is_never_followed_nor_block
     os.chmod(secret, 0o700)
     src = write_tree(tmp_path / "src", {"d/key": b"k" * 10, "fifo": b"f" * 10, "dev/zero": b"z" * 4000,
                                         "ok": b"fine"})
-    m = mf.build("ds", str(src)).manifest
+    m = transfer_build.build("ds", str(src)).manifest
     for p in ("d/key", "dev/zero", "fifo"):
         (src / p).unlink()
     (src / "d").rmdir()
@@ -113,7 +113,7 @@ def test_a_source_swapped_for_links_fifos_or_devices_is_never_followed_nor_block
 def test_names_of_255_bytes_fit_the_temporary_names(tmp_path, chunk):
     long = "n" * 255
     src = write_tree(tmp_path / "src", {long: os.urandom(3000), f"d/{'é' * 127}": b"x"})
-    m = mf.build("ds", str(src)).manifest
+    m = transfer_build.build("ds", str(src)).manifest
     dest = tmp_path / "dest"
     dest.mkdir()
     stats, bad = copy(src, dest, m.entries)
@@ -125,7 +125,7 @@ def test_a_source_read_error_is_the_sources_fault_and_a_full_tier_is_no_space(tm
 
     from dsstage.errors import NoSpace, SourceError
     src = write_tree(tmp_path / "src", {"a": b"1" * 100})
-    m = mf.build("ds", str(src)).manifest
+    m = transfer_build.build("ds", str(src)).manifest
     (tmp_path / "dest").mkdir()
     real_read = os.read
 
@@ -139,7 +139,7 @@ def test_a_source_read_error_is_the_sources_fault_and_a_full_tier_is_no_space(tm
 
     def enospc(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(copier.nodefs, "write_all", enospc)
+    monkeypatch.setattr(copier.safe, "write_all", enospc)
     with pytest.raises(NoSpace, match="full") as err2:
         copy(src, tmp_path / "dest", m.entries)
     assert err2.value.blame == "site" and os.listdir(tmp_path / "dest") == []  # no temporary file left

@@ -10,9 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from dsstage import hooks, nodefs, report
+from dsstage.config import manifest as config_manifest
 from dsstage.errors import OutOfTime, StateError, UnsafeStore
-from dsstage.slurm import FakeSlurm
+from dsstage.fs import runfiles, safe
+from dsstage.hooks import job as hooks
+from dsstage.node import inventory, staging
+from dsstage.slurm.fake import FakeSlurm
+from dsstage.transfer import copier
 from helpers import Env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -40,11 +44,10 @@ def prolog(env: Env, run: Path, slurm: FakeSlurm | None = None, **kw) -> int:
 
 
 def test_estale_on_the_state_directory_falls_back_with_a_warning(env: Env, coco: Path, tmp_path, monkeypatch):
-    from dsstage import manifest
 
     def stale(state_dir: str, name: str) -> str:
         raise OSError(errno.ESTALE, "Stale file handle")
-    monkeypatch.setattr(manifest, "read_current", stale)
+    monkeypatch.setattr(config_manifest, "read_current", stale)
     run = tmp_path / "run"
     assert prolog(env, run) == 0  # never a drain
     lines = task_lines(run, env)
@@ -53,16 +56,14 @@ def test_estale_on_the_state_directory_falls_back_with_a_warning(env: Env, coco:
 
 
 def test_state_directory_error_is_the_sites(env: Env, coco: Path, monkeypatch):
-    from dsstage import manifest
-    monkeypatch.setattr(manifest, "read_current", lambda *_a: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
-    from dsstage.catalog import User
+    monkeypatch.setattr(config_manifest, "read_current", lambda *_a: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    from dsstage.config.catalog import User
     with pytest.raises(StateError, match="shared state directory") as err:
-        env.store().stage("coco", user=User.lookup(0), job_id="1")
+        staging.stage(env.store(), "coco", user=User.lookup(0), job_id="1")
     assert err.value.blame == "site"
 
 
 def test_eio_reading_the_source_falls_back_or_holds_never_drains(env: Env, coco: Path, tmp_path, monkeypatch):
-    from dsstage import copier
     real = os.read
 
     def eio(fd: int, n: int) -> bytes:
@@ -77,15 +78,14 @@ def test_eio_reading_the_source_falls_back_or_holds_never_drains(env: Env, coco:
     env.cli("manifest", "build", "strict")
     monkeypatch.setattr(copier.os, "read", lambda fd, n: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
     assert prolog(env, run, slurm, request="strict", job="43") == 0
-    assert "I/O" in slurm.held["43"] and nodefs.HOLD_MARK in task_lines(run, env, "43")
+    assert "I/O" in slurm.held["43"] and runfiles.HOLD_MARK in task_lines(run, env, "43")
 
 
 def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: Env, tmp_path):
     src = env.add("big", {f"f{i:03d}": os.urandom(20_000) for i in range(200)})
     env.cli("manifest", "build", "big")
     store = env.store()
-    from dsstage import copier
-    from dsstage.catalog import User
+    from dsstage.config.catalog import User
     real = copier._copy_one
     copied = []
 
@@ -96,11 +96,11 @@ def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: E
     copier._copy_one, saved = slow, copier._copy_one
     try:
         with pytest.raises(OutOfTime, match="next stage resumes"):
-            store.stage("big", user=User.lookup(0), job_id="1", deadline=time.monotonic() + 0.3)
+            staging.stage(store, "big", user=User.lookup(0), job_id="1", deadline=time.monotonic() + 0.3)
     finally:
         copier._copy_one = saved
-    staging = env.tier_root() / "staging"
-    kept = [p for p in staging.rglob("*") if p.is_file()]
+    staging_dir = env.tier_root() / "staging"
+    kept = [p for p in staging_dir.rglob("*") if p.is_file()]
     assert 0 < len(kept) < 200 and not (env.tier_root() / "ready" / "big").exists()
     # the Prolog with a budget already spent: decides at once, per policy, and keeps the work
     run = tmp_path / "run"
@@ -115,15 +115,14 @@ def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: E
 
 def test_a_full_tier_mid_copy_is_no_space_and_the_left_staging_area_is_counted(env: Env, coco: Path, tmp_path,
                                                                                  monkeypatch):
-    from dsstage import copier
-    real = nodefs.write_all
+    real = safe.write_all
     staging = str(env.tier_root() / "staging")
 
     def enospc(fd: int, data: bytes) -> None:  # the tier's filesystem is full, nothing else
         if os.readlink(f"/proc/self/fd/{fd}").startswith(staging):
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
-    monkeypatch.setattr(copier.nodefs, "write_all", enospc)
+    monkeypatch.setattr(copier.safe, "write_all", enospc)
     run, slurm = tmp_path / "run", FakeSlurm()
     assert prolog(env, run, slurm) == 0 and slurm.held == {}
     assert any("filesystem is full" in line for line in task_lines(run, env))
@@ -141,7 +140,7 @@ def test_superseded_staging_areas_are_removed_and_shown(env: Env, coco: Path):
     env.cli("stage", "coco", "--job-id", "1")
     left.mkdir(mode=0o700)
     (left / "partial").write_bytes(b"p")
-    rows = report.build(env.store())["copies"]
+    rows = inventory.build(env.store())["copies"]
     assert {"dataset": "coco", "version": "0123456789abcdef", "state": "interrupted"}.items() <= \
         next(r for r in rows if r["version"] == "0123456789abcdef").items()
     (coco / "new").write_bytes(b"n")
@@ -180,7 +179,7 @@ def test_an_unexpected_error_holds_the_job(env: Env, coco: Path, tmp_path, monke
                  "DSSTAGE_LOG": str(tmp_path / "log")}.items():
         monkeypatch.setenv(k, v)
     assert hooks.main(["prolog"]) == 0
-    assert "ZeroDivisionError" in slurm.held["42"] and nodefs.HOLD_MARK in task_lines(tmp_path / "run", env)
+    assert "ZeroDivisionError" in slurm.held["42"] and runfiles.HOLD_MARK in task_lines(tmp_path / "run", env)
 
 
 def test_verify_full_that_cannot_repair_leaves_no_ready_copy(env: Env, coco: Path):

@@ -1,4 +1,4 @@
-"""dsstage.fleet against a real OpenSSH server on 127.0.0.1 (key auth, a non-default port).
+"""dsstage.cluster.fleet against a real OpenSSH server on 127.0.0.1 (key auth, a non-default port).
 
 The remote "dsstage" is a small Python script written into the test's directory: it answers
 with its argv as JSON, sends progress lines, fails, or hangs, as its first argument says.
@@ -18,8 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from dsstage import fleet
-from dsstage.config import Fleet
+from dsstage.cluster import fleet, fleet_view
+from dsstage.cluster import ssh as cluster_ssh
+from dsstage.config.model import Fleet
 
 REMOTE = """\
 #!{python}
@@ -77,12 +78,12 @@ def setup(sshd, tmp_path):
     conf = Fleet(port=sshd.port, key=str(sshd.key), known_hosts=str(known), connect_timeout=5, timeout=30,
                  command=(str(script),))
     # only the test's known_hosts: root's own files must not decide these tests
-    return conf, fleet.load_host_keys(conf, system_files=()), marks
+    return conf, cluster_ssh.load_host_keys(conf, system_files=()), marks
 
 
 def run(conf, targets, argv_of, **kw):
-    kw.setdefault("host_keys", fleet.load_host_keys(conf, system_files=()))
-    return fleet.run(conf, targets, argv_of, **kw)
+    kw.setdefault("host_keys", cluster_ssh.load_host_keys(conf, system_files=()))
+    return cluster_ssh.run(conf, targets, argv_of, **kw)
 
 
 def test_nodes_in_parallel_each_with_its_name(setup):
@@ -97,7 +98,7 @@ def test_nodes_in_parallel_each_with_its_name(setup):
         with lock:
             progress[node].append(p)
 
-    answers = fleet.run(conf, {n: "127.0.0.1" for n in nodes}, lambda node: ["echo", "--json", "0.3"],
+    answers = cluster_ssh.run(conf, {n: "127.0.0.1" for n in nodes}, lambda node: ["echo", "--json", "0.3"],
                         on_progress=on_progress, on_done=lambda a: done.append(a.node), host_keys=keys)
     assert list(answers) == nodes and sorted(done) == nodes
     for node, a in answers.items():
@@ -115,7 +116,7 @@ def test_nodes_in_parallel_each_with_its_name(setup):
 def test_arguments_arrive_as_one_argv_element_each(setup):
     conf, keys, marks = setup
     tricky = ["it's a \"test\"", "$HOME `id` $(touch pwned); echo x", "*", "", " lead", "back\\slash", "é ü"]
-    answers = fleet.run(conf, {"n1": "127.0.0.1"}, lambda node: ["echo", *tricky], host_keys=keys)
+    answers = cluster_ssh.run(conf, {"n1": "127.0.0.1"}, lambda node: ["echo", *tricky], host_keys=keys)
     assert answers["n1"].ok, answers["n1"]
     assert answers["n1"].result["argv"] == ["--node", "n1", "echo", *tricky]
     assert not any(Path(p).exists() for p in ("pwned", "/root/pwned", marks / "pwned"))
@@ -123,14 +124,14 @@ def test_arguments_arrive_as_one_argv_element_each(setup):
 
 def test_unreachable_node_while_others_answer(setup):
     conf, keys, _marks = setup
-    answers = fleet.run(conf, {"n1": "127.0.0.1", "n2": "127.0.0.2", "n3": "127.0.0.1"},
+    answers = cluster_ssh.run(conf, {"n1": "127.0.0.1", "n2": "127.0.0.2", "n3": "127.0.0.1"},
                         lambda node: ["echo"], host_keys=keys)
     assert answers["n1"].ok and answers["n3"].ok
     assert not answers["n2"].ok and answers["n2"].error == "unreachable: connection refused"
     assert answers["n2"].exit_code is None and answers["n2"].result is None
     assert fleet.exit_code(answers) == 1
-    assert fleet.summary_line(answers) == "3 nodes: 2 ok, 1 failed (n2: unreachable: connection refused)"
-    rows = fleet.fold_rows(fleet.summary_rows(answers, lambda r: "echoed"))
+    assert fleet_view.summary_line(answers) == "3 nodes: 2 ok, 1 failed (n2: unreachable: connection refused)"
+    rows = fleet_view.fold_rows(fleet_view.summary_rows(answers, lambda r: "echoed"))
     assert [r[:2] for r in rows] == [("n[1,3]", "ok"), ("n2", "failed")]
 
 
@@ -176,7 +177,7 @@ def test_wrong_key_is_an_authentication_failure(setup, tmp_path):
     conf, keys, _marks = setup
     other = tmp_path / "not_authorized"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
-    a = fleet.run(replace(conf, key=str(other)), {"n1": "127.0.0.1"}, lambda node: ["echo"], host_keys=keys)["n1"]
+    a = cluster_ssh.run(replace(conf, key=str(other)), {"n1": "127.0.0.1"}, lambda node: ["echo"], host_keys=keys)["n1"]
     assert not a.ok and a.error.startswith(f"authentication failed for root@127.0.0.1:{conf.port} with the key {other}")
 
 
@@ -185,7 +186,7 @@ def test_command_timeout_closes_the_session(setup):
     conf = replace(conf, timeout=1.0)
     seen: list[dict] = []
     t0 = time.monotonic()
-    a = fleet.run(conf, {"n1": "127.0.0.1"}, lambda node: ["hang"], host_keys=keys,
+    a = cluster_ssh.run(conf, {"n1": "127.0.0.1"}, lambda node: ["hang"], host_keys=keys,
                   on_progress=lambda node, p: seen.append(p))["n1"]
     assert time.monotonic() - t0 < 5
     assert not a.ok and a.exit_code is None and a.error.startswith("command timed out after 1s"), a
@@ -208,7 +209,7 @@ def _alive(pid: int) -> bool:
 
 def test_remote_failure_is_reported_with_its_message(setup):
     conf, keys, _marks = setup
-    a = fleet.run(conf, {"n1": "127.0.0.1"}, lambda node: ["fail", "x"], host_keys=keys)["n1"]
+    a = cluster_ssh.run(conf, {"n1": "127.0.0.1"}, lambda node: ["fail", "x"], host_keys=keys)["n1"]
     assert not a.ok and a.exit_code == 2 and a.result is None
     assert a.error == "remote exit 2: dsstage: error: unknown dataset 'x' (did you mean 'y'?)"
     assert a.stderr.endswith("dsstage: error: unknown dataset 'x' (did you mean 'y'?)")
@@ -217,7 +218,7 @@ def test_remote_failure_is_reported_with_its_message(setup):
 def test_missing_remote_command(setup):
     conf, keys, _marks = setup
     conf = replace(conf, command=("/nonexistent/dsstage",))
-    a = fleet.run(conf, {"n1": "127.0.0.1"}, lambda node: ["echo"], host_keys=keys)["n1"]
+    a = cluster_ssh.run(conf, {"n1": "127.0.0.1"}, lambda node: ["echo"], host_keys=keys)["n1"]
     assert not a.ok and a.exit_code == 127 and a.error.startswith("remote exit 127: ")
     assert "/nonexistent/dsstage" in a.error and "check fleet.command" in a.error
 
@@ -229,8 +230,8 @@ def test_silent_server_times_out_connecting():
         server.listen(8)
         conf = Fleet(port=server.getsockname()[1], connect_timeout=0.5)
         t0 = time.monotonic()
-        a = fleet.run(conf, {"n1": "127.0.0.1"}, lambda node: ["echo"],
-                      host_keys=fleet.load_host_keys(conf, system_files=()))["n1"]
+        a = cluster_ssh.run(conf, {"n1": "127.0.0.1"}, lambda node: ["echo"],
+                      host_keys=cluster_ssh.load_host_keys(conf, system_files=()))["n1"]
     assert time.monotonic() - t0 < 3
     assert not a.ok and a.error.startswith("timed out after 0.5s"), a.error
 

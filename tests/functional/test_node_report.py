@@ -22,11 +22,15 @@ from typing import Any
 
 import pytest
 import yaml
-from dsstage import hooks, metrics, nodefs, report, warm
-from dsstage.catalog import User
+from dsstage.config import load
+from dsstage.config.catalog import User
 from dsstage.errors import DsstageError
-from dsstage.lease import Lease, LeaseBook
-from dsstage.slurm import FakeSlurm
+from dsstage.fs import layout, safe
+from dsstage.hooks import job as hooks
+from dsstage.hooks import warm
+from dsstage.node import inventory, metrics, report, staging
+from dsstage.node.lease import Lease, LeaseBook
+from dsstage.slurm.fake import FakeSlurm
 from helpers import Env, random_tree
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -53,7 +57,7 @@ def root_user() -> User:
 
 
 def vid(env: Env, name: str) -> str:
-    return nodefs.version_id(env.store().current(name))
+    return layout.version_id(env.store().current(name))
 
 
 def local_report(run: Path) -> dict[str, Any]:
@@ -116,14 +120,14 @@ def _writer(run_dir: str, tier_root: str, dataset: str, digest: str, writer: int
     note. After each note, every job this writer noted so far must still be in the report:
     later notes keep other jobs' leases, and a rebuild sees every lease in the store."""
     rnd = random.Random(writer)
-    version = nodefs.version_id(digest)
+    version = layout.version_id(digest)
     missing: list[list[str]] = []
     start.wait(30)
     noted: list[str] = []
     for i in range(JOBS_EACH):
         job = job_id(writer, i)
         if take_lease:
-            with nodefs.RootDir(tier_root, create=False) as tier:
+            with safe.RootDir(tier_root, create=False) as tier:
                 LeaseBook(tier).take(Lease(dataset=dataset, digest=digest, job_id=job, user=f"user{writer}",
                                            node=NODE, taken=time.time()))
         report.note_leases(run_dir, NODE, job, f"user{writer}", [(dataset, version)], None)
@@ -137,12 +141,11 @@ def _writer(run_dir: str, tier_root: str, dataset: str, digest: str, writer: int
 
 
 def _refresher(config_path: str, run_dir: str, start: Any, stop: Any, count: Any) -> None:
-    from dsstage import config
-    from dsstage.store import Store
-    store = Store(config.load(config_path), NODE, run_dir=run_dir)
+    from dsstage.node.store import Store
+    store = Store(load.load(config_path), NODE, run_dir=run_dir)
     start.wait(30)
     while not stop.is_set():
-        if report.refresh(store, run_dir):
+        if inventory.refresh(store, run_dir):
             with count.get_lock():
                 count.value += 1
 
@@ -152,9 +155,9 @@ def leased_copy(env: Env, run: Path) -> tuple[str, str]:
     env.add("coco", {"a": b"a" * 1000, "b/c": b"c" * 10})
     env.cli("manifest", "build", "coco")
     store = store_of(env, run)
-    store.stage("coco", user=root_user(), job_id="1")
+    staging.stage(store, "coco", user=root_user(), job_id="1")
     store.release("coco", "1")
-    rep = store.report()  # the first report: the warm path's notes change it
+    rep = inventory.refresh(store)  # the first report: the warm path's notes change it
     assert one_row(rep, "coco", vid(env, "coco"))["leases"] == []
     return "coco", env.store().current("coco")
 
@@ -196,7 +199,7 @@ def expected_leases() -> dict[str, str]:
 def test_concurrent_lease_notes_lose_nothing(env: Env, run: Path, leased_copy):
     dataset, digest = leased_copy
     run_writers(env, run, dataset, digest, take_lease=False, refresh=False)
-    version = nodefs.version_id(digest)
+    version = layout.version_id(digest)
     row = one_row(local_report(run), dataset, version)
     leases = [(x["job_id"], x["user"]) for x in row["leases"]]
     assert len(leases) == len(set(leases))  # one lease per job
@@ -211,14 +214,14 @@ def test_notes_and_rebuilds_at_once_lose_no_lease(env: Env, run: Path, leased_co
     dataset, digest = leased_copy
     rebuilds = run_writers(env, run, dataset, digest, take_lease=True, refresh=True)
     assert rebuilds >= 2, "the rebuilds did not run alongside the writers"
-    version = nodefs.version_id(digest)
+    version = layout.version_id(digest)
     row = one_row(local_report(run), dataset, version)
     leases = [(x["job_id"], x["user"]) for x in row["leases"]]
     assert len(leases) == len(set(x for x, _u in leases))  # a note replaces the job's lease a rebuild put there
     assert dict(leases) == expected_leases()
     assert row["state"] == "ready"
     # the report's leases are the store's: a rebuild now changes none of them
-    rebuilt = one_row(store_of(env, run).report(), dataset, version)
+    rebuilt = one_row(inventory.refresh(store_of(env, run)), dataset, version)
     assert {x["job_id"]: x["user"] for x in rebuilt["leases"]} == expected_leases()
 
 
@@ -265,7 +268,7 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> Staged:
     env.write()
     built = env.cli_json("manifest", "build", "big")
     run = env.tmp / "run"
-    s = Staged(env, run, int(built["bytes"]), nodefs.version_id(env.store().current("big")))
+    s = Staged(env, run, int(built["bytes"]), layout.version_id(env.store().current("big")))
     assert s.total == FILES * (FILE_SIZE + 8)
     done = threading.Event()
     watchers = [threading.Thread(target=_poll, args=(run / "reports" / f"{NODE}.json", "big", s.local, done)),
@@ -335,7 +338,7 @@ def note(env: Env, run: Path) -> tuple[report.ProgressNote, Clock, list[tuple[st
     """A stage's progress note on a clock the test moves (report.interval 1 s), after a
     first report (a note changes a report, it never starts one)."""
     env.add("coco", {"a": b"a"})
-    assert store_of(env, run).report()["copies"] == []
+    assert inventory.refresh(store_of(env, run))["copies"] == []
     clock, seen = Clock(1000.0), []
     return report.ProgressNote(str(run), NODE, "nvme", "coco", VERSION, "7", interval=1.0, publish_to=None,
                                clock=clock, also=lambda *a: seen.append(a)), clock, seen
@@ -424,8 +427,8 @@ def test_report_is_published_as_report_user(env: Env, run: Path, shared: Path):
     os.chown(nodes, nobody.pw_uid, nobody.pw_gid)
     os.chmod(nodes, 0o755)
     store = store_of(env, run)
-    store.stage("coco", user=root_user(), job_id="3")
-    rep = store.report()
+    staging.stage(store, "coco", user=root_user(), job_id="3")
+    rep = inventory.refresh(store)
 
     st = os.lstat(published(env))
     assert stat.S_ISREG(st.st_mode) and st.st_uid == nobody.pw_uid  # written with nobody's fs identity
@@ -447,10 +450,10 @@ def test_publishing_where_report_user_may_not_write_warns_and_keeps_the_local_re
     nodes.mkdir(mode=0o755)  # root's: root could write here, nobody cannot
     os.chmod(nodes, 0o755)
     store = store_of(env, run)
-    store.stage("coco", user=root_user(), job_id="3")
+    staging.stage(store, "coco", user=root_user(), job_id="3")
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        rep = store.report()  # no exception
+        rep = inventory.refresh(store)  # no exception
     assert f"cannot publish the node report {published(env)}" in caplog.text
     assert "Permission denied" in caplog.text
     assert os.listdir(nodes) == []  # nothing written there, not even a temporary file
@@ -469,18 +472,18 @@ def test_report_shows_tiers_copies_leases_and_decisions(env: Env, run: Path):
     nobody = User.lookup("nobody")
     store = store_of(env, run)
     before = time.time()
-    store.stage("alpha", user=nobody, job_id="11")  # stays leased
-    store.stage("beta", user=root_user(), job_id="12")
+    staging.stage(store, "alpha", user=nobody, job_id="11")  # stays leased
+    staging.stage(store, "beta", user=root_user(), job_id="12")
     store.release("beta", "12")
     old = vid(env, "beta")
     (env.source("beta") / "x").write_bytes(b"y" * 2500)  # a new version, no file in common
     env.cli("manifest", "build", "beta")
     new = vid(env, "beta")
     assert new != old
-    store.stage("beta", user=root_user(), job_id="13")
+    staging.stage(store, "beta", user=root_user(), job_id="13")
     store.release("beta", "13")
 
-    rep = store.report()
+    rep = inventory.refresh(store)
 
     assert rep == local_report(run) == json.loads(published(env).read_text())
     assert (rep["format"], rep["node"]) == (2, NODE)
@@ -519,8 +522,8 @@ def test_link_planted_in_the_run_directory_is_never_followed(env: Env, run: Path
     env.add("coco", {"a": b"a" * 100})
     env.cli("manifest", "build", "coco")
     store = store_of(env, run)
-    store.stage("coco", user=root_user(), job_id="3")
-    assert store.report()  # the run directory and its report, as dsstage made them
+    staging.stage(store, "coco", user=root_user(), job_id="3")
+    assert inventory.refresh(store)  # the run directory and its report, as dsstage made them
     # what a planted report would make root publish: a copy row a lease note would change
     planted = {"format": 2, "node": NODE, "planted": True, "tiers": [],
                "copies": [{"tier": "nvme", "dataset": "coco", "version": vid(env, "coco"), "leases": []}]}
@@ -554,7 +557,7 @@ def test_link_planted_in_the_run_directory_is_never_followed(env: Env, run: Path
     else:  # the link was replaced by a report, not one built on what the link pointed at
         assert entry.endswith(".json") and "planted" not in local_report(run)
 
-    rep = store.report()
+    rep = inventory.refresh(store)
 
     if entry.endswith(".json"):  # the link is replaced by the node's report
         assert not os.path.islink(link) and local_report(run) == rep
@@ -602,7 +605,7 @@ def test_hooks_count_hits_and_evictions_and_the_report_exports_them(env: Env, ru
     assert counters()["evictions"] == {"coco": {"old_version": 1}}
     assert counters()["evicted_bytes"] == {"coco": {"old_version": 1500}}
 
-    rep = store_of(env, run).report()
+    rep = inventory.refresh(store_of(env, run))
     assert rep
     from prometheus_client.parser import text_string_to_metric_families
     text = (prom_dir / "dsstage.prom").read_text()

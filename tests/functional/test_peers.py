@@ -1,4 +1,4 @@
-"""Fan-out between the nodes of a job (dsstage.peers) with real rsync daemons on loopback:
+"""Fan-out between the nodes of a job (dsstage.transfer.peers) with real rsync daemons on loopback:
 the source serves a dataset about once, every byte from a peer is verified, and a peer
 that dies or serves a corrupt file costs a retry, never a wrong byte.
 
@@ -20,6 +20,9 @@ from pathlib import Path
 
 import latencyfs
 import pytest
+from dsstage.fs import layout
+from dsstage.node import staging, verifying
+from dsstage.transfer import peerd, peers
 from helpers import Env, random_tree
 from latencyfs import LatencyFS
 from servers import free_port, wait_port
@@ -44,10 +47,9 @@ class Peers:
         env = dict(self.env.env(), SLURMD_NODENAME=node)
         log = open(self.env.tmp / f"peer-{node}.log", "ab")
         if extra:
-            from dsstage import peers
             work = self.env.tmp / f"peer-{node}"
             work.mkdir(mode=0o700)
-            argv = [*peers.serve_argv(self.env.config(), node, str(work)), *extra]
+            argv = [*peerd.serve_argv(self.env.config(), node, str(work)), *extra]
         else:
             argv = [sys.executable, "-m", "dsstage", "peers", "serve"]
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -98,12 +100,12 @@ def cluster(env: Env, tmp_path: Path):
 
 
 def stage(env: Env, node: str, job: str, nodes: str) -> object:
-    from dsstage import catalog
-    return env.store(node=node).stage("shared", user=catalog.User.lookup(0), job_id=job, nodes=nodes)
+    from dsstage.config import catalog
+    return staging.stage(env.store(node=node), "shared", user=catalog.User.lookup(0), job_id=job, nodes=nodes)
 
 
 def verified(env: Env, node: str) -> bool:
-    return env.store(node=node).verify("shared", full=True).ok
+    return verifying.verify(env.store(node=node), "shared", full=True).ok
 
 
 def dataset_bytes(env: Env) -> int:
@@ -143,7 +145,6 @@ def test_three_nodes_read_the_source_about_once_and_all_end_verified(cluster):
 
 def share_of(env: Env, node: str, nodes: tuple[str, ...]) -> list[str]:
     """The files of ``node``'s share when ``nodes`` stage together."""
-    from dsstage import peers
     store = env.store(node=node)
     manifest = store.load_manifest("shared", store.current("shared"))
     return [e.path for e in peers.shares(manifest.entries, nodes)[node]]
@@ -215,7 +216,6 @@ def test_without_peers_enabled_a_multi_node_stage_reads_everything_from_the_sour
 def test_what_a_stage_cut_short_left_from_a_peer_is_hashed_again(cluster):
     """A peer's files land before they are hashed: a Prolog killed in between leaves them in
     the staging area, and the next stage (with peers) must not publish them unchecked."""
-    from dsstage import nodefs
     from servers import RsyncDaemon
     env, fs, peers = cluster
     stage(env, "n1", "980", "")
@@ -228,7 +228,7 @@ def test_what_a_stage_cut_short_left_from_a_peer_is_hashed_again(cluster):
     store = env.store(node="n2")
     digest = store.current("shared")
     share = share_of(env, "n1", ("n1", "n2"))
-    left = env.tier_root("n2") / "staging" / nodefs.staging_name("shared", digest)
+    left = env.tier_root("n2") / "staging" / layout.staging_name("shared", digest)
     planted = left / share[0]
     planted.parent.mkdir(parents=True, mode=0o700)
     os.chmod(env.tier_root("n2") / "staging", 0o700)

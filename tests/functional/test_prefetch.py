@@ -1,6 +1,6 @@
 """Pre-staging on a real store: `dsstage prefetch` stages what pending jobs planned on this
 node need, yields to a Prolog, spares what sooner jobs need, and gives up when the plan
-changes (see dsstage.prefetch)."""
+changes (see dsstage.cluster.prefetch)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import yaml
-from dsstage import demand
-from dsstage import report as node_report
-from dsstage.catalog import User
-from dsstage.lock import read_owner
-from dsstage.slurm import Job
+from dsstage.config.catalog import User
+from dsstage.node import report, staging, verifying
+from dsstage.node.lock import read_owner
+from dsstage.policy import demand
+from dsstage.slurm.records import Job
 
 from tests.helpers import Env
 
@@ -50,7 +50,7 @@ def ready(env: Env, name: str) -> bool:
 
 
 def events(env: Env) -> list[dict]:
-    return node_report.local(str(env.run), env.node).get("prefetch") or []
+    return report.local(str(env.run), env.node).get("prefetch") or []
 
 
 def test_stages_what_a_job_planned_here_needs_and_nothing_else(env: Env) -> None:
@@ -71,7 +71,7 @@ def test_stages_what_a_job_planned_here_needs_and_nothing_else(env: Env) -> None
     assert published["prefetch"][-1]["dataset"] == "x"
     assert [c["prefetched_for"] for c in published["copies"] if c["dataset"] == "x"] == ["11"]
     # the job's Prolog then takes the warm path: nothing left to stage
-    result = env.store().stage("x", user=User.lookup(os.getuid()), job_id="11")
+    result = staging.stage(env.store(), "x", user=User.lookup(os.getuid()), job_id="11")
     assert result.action == "cached"
 
 
@@ -118,12 +118,12 @@ def while_prefetching(env: Env, name: str, action: Callable[[], Any]) -> tuple[A
 def test_a_prolog_takes_the_stage_over(env: Env) -> None:
     slow(env)
     snapshot(env, pending("31", "big"))
-    result, err = while_prefetching(env, "big", lambda: env.store().stage("big", user=User.lookup(os.getuid()),
+    result, err = while_prefetching(env, "big", lambda: staging.stage(env.store(), "big", user=User.lookup(os.getuid()),
                                                                           job_id="31"))
     assert result.action == "staged"
     assert "yielded big for job 31: job 31 needs it now" in err
     assert events(env)[-1]["action"] == "yielded"
-    assert env.store().verify("big", full=True).ok
+    assert verifying.verify(env.store(), "big", full=True).ok
     assert not (env.tier_root() / "locks" / "big.lock.yield").exists()
 
 
@@ -144,15 +144,15 @@ def test_spares_what_a_sooner_job_needs(env: Env) -> None:
     data = yaml.safe_load(env.config_path.read_text())
     data["tiers"]["nvme"].update(capacity=17000, high_watermark="100%", low_watermark="50%")
     env.config_path.write_text(yaml.safe_dump(data))
-    env.store().warm("x", user=User.lookup(os.getuid()))
-    env.store().warm("y", user=User.lookup(os.getuid()))
+    staging.warm(env.store(), "x", user=User.lookup(os.getuid()))
+    staging.warm(env.store(), "y", user=User.lookup(os.getuid()))
     snapshot(env, pending("51", "x", start_in=30), pending("52", "z", start_in=120))
     res = env.cli("prefetch", "--once")
     # y (no demand) may go for z; x (job 51, sooner) may not
     assert "staged z for job 52" in res.stderr
     assert ready(env, "x") and ready(env, "z") and not ready(env, "y")
 
-    env.store().warm("y", user=User.lookup(os.getuid()))  # the Prolog's make_room evicts z (no demand)
+    staging.warm(env.store(), "y", user=User.lookup(os.getuid()))  # the Prolog's make_room evicts z (no demand)
     snapshot(env, pending("53", "x", start_in=30), pending("54", "y", start_in=20), pending("55", "z", start_in=600))
     res = env.cli("prefetch", "--once")
     assert "skipped z for job 55" in res.stderr and "which pending job" in res.stderr
@@ -168,7 +168,7 @@ def job_stage_while_prefetching(env: Env, capacity: int, name: str, *, job: str,
     data["tiers"]["nvme"].update(capacity=capacity, high_watermark="100%")
     env.config_path.write_text(yaml.safe_dump(data))
     snapshot(env, pending(prefetched_for or job, "big"))
-    return while_prefetching(env, "big", lambda: env.store().stage(name, user=User.lookup(os.getuid()), job_id=job))
+    return while_prefetching(env, "big", lambda: staging.stage(env.store(), name, user=User.lookup(os.getuid()), job_id=job))
 
 
 def test_a_stage_resuming_an_interrupted_one_counts_its_space_once(env: Env) -> None:

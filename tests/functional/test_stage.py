@@ -14,6 +14,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+from dsstage.config import manifest as config_manifest
 from helpers import Env, random_tree
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -188,10 +189,9 @@ def test_traversal_in_dataset_names_is_rejected(env: Env, bad):
 def test_traversal_in_a_manifest_is_rejected_before_writing(env: Env):
     env.add("ds", {"a": b"1"})
     env.cli("manifest", "build", "ds")
-    from dsstage import manifest as mf
-    entries = [mf.Entry("../../../escape", 1, 0, "0" * 64)]
-    m = mf.Manifest("ds", mf.compute_digest(entries), entries, 1, 0.0)
-    mf.Catalog(str(env.state)).publish(m)
+    entries = [config_manifest.Entry("../../../escape", 1, 0, "0" * 64)]
+    m = config_manifest.Manifest("ds", config_manifest.compute_digest(entries), entries, 1, 0.0)
+    config_manifest.Catalog(str(env.state)).publish(m)
     res = env.cli("stage", "ds", "--job-id", "1", check=False)
     assert res.returncode == 65 and "component '..' is not allowed" in res.stderr
     assert not (env.tmp / "escape").exists() and not (env.tier_root().parent / "escape").exists()

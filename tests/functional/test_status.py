@@ -9,9 +9,12 @@ import os
 from pathlib import Path
 
 import pytest
-from dsstage import demand, status
-from dsstage.catalog import User
-from dsstage.slurm import FakeSlurm, Job, Node
+from dsstage.cluster import status, status_view
+from dsstage.config.catalog import User
+from dsstage.node import inventory, staging
+from dsstage.policy import demand
+from dsstage.slurm.fake import FakeSlurm
+from dsstage.slurm.records import Job, Node
 from helpers import Env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -38,10 +41,10 @@ def cluster(env: Env) -> Env:
     for node, names in (("n1", ["coco", "in22k"]), ("n2", ["coco"]), ("n3", ["coco"])):
         store = env.store(node=node, clock=lambda: NOW)
         for name in names:
-            store.stage(name, user=me, job_id="101" if node == "n1" and name == "coco" else "1")
+            staging.stage(store, name, user=me, job_id="101" if node == "n1" and name == "coco" else "1")
             if not (node == "n1" and name == "coco"):
                 store.release(name, "1")
-        store.report()
+        inventory.refresh(store)
     for node, age in (("n1", 5), ("n2", 8), ("n3", 3600)):
         path = env.state / "nodes" / f"{node}.json"
         rep = json.loads(path.read_text())
@@ -61,7 +64,7 @@ def collect(env: Env, down: dict[str, str] | None = None) -> status.Status:
 
 def test_plain_text_is_the_golden_80_column_view(cluster: Env):
     st = collect(cluster)
-    text = status.render_plain(st, status.sections(st, show_queue=True, plain=True))
+    text = status_view.render_plain(st, status_view.sections(st, show_queue=True, plain=True))
     text = text.replace(str(cluster.tmp), "<tmp>")
     assert all(len(line) <= 80 for line in text.splitlines())
     if os.environ.get("DSSTAGE_REGOLD"):  # to update it on purpose: DSSTAGE_REGOLD=1, then review the diff

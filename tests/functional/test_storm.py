@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dsstage import report
+from dsstage.fs import layout as fs_layout
+from dsstage.node import eviction, inventory, staging
 from helpers import Env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -52,10 +53,11 @@ WORKER = textwrap.dedent(r'''
     """One process of the storm: random stages, releases and evictions through the library."""
     import hashlib, json, os, random, sys, time, traceback
 
-    from dsstage import config as cfg
-    from dsstage.catalog import User
+    from dsstage.config import load as cfg
+    from dsstage.config.catalog import User
     from dsstage.errors import DsstageError
-    from dsstage.store import Store
+    from dsstage.node.store import Store
+    from dsstage.node import eviction, staging
 
     spec = json.loads(open(sys.argv[1]).read())
     me = spec["worker"]
@@ -92,7 +94,7 @@ WORKER = textwrap.dedent(r'''
     def stage(name, i):
         job = f"w{me}-{i}"
         try:
-            res = store.stage(name, user=root, job_id=job)
+            res = staging.stage(store, name, user=root, job_id=job)
         except DsstageError as exc:
             if exc.exit_code == 75:  # NoSpace, LockTimeout: `dsstage stage` exits 75, the job is requeued
                 return "75 " + type(exc).__name__
@@ -115,7 +117,7 @@ WORKER = textwrap.dedent(r'''
 
     def evict(name):
         try:
-            result = store.evict(name)
+            result = eviction.evict(store, name)
         except Exception as exc:
             fail("op", f"evict {name} -> {type(exc).__name__}: {exc}")
             return "error " + type(exc).__name__
@@ -285,7 +287,7 @@ class Monitor(threading.Thread):
 
 
 def background_running(root: Path) -> list[int]:
-    """Detached flushes and purges (python -m dsstage.background) working on this tier."""
+    """Detached flushes and purges (python -m dsstage.node.background) working on this tier."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -294,7 +296,7 @@ def background_running(root: Path) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"dsstage.background" in argv and str(root).encode() in argv:
+        if b"dsstage.node.background" in argv and str(root).encode() in argv:
             pids.append(int(entry))
     return pids
 
@@ -406,12 +408,12 @@ def run_storm(env: Env) -> Storm:
                 p.kill()
     storm.overshoots = monitor.overshoots
 
-    from dsstage import nodefs, space
-    from dsstage.store import open_tier
+    from dsstage.node import space
+    from dsstage.node.store import open_tier
 
     # the storm is over and the background work done: what is left, and what is counted
     storm.on_disk = bytes_on_disk(root)
-    with open_tier(nodefs.Layout(str(root)), create=False) as tier:
+    with open_tier(fs_layout.Layout(str(root)), create=False) as tier:
         use = space.usage(tier)
     storm.usage = (use.copies, use.reserved)
     storm.reserved = sorted(os.listdir(root / "reserved"))
@@ -422,18 +424,18 @@ def run_storm(env: Env) -> Storm:
     # evict every dataset: only the copies the workers still lease stay
     store = env.store()
     for name in SIZES:
-        store.evict(name)
+        eviction.evict(store, name)
     ev: dict[str, Any] = {"quiet": settle(root), "staging": sorted(os.listdir(root / "staging")),
                           "reserved": sorted(os.listdir(root / "reserved")),
                           "trash": sorted(os.listdir(root / "trash")), "copies": {}}
-    with open_tier(nodefs.Layout(str(root)), create=False) as tier:
+    with open_tier(fs_layout.Layout(str(root)), create=False) as tier:
         for name, files in expected.items():
             d = root / "datasets" / name
             digest = store.current(name)
             ev["copies"][name] = {
                 "versions": sorted(os.listdir(d)) if d.exists() else [],
-                "current": nodefs.version_id(digest),
-                "ready": nodefs.not_ready(tier, name, digest) is None,
+                "current": fs_layout.version_id(digest),
+                "ready": fs_layout.not_ready(tier, name, digest) is None,
                 "intact": all(same_files(Path(path), files) for (ds, _job), path in storm.kept.items() if ds == name)}
         ev["usage"] = space.usage(tier).total
     storm.evicted = ev
@@ -441,7 +443,7 @@ def run_storm(env: Env) -> Storm:
     for name, job in storm.kept:
         store.release(name, job)
     for name in SIZES:
-        store.evict(name)
+        eviction.evict(store, name)
     storm.emptied = {"quiet": settle(root), "bytes": bytes_on_disk(root),
                      "reserved": sorted(os.listdir(root / "reserved")),
                      "staging": sorted(os.listdir(root / "staging")),
@@ -526,12 +528,12 @@ def test_a_stage_cannot_take_the_space_of_a_copy_being_evicted(env: Env, monkeyp
     small_tier(env, "2MB")
     for name in ("a", "b", "c"):
         env.cli("manifest", "build", name)
-    from dsstage.catalog import User
-    from dsstage.lease import LeaseBook
+    from dsstage.config.catalog import User
+    from dsstage.node.lease import LeaseBook
     root, user = env.tier_root(), User.lookup(0)
     store = env.store()
-    store.stage("a", user=user, job_id="1")
-    store.stage("b", user=user, job_id="2")  # the tier is full: both copies leased
+    staging.stage(store, "a", user=user, job_id="1")
+    staging.stage(store, "b", user=user, job_id="2")  # the tier is full: both copies leased
     other: list[subprocess.Popen[str]] = []
     real = LeaseBook.of_dataset
 
@@ -545,7 +547,7 @@ def test_a_stage_cannot_take_the_space_of_a_copy_being_evicted(env: Env, monkeyp
         return real(self, dataset)
 
     monkeypatch.setattr(LeaseBook, "of_dataset", of_dataset)
-    assert [e.action for e in store.evict("a")] == ["kept"]  # job 1 holds a
+    assert [e.action for e in eviction.evict(store, "a")] == ["kept"]  # job 1 holds a
     _out, err = other[0].communicate(timeout=120)
     on_disk = bytes_on_disk(root)
     assert other[0].returncode == 75 and on_disk <= 2_000_000, \
@@ -557,15 +559,15 @@ def test_a_purge_racing_another_purge_still_deletes_what_was_evicted_later(env: 
     for name in ("x", "y"):
         one_file_dataset(env, name, 10_000)
         env.cli("manifest", "build", name)
-    from dsstage import background
-    from dsstage.catalog import User
+    from dsstage.config.catalog import User
+    from dsstage.node import background
     root, user = env.tier_root(), User.lookup(0)
     monkeypatch.setattr(background, "purge_later", lambda layout: None)  # the purges are ours to run
     store = env.store()
     for name in ("x", "y"):
-        store.stage(name, user=user, job_id="1")
+        staging.stage(store, name, user=user, job_id="1")
         store.release(name, "1")
-        assert [e.action for e in store.evict(name)] == ["evicted"]
+        assert [e.action for e in eviction.evict(store, name)] == ["evicted"]
     trash = sorted(os.listdir(root / "trash"))
     assert [t.split(".")[0] for t in trash] == ["x", "y"]
     real_unlink = os.unlink
@@ -599,5 +601,5 @@ def test_a_stage_refused_for_space_leaves_no_staging_area(env: Env):
     env.cli("manifest", "build", "ds")
     res = env.cli("stage", "ds", "--job-id", "1", check=False)
     assert res.returncode == 75 and "needs 4.9 KiB more" in res.stderr
-    rows = [(r["dataset"], r["state"]) for r in report.build(env.store())["copies"]]
+    rows = [(r["dataset"], r["state"]) for r in inventory.build(env.store())["copies"]]
     assert sorted(os.listdir(env.tier_root() / "staging")) == [] and rows == [], rows

@@ -7,9 +7,12 @@ import os
 from dataclasses import asdict, fields
 
 import pytest
-from dsstage import hooks, nodefs, warm
-from dsstage.lease import Lease, LeaseBook
-from dsstage.slurm import FakeSlurm
+from dsstage.fs import layout, runfiles, safe
+from dsstage.hooks import job as hooks
+from dsstage.hooks import warm
+from dsstage.hooks.__main__ import main as hook_main
+from dsstage.node.lease import Lease, LeaseBook
+from dsstage.slurm.fake import FakeSlurm
 from helpers import Env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -37,7 +40,7 @@ def ready(env: Env):
 def test_warm_path_leases_and_exports(env: Env, ready):
     rc = warm.prolog(prolog_env(env, "coco"), str(ready), str(env.config_path))
     assert rc == 0
-    with nodefs.RootDir(str(env.tier_root())) as tier:
+    with safe.RootDir(str(env.tier_root())) as tier:
         lease = LeaseBook(tier).of_dataset("coco")
     assert "77" in {x.job_id for x in lease}
     task = (ready / env.node / "jobs" / "77.task").read_text().splitlines()
@@ -71,17 +74,17 @@ def test_warm_path_defers_to_the_full_prolog(env: Env, ready, case):
         env.write()
         hooks.write_config_cache(str(ready), env.config())
     assert warm.prolog(prolog_env(env, request, uid=uid, user=user), str(ready), str(env.config_path)) is None
-    with nodefs.RootDir(str(env.tier_root())) as tier:
+    with safe.RootDir(str(env.tier_root())) as tier:
         assert "77" not in {x.job_id for x in LeaseBook(tier).of_dataset("coco")}
 
 
 def test_a_cache_not_written_by_root_is_ignored(env: Env, ready):
-    os.chmod(ready / nodefs.CONFIG_CACHE, 0o666)
+    os.chmod(ready / runfiles.CONFIG_CACHE, 0o666)
     assert warm.prolog(prolog_env(env, "coco"), str(ready), str(env.config_path)) is None
 
 
 def test_lease_record_is_what_lease_reads():
-    record = nodefs.lease_record("coco", "d" * 64, "5", "alice", "n1", taken=1.0, host="h", pid=0)
+    record = layout.lease_record("coco", "d" * 64, "5", "alice", "n1", taken=1.0, host="h", pid=0)
     assert set(record) == {f.name for f in fields(Lease)}
     assert asdict(Lease(**record)) == record
 
@@ -92,9 +95,9 @@ def test_main_falls_through_to_the_full_prolog(env: Env, tmp_path, monkeypatch):
     for k, v in {**prolog_env(env, "coco"), "DSSTAGE_CONFIG": str(env.config_path),
                  "DSSTAGE_RUN_DIR": str(tmp_path / "run"), "DSSTAGE_LOG": str(tmp_path / "log")}.items():
         monkeypatch.setenv(k, v)
-    assert warm.main(["prolog"]) == 0  # cold: the full Prolog staged it
+    assert hook_main(["prolog"]) == 0  # cold: the full Prolog staged it
     assert "coco staged" in (tmp_path / "log").read_text()
-    assert warm.main(["prolog"]) == 0  # now warm
+    assert hook_main(["prolog"]) == 0  # now warm
     assert "(warm path)" in (tmp_path / "log").read_text().splitlines()[-1]
-    cache = json.loads((tmp_path / "run" / nodefs.CONFIG_CACHE).read_text())
+    cache = json.loads((tmp_path / "run" / runfiles.CONFIG_CACHE).read_text())
     assert cache["origin"] == str(env.config_path)

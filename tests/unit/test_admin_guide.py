@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dsstage import bbrequest, report
+from dsstage.hooks import bbrequest
+from dsstage.node import report
 from guides import TOP, Runs, check_coverage, check_parses, check_runs, fenced, inline_commands, prose
 
 GUIDE = TOP / "docs" / "admin-guide.md"
@@ -117,7 +118,7 @@ COVERAGE: dict[str, list[Runs]] = {
         Runs("tests/unit/test_demand.py", "test_the_systemd_unit_runs_the_poller_verb",
              ('args.handler.__name__ == "cmd_demand_poller" and not args.once',)),
         Runs("tests/unit/test_demand.py", "test_poller_loop_sleeps_the_rest_of_its_interval",
-             ("demand.run(c, FakeSlurm(), clock=", "sleep=sleep)"), note="the loop, with a fake Slurm")],
+             ("poller.run(c, FakeSlurm(), clock=", "sleep=sleep)"), note="the loop, with a fake Slurm")],
     "dsstage demand-poller --once": [Runs(PRESTAGE, "test_a_job_starts_where_its_data_is",
                                           ('cluster.dsstage("demand-poller", "--once")',))],
     "dsstage prefetch": [
@@ -158,7 +159,7 @@ COVERAGE: dict[str, list[Runs]] = {
         Runs(PRESTAGE, "test_a_job_starts_where_its_data_is",
              ('cluster.dsstage("demand-poller", "--once")', 'assert "ds_plc" in feats["n3"]'),
              note="the poller runs it (CliSlurm.set_features)"),
-        Runs("lib/dsstage/slurm.py", "CliSlurm", ('"scontrol", "update", f"NodeName={nodes}"',))],
+        Runs("lib/dsstage/slurm/client.py", "CliSlurm", ('"scontrol", "update", f"NodeName={nodes}"',))],
     "scontrol reconfigure": [Runs(PRESTAGE, "test_a_job_starts_where_its_data_is",
                                   ('cluster.run("scontrol", "reconfigure")',))],
     "sbatch --bb \"#BB_LUA dataset=NAME\"": [
@@ -281,8 +282,8 @@ def test_every_unit_is_in_services():
     section = guide().split("### Services\n", 1)[1].split("\n### ", 1)[0]
     for unit in sorted((TOP / "packaging" / "systemd").iterdir()):
         assert f"`{unit.name}`" in section, f"docs/admin-guide.md, Services, does not name {unit.name}"
-    assert "python -I -m dsstage.background purge" in section  # the trash needs no unit
-    assert '"dsstage.background", *args' in (TOP / "lib" / "dsstage" / "background.py").read_text()
+    assert "python -I -m dsstage.node.background purge" in section  # the trash needs no unit
+    assert '"dsstage.node.background", *args' in (TOP / "lib" / "dsstage" / "node" / "background.py").read_text()
 
 
 # -- what the guide shows that no other test runs ------------------------------------------------

@@ -1,4 +1,4 @@
-"""#BB_LUA requests recorded for the Prolog (dsstage.bbrequest): read only what root or
+"""#BB_LUA requests recorded for the Prolog (dsstage.hooks.bbrequest): read only what root or
 burst_buffer.user wrote, never through a planted link."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 import os
 
 import pytest
-from dsstage import bbrequest
 from dsstage.errors import ConfigError, StateError, UnsafeStore
+from dsstage.hooks import bbrequest
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make files of other owners")
 

@@ -2,11 +2,11 @@ import grp
 import pwd
 
 import pytest
-from dsstage import catalog, config
-from dsstage.catalog import User
+from dsstage.config import catalog, load
+from dsstage.config.catalog import User
 from dsstage.errors import AccessDenied, UnknownDataset
 
-CONF = config.from_dict({
+CONF = load.from_dict({
     "state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
     "datasets": {"imagenet22t": {"source": "/d/i", "groups": ["ml", "vision"]}, "coco": {"source": "/d/c"}}})
 

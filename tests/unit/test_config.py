@@ -5,8 +5,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dsstage import config
+from dsstage.cli import main as cli
+from dsstage.config import load, model
+from dsstage.config import names as config_names
+from dsstage.config import source as config_source
 from dsstage.errors import ConfigError
+from dsstage.slurm import conf as slurmconf
+from dsstage.slurm.conf import check_host
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,12 +35,12 @@ def dataset(**spec):
 
 def error(data) -> str:
     with pytest.raises(ConfigError) as exc:
-        config.from_dict(data, origin="/etc/dsstage/dsstage.yaml")
+        load.from_dict(data, origin="/etc/dsstage/dsstage.yaml")
     return str(exc.value)
 
 
 def test_valid_config():
-    c = config.from_dict(base())
+    c = load.from_dict(base())
     assert c.tiers["nvme"].capacity == 3_500_000_000_000
     assert c.tiers["nvme"].root("n7") == "/local/nvme/n7"
     ds = c.datasets["imagenet22t"]
@@ -46,17 +51,17 @@ def test_valid_config():
 
 
 def test_slurm_bin_prolog_budget_and_source_user():
-    c = config.from_dict(base(slurm_bin="/opt/slurm/bin/", prolog_budget=120, source_user="dsstage-svc"))
+    c = load.from_dict(base(slurm_bin="/opt/slurm/bin/", prolog_budget=120, source_user="dsstage-svc"))
     assert c.slurm_command("squeue") == "/opt/slurm/bin/squeue"
     assert c.prolog_budget == 120.0 and c.source_user == "dsstage-svc"
-    assert config.from_dict(base(source_user="svc.data@ad")).source_user == "svc.data@ad"
+    assert load.from_dict(base(source_user="svc.data@ad")).source_user == "svc.data@ad"
 
 
 def test_report_fleet_and_metrics_sections():
-    c = config.from_dict(base())
+    c = load.from_dict(base())
     assert (c.report.user, c.report.interval, c.report.max_age) == (None, 5.0, 900.0)
     assert c.fleet.command == ("dsstage",) and c.fleet.port == 22 and c.metrics.textfile is None
-    c = config.from_dict(base(report={"user": "dsstage", "max_age": "10m"},
+    c = load.from_dict(base(report={"user": "dsstage", "max_age": "10m"},
                               fleet={"user": "admin", "port": 2222, "key": "/etc/dsstage/key",
                                      "connect_timeout": "5s", "parallel": 8, "command": ["/opt/ds/bin/dsstage"]},
                               metrics={"textfile": "/var/lib/prometheus/node-exporter/dsstage.prom"}))
@@ -65,21 +70,21 @@ def test_report_fleet_and_metrics_sections():
         ("admin", 2222, "/etc/dsstage/key", 5.0, 8)
     assert c.fleet.command == ("/opt/ds/bin/dsstage",)
     assert c.burst_buffer.user is None
-    assert config.from_dict(base(burst_buffer={"user": "slurm"})).burst_buffer.user == "slurm"
+    assert load.from_dict(base(burst_buffer={"user": "slurm"})).burst_buffer.user == "slurm"
     assert c.metrics.textfile == "/var/lib/prometheus/node-exporter/dsstage.prom"
 
 
 def test_retention_defaults_and_durations():
-    r = config.from_dict(base()).retention
+    r = load.from_dict(base()).retention
     assert (r.min_keep, r.max_idle, r.demand_max_age, r.poll_interval) == (600, 0, 300, 30)
-    r = config.from_dict(base(retention={"min_keep": "1h", "max_idle": "3d", "demand_max_age": "10m",
+    r = load.from_dict(base(retention={"min_keep": "1h", "max_idle": "3d", "demand_max_age": "10m",
                                          "poll_interval": 60, "manifest_keep": "2w"})).retention
     assert (r.min_keep, r.max_idle, r.demand_max_age, r.poll_interval, r.manifest_keep) == \
         (3600, 3 * 86400, 600, 60, 14 * 86400)
 
 
 def test_example_config_is_valid():
-    c = config.from_dict(yaml.safe_load((ROOT / "conf" / "dsstage.yaml.example").read_text()))
+    c = load.from_dict(yaml.safe_load((ROOT / "conf" / "dsstage.yaml.example").read_text()))
     assert c.datasets and c.tiers
     assert c.prolog_budget == 300 and c.slurm_bin == "/usr/bin" and c.source_user is None
 
@@ -164,9 +169,9 @@ def test_control_characters_are_refused_with_the_key(data, key):
 
 
 def test_control_character_message_says_where():
-    assert config.control_char("/ok/path") is None
-    assert "(U+000A at position 3)" in config.control_char("/a\nb")
-    assert "(U+007F at position 1)" in config.control_char("\x7f")
+    assert config_names.control_char("/ok/path") is None
+    assert "(U+000A at position 3)" in config_names.control_char("/a\nb")
+    assert "(U+007F at position 1)" in config_names.control_char("\x7f")
 
 
 def test_dataset_names_with_one_environment_variable_are_refused():
@@ -176,7 +181,7 @@ def test_dataset_names_with_one_environment_variable_are_refused():
     assert msg == ("/etc/dsstage/dsstage.yaml: datasets.a-b: gives the same environment variable DSSTAGE_PATH_A_B "
                    "as dataset 'a.b' ('.', '-' and '_' all become '_'): rename one of the two")
     del data["datasets"]["a.b"]
-    assert sorted(config.from_dict(data).datasets) == ["a-b", "a-c"]
+    assert sorted(load.from_dict(data).datasets) == ["a-b", "a-c"]
 
 
 SLURM_CONF = """
@@ -202,57 +207,56 @@ NodeName=n1 Port=17001  # PrologEpilogTimeout=7
     ("#PrologEpilogTimeout=45\n", None),
 ])
 def test_prolog_epilog_timeout_from_slurm_conf(text, seconds):
-    assert config.prolog_epilog_timeout(text) == seconds
+    assert slurmconf.prolog_epilog_timeout(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["PrologEpilogTimeout=5min\n", "PrologEpilogTimeout=70000\n",
                                   "PrologEpilogTimeout=-1\n"])
 def test_prolog_epilog_timeout_slurm_would_refuse(text):
     with pytest.raises(ValueError, match="PrologEpilogTimeout="):
-        config.prolog_epilog_timeout(text)
+        slurmconf.prolog_epilog_timeout(text)
 
 
 def test_prolog_budget_against_the_timeout():
     where = "/etc/slurm/slurm.conf"
-    assert config.budget_problem(300, None, where) is None
-    assert config.budget_problem(300, 331, where) is None
-    msg = config.budget_problem(300, 330, where)
+    assert slurmconf.budget_problem(300, None, where) is None
+    assert slurmconf.budget_problem(300, 331, where) is None
+    msg = slurmconf.budget_problem(300, 330, where)
     assert msg == ("300 s plus a safety margin of 30 s is not below PrologEpilogTimeout=330 in /etc/slurm/slurm.conf: "
                    "slurmd would kill a Prolog that used its budget and drain the node; lower prolog_budget below "
                    "300 or raise PrologEpilogTimeout in /etc/slurm/slurm.conf above 330")
-    assert "lower prolog_budget" not in config.budget_problem(60, 20, where)
+    assert "lower prolog_budget" not in slurmconf.budget_problem(60, 20, where)
 
 
 def test_check_host(tmp_path):
-    conf = config.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path)))
+    conf = load.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path)))
     slurm_conf = tmp_path / "slurm.conf"
     slurm_conf.write_text("PrologEpilogTimeout=600\nSchedulerParameters=bf_interval=5,ignore_prefer_validation\n")
-    found, problems = config.check_host(conf, str(slurm_conf))
+    found, problems = check_host(conf, str(slurm_conf))
     assert found == {"slurm_conf": str(slurm_conf), "read": True, "prolog_epilog_timeout": 600.0}
     assert [(p.level, p.key) for p in problems] == [("error", "prolog_budget"), ("note", "slurm_bin")]
     assert f"{tmp_path}/scontrol is not an executable" in problems[1].message
     slurm_conf.write_text("PrologEpilogTimeout=900\nSchedulerParameters=ignore_prefer_validation\n")
-    assert [p.level for p in config.check_host(conf, str(slurm_conf))[1]] == ["note"]
+    assert [p.level for p in check_host(conf, str(slurm_conf))[1]] == ["note"]
     slurm_conf.write_text("PrologEpilogTimeout=900\n")
-    assert [(p.level, p.key) for p in config.check_host(conf, str(slurm_conf))[1]] == [
+    assert [(p.level, p.key) for p in check_host(conf, str(slurm_conf))[1]] == [
         ("error", "placement.prefer"), ("note", "slurm_bin")]
-    no_prefer = config.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path), placement={"prefer": False}))
-    assert [p.level for p in config.check_host(no_prefer, str(slurm_conf))[1]] == ["note"]
+    no_prefer = load.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path), placement={"prefer": False}))
+    assert [p.level for p in check_host(no_prefer, str(slurm_conf))[1]] == ["note"]
     slurm_conf.write_text("include /etc/slurm/timeouts.conf\n")
-    problems = config.check_host(no_prefer, str(slurm_conf))[1]
+    problems = check_host(no_prefer, str(slurm_conf))[1]
     assert problems[0].level == "note" and "Include files are not read" in problems[0].message
-    found, problems = config.check_host(conf, str(tmp_path / "none.conf"))
+    found, problems = check_host(conf, str(tmp_path / "none.conf"))
     assert found["read"] is False
     assert problems[0].level == "note" and "cannot read" in problems[0].message
 
 
 def test_slurm_conf_path():
-    assert config.slurm_conf_path({}) == "/etc/slurm/slurm.conf"
-    assert config.slurm_conf_path({"SLURM_CONF": "/x/slurm.conf"}) == "/x/slurm.conf"
+    assert slurmconf.slurm_conf_path({}) == "/etc/slurm/slurm.conf"
+    assert slurmconf.slurm_conf_path({"SLURM_CONF": "/x/slurm.conf"}) == "/x/slurm.conf"
 
 
 def test_check_config_command(tmp_path, monkeypatch, capsys):
-    from dsstage import cli
     path = write(tmp_path, yaml.safe_dump(base(prolog_budget=600)))
     slurm_conf = tmp_path / "slurm.conf"
     slurm_conf.write_text("PrologEpilogTimeout=600\n")
@@ -273,16 +277,16 @@ def test_check_config_command(tmp_path, monkeypatch, capsys):
 
 def test_tier_is_optional_with_one_tier():
     data = base(tiers={"nvme": {"path": "/l", "capacity": "90%"}}, datasets={"x": {"source": "/x"}})
-    c = config.from_dict(data)
+    c = load.from_dict(data)
     assert c.datasets["x"].tier == "nvme"
     assert c.tiers["nvme"].capacity == 0.9
 
 
 def test_sources_are_classified():
-    assert config.parse_source("/lustre/a/").kind == "local"
-    assert config.parse_source("fs01:/export/a").kind == "ssh"
-    assert config.parse_source("user@fs01:/export/a").kind == "ssh"
-    s = config.parse_source("rsync://fs01:8730/datasets/a")
+    assert config_source.parse_source("/lustre/a/").kind == "local"
+    assert config_source.parse_source("fs01:/export/a").kind == "ssh"
+    assert config_source.parse_source("user@fs01:/export/a").kind == "ssh"
+    s = config_source.parse_source("rsync://fs01:8730/datasets/a")
     assert s.kind == "daemon" and s.rsync_base() == "rsync://fs01:8730/datasets/a/"
 
 
@@ -295,41 +299,41 @@ def write(tmp_path, text, mode=0o644):
 
 def test_load_missing_file_says_what_to_do(tmp_path):
     with pytest.raises(ConfigError, match="no such file; copy conf/dsstage.yaml.example"):
-        config.load(str(tmp_path / "nope.yaml"))
+        load.load(str(tmp_path / "nope.yaml"))
 
 
 def test_load_bad_yaml_gives_line(tmp_path):
     path = write(tmp_path, "state_dir: /x\ntiers: [\n")
     with pytest.raises(ConfigError, match=r"not valid YAML.*line"):
-        config.load(path)
+        load.load(path)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="ownership checks are about root")
 def test_writable_config_is_refused(tmp_path):
     path = write(tmp_path, yaml.safe_dump(base()), mode=0o666)
     with pytest.raises(ConfigError, match=r"writable by group or others.*chmod go-w"):
-        config.load(path)
+        load.load(path)
     os.chmod(path, 0o644)
     os.chown(path, 65534, 0)
     with pytest.raises(ConfigError, match=r"owned by uid 65534.*chown root:root"):
-        config.load(path)
+        load.load(path)
     os.chown(path, 0, 0)
-    assert config.load(path).datasets
+    assert load.load(path).datasets
 
 
 def test_env_var_selects_file(tmp_path, monkeypatch):
     path = write(tmp_path, yaml.safe_dump(base()))
     monkeypatch.setenv("DSSTAGE_CONFIG", path)
-    assert config.config_path() == path
-    assert config.load().origin == path
+    assert load.config_path() == path
+    assert load.load().origin == path
 
 
 def test_prefetch_and_placement_sections():
     base = yaml.safe_load((ROOT / "conf" / "dsstage.yaml.example").read_text())
-    c = config.from_dict(base)
-    assert c.prefetch == config.Prefetch(horizon=1800, interval=30, bwlimit=0, io_class="idle")
-    assert c.placement == config.Placement(features=True, prefer=True, prefix="ds_")
-    c = config.from_dict({**base, "prefetch": {"bwlimit": "500MB", "io_class": "best-effort"},
+    c = load.from_dict(base)
+    assert c.prefetch == model.Prefetch(horizon=1800, interval=30, bwlimit=0, io_class="idle")
+    assert c.placement == model.Placement(features=True, prefer=True, prefix="ds_")
+    c = load.from_dict({**base, "prefetch": {"bwlimit": "500MB", "io_class": "best-effort"},
                           "placement": {"prefer": False}})
     assert c.prefetch.bwlimit == 500_000_000 and c.prefetch.io_class == "best-effort" and not c.placement.prefer
     for bad, needle in [({"prefetch": {"io_class": "rt"}}, "prefetch.io_class: 'rt' is not one of idle, best-effort"),
@@ -338,4 +342,4 @@ def test_prefetch_and_placement_sections():
                         ({"placement": {"prefix": "ds&"}}, "placement.prefix: 'ds&'"),
                         ({"prefetch": {"horizont": "1h"}}, "prefetch.horizont")]:
         with pytest.raises(ConfigError, match=re.escape(needle)):
-            config.from_dict({**base, **bad})
+            load.from_dict({**base, **bad})

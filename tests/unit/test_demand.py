@@ -9,14 +9,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from dsstage import config, demand, manifests_gc, status
-from dsstage.slurm import FakeSlurm, Job
+from dsstage.cluster import manifests_gc, poller, status
+from dsstage.config import load, model
+from dsstage.policy import demand, retention
+from dsstage.slurm.fake import FakeSlurm
+from dsstage.slurm.records import Job
 
 NOW = 1_800_000_000.0
 
 
-def conf(tmp_path: Path, **retention: object) -> config.Config:
-    return config.from_dict({"state_dir": str(tmp_path / "state"),
+def conf(tmp_path: Path, **retention: object) -> model.Config:
+    return load.from_dict({"state_dir": str(tmp_path / "state"),
                              "tiers": {"nvme": {"path": str(tmp_path / "nvme"), "capacity": "1GB"}},
                              "datasets": {"coco": {"source": "/data/coco"}}, "retention": retention})
 
@@ -74,11 +77,11 @@ def test_job_starts_are_counted_once_and_decay_to_the_snapshots_time():
     # a week later: 12 and 15 still run (counted already), pending 10 started, 16 appeared running
     later = [replace(JOBS[0], state="RUNNING", nodes="n1"), JOBS[2], JOBS[5],
              Job("16", "dee", "RUNNING", ("coco", "coco"), nodes="n7")]
-    second = demand.build(later, NOW + demand.HALF_LIFE, previous=first)
+    second = demand.build(later, NOW + retention.HALF_LIFE, previous=first)
     assert second.uses == {"coco": 0.5 + 2, "in22k": 0.5}
     # a job that ended and one that reappears running after a requeue (pending in between)
-    third = demand.build([replace(JOBS[2], state="PENDING")], NOW + demand.HALF_LIFE + 30, previous=second)
-    fourth = demand.build([JOBS[2]], NOW + demand.HALF_LIFE + 60, previous=third)
+    third = demand.build([replace(JOBS[2], state="PENDING")], NOW + retention.HALF_LIFE + 30, previous=second)
+    fourth = demand.build([JOBS[2]], NOW + retention.HALF_LIFE + 60, previous=third)
     assert fourth.uses["coco"] == pytest.approx(2.5 + 1, rel=1e-4)
 
 
@@ -87,8 +90,8 @@ def test_counts_round_trip_and_reach_the_planner_even_from_a_stale_snapshot(tmp_
     demand.write(state, demand.Snapshot(time=NOW, uses={"coco": 8.0}))
     snap = demand.read(state)
     assert snap.uses == {"coco": 8.0}
-    assert snap.demand(NOW + 30, 300).uses["coco"] == pytest.approx(8.0 * 0.5 ** (30 / demand.HALF_LIFE))
-    stale = snap.demand(NOW + demand.HALF_LIFE, 300)
+    assert snap.demand(NOW + 30, 300).uses["coco"] == pytest.approx(8.0 * 0.5 ** (30 / retention.HALF_LIFE))
+    stale = snap.demand(NOW + retention.HALF_LIFE, 300)
     assert stale.stale and not stale.wants and stale.uses == {"coco": 4.0}
     (tmp_path / "state" / demand.FILE).write_text(json.dumps({"format": 1, "time": NOW}))  # written before uses
     assert demand.read(state).demand(NOW, 300).uses == {}
@@ -99,10 +102,10 @@ def test_the_poller_carries_its_counts_from_round_to_round(tmp_path):
     slurm = FakeSlurm()
     slurm.submit(JOBS[2])
     for t in (NOW, NOW + 30, NOW + 60):
-        demand.run(c, slurm, once=True, clock=lambda t=t: t)
+        poller.run(c, slurm, once=True, clock=lambda t=t: t)
     assert demand.read(c.state_dir).uses["coco"] == pytest.approx(1.0, rel=1e-3)  # one job, counted once
     slurm.submit(Job("20", "ana", "RUNNING", ("coco",), nodes="n2"))
-    demand.run(c, slurm, once=True, clock=lambda: NOW + 90)
+    poller.run(c, slurm, once=True, clock=lambda: NOW + 90)
     assert demand.read(c.state_dir).uses["coco"] == pytest.approx(2.0, rel=1e-3)
 
 
@@ -132,14 +135,14 @@ def test_poller_once_writes_the_snapshot_and_a_failure_is_exit_1(tmp_path):
     c = conf(tmp_path)
     slurm = FakeSlurm()
     slurm.submit(JOBS[0])
-    assert demand.run(c, slurm, once=True, clock=lambda: NOW) == 0
+    assert poller.run(c, slurm, once=True, clock=lambda: NOW) == 0
     assert demand.read(c.state_dir).datasets["coco"]["pending"][0]["job_id"] == "10"
 
     class Down(FakeSlurm):
         def queue(self) -> list[Job]:
             from dsstage.errors import CommandError
             raise CommandError(["squeue"], 1, "", "slurm_load_jobs error: Unable to contact slurm controller")
-    assert demand.run(c, Down(), once=True, clock=lambda: NOW) == 1
+    assert poller.run(c, Down(), once=True, clock=lambda: NOW) == 1
     assert demand.read(c.state_dir).time == NOW  # the last good snapshot stays
 
 
@@ -155,7 +158,7 @@ def test_poller_loop_sleeps_the_rest_of_its_interval(tmp_path):
         t[0] += s
 
     with pytest.raises(KeyboardInterrupt):
-        demand.run(c, FakeSlurm(), clock=lambda: t[0], sleep=sleep)
+        poller.run(c, FakeSlurm(), clock=lambda: t[0], sleep=sleep)
     assert slept == [20.0, 20.0, 20.0]
 
 
@@ -193,7 +196,7 @@ def test_recently_superseded_manifests_stay(tmp_path):
 
 
 def test_the_systemd_unit_runs_the_poller_verb():
-    from dsstage.cli import build_parser
+    from dsstage.cli.main import build_parser
     unit = (Path(__file__).resolve().parents[2] / "packaging" / "systemd" / "dsstage-demand-poller.service")
     [start] = [line.split("=", 1)[1].split() for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
     args = build_parser().parse_args(start[1:])

@@ -1,9 +1,10 @@
-"""Node features of ready datasets (dsstage.features): what changes, in how many Slurm calls."""
+"""Node features of ready datasets (dsstage.cluster.features): what changes, in how many Slurm calls."""
 
 from __future__ import annotations
 
-from dsstage.features import changes, held
-from dsstage.slurm import FakeSlurm, Node, parse_nodes
+from dsstage.cluster.features import changes, held
+from dsstage.slurm.fake import FakeSlurm
+from dsstage.slurm.records import Node, parse_nodes
 
 NOW = 1_000_000.0
 

@@ -1,4 +1,4 @@
-"""dsstage.fleet's pure parts: node lists, addresses, the remote command, answers, summaries."""
+"""dsstage.cluster.fleet's pure parts: node lists, addresses, the remote command, answers, summaries."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import socket
 
 import paramiko
 import pytest
-from dsstage import fleet, slurm
-from dsstage.config import Fleet
+from dsstage.cluster import fleet, fleet_view
+from dsstage.cluster import ssh as cluster_ssh
+from dsstage.cluster.fleet import Answer
+from dsstage.config.model import Fleet
 from dsstage.errors import ConfigError, DsstageError
-from dsstage.fleet import Answer
+from dsstage.slurm import records
 
 
 def test_expand_hostlists():
@@ -41,7 +43,7 @@ def test_node_names_refused(name):
 
 
 def test_node_addresses_skip_what_is_no_host(caplog):
-    nodes = slurm.parse_nodes("n1|10.0.0.1|idle\nn2|10.0.0.2|mixed\nn1|10.0.0.9|idle\nn10|n10-ib.cluster|down*\n"
+    nodes = records.parse_nodes("n1|10.0.0.1|idle\nn2|10.0.0.2|mixed\nn1|10.0.0.9|idle\nn10|n10-ib.cluster|down*\n"
                               "gpu01||idle\nn3|10.0.0.3 extra|idle\n\nn4|$(reboot)|idle\nn5 junk\n")
     assert fleet.node_addresses(nodes) == {"n1": "10.0.0.1", "n2": "10.0.0.2", "n10": "n10-ib.cluster",
                                            "gpu01": "gpu01"}
@@ -50,7 +52,7 @@ def test_node_addresses_skip_what_is_no_host(caplog):
 
 
 def test_node_addresses_take_ipv6():
-    assert fleet.node_addresses(slurm.parse_nodes("n1|fd00::1|idle\n")) == {"n1": "fd00::1"}
+    assert fleet.node_addresses(records.parse_nodes("n1|fd00::1|idle\n")) == {"n1": "fd00::1"}
 
 
 def test_addresses_without_slurm_are_the_names():
@@ -89,11 +91,11 @@ def test_parse_progress():
 
 
 def test_progress_state_takes_only_sane_counts():
-    assert fleet.progress_state({"phase": "staging", "done": 5, "total": 10}) == ("staging", 5, 10)
-    assert fleet.progress_state({"phase": "hashing", "done": 50, "total": 10}) == ("hashing", 10, 10)
-    assert fleet.progress_state({"done": -1, "total": 10}) == ("running", None, None)
-    assert fleet.progress_state({"phase": "x", "done": True, "total": 10}) == ("x", None, None)
-    assert fleet.progress_state({"phase": "\x1b[2Jevil\nline"}) == ("[2Jevil line", None, None)
+    assert fleet_view.progress_state({"phase": "staging", "done": 5, "total": 10}) == ("staging", 5, 10)
+    assert fleet_view.progress_state({"phase": "hashing", "done": 50, "total": 10}) == ("hashing", 10, 10)
+    assert fleet_view.progress_state({"done": -1, "total": 10}) == ("running", None, None)
+    assert fleet_view.progress_state({"phase": "x", "done": True, "total": 10}) == ("x", None, None)
+    assert fleet_view.progress_state({"phase": "\x1b[2Jevil\nline"}) == ("[2Jevil line", None, None)
 
 
 def test_judge():
@@ -119,7 +121,7 @@ CONF = Fleet(port=2222, connect_timeout=10, key="/etc/dsstage/fleet_key", known_
 
 
 def classify(exc: BaseException, phase: str = "connecting", conf: Fleet = CONF) -> str:
-    return fleet.classify(exc, node="n3", address="10.0.0.3", conf=conf, phase=phase)
+    return cluster_ssh.classify(exc, node="n3", address="10.0.0.3", conf=conf, phase=phase)
 
 
 def test_classify_unreachable():
@@ -147,11 +149,11 @@ def test_classify_timeouts():
 
 def test_classify_host_keys():
     key = paramiko.ECDSAKey.generate()
-    msg = classify(fleet.UnknownHostKey("[10.0.0.3]:2222", key))
+    msg = classify(cluster_ssh.UnknownHostKey("[10.0.0.3]:2222", key))
     assert msg.startswith("host key of n3 (10.0.0.3:2222) is not in known_hosts: add it with "
                           "ssh-keyscan -p 2222 10.0.0.3 >> /etc/dsstage/known_hosts")
     assert key.fingerprint in msg
-    msg = classify(fleet.UnknownHostKey("10.0.0.3", key), conf=Fleet())
+    msg = classify(cluster_ssh.UnknownHostKey("10.0.0.3", key), conf=Fleet())
     assert "ssh-keyscan 10.0.0.3 >> ~/.ssh/known_hosts" in msg and "10.0.0.3:22" not in msg
     msg = classify(paramiko.BadHostKeyException("10.0.0.3", key, key))
     assert msg.startswith("host key of n3 (10.0.0.3:2222) does not match known_hosts")
@@ -173,30 +175,30 @@ def test_classify_by_phase():
 
 
 def test_host_key_name():
-    assert fleet.host_key_name("10.0.0.3", 22) == "10.0.0.3"
-    assert fleet.host_key_name("10.0.0.3", 2222) == "[10.0.0.3]:2222"
+    assert cluster_ssh.host_key_name("10.0.0.3", 22) == "10.0.0.3"
+    assert cluster_ssh.host_key_name("10.0.0.3", 2222) == "[10.0.0.3]:2222"
 
 
 def test_load_host_keys_requires_the_configured_file(tmp_path):
     with pytest.raises(ConfigError, match="fleet.known_hosts .*cannot read"):
-        fleet.load_host_keys(Fleet(known_hosts=str(tmp_path / "missing")), system_files=())
-    assert len(fleet.load_host_keys(Fleet(), system_files=[str(tmp_path / "missing")])) == 0
+        cluster_ssh.load_host_keys(Fleet(known_hosts=str(tmp_path / "missing")), system_files=())
+    assert len(cluster_ssh.load_host_keys(Fleet(), system_files=[str(tmp_path / "missing")])) == 0
     bad = tmp_path / "bad"
     bad.write_text("n1 ssh-ed25519 !!!notbase64\n")
     with pytest.raises(ConfigError, match="not a known_hosts file"):
-        fleet.load_host_keys(Fleet(known_hosts=str(bad)), system_files=())
-    assert len(fleet.load_host_keys(Fleet(), system_files=[str(bad)])) == 0  # a warning, not an error
+        cluster_ssh.load_host_keys(Fleet(known_hosts=str(bad)), system_files=())
+    assert len(cluster_ssh.load_host_keys(Fleet(), system_files=[str(bad)])) == 0  # a warning, not an error
 
 
 def test_run_checks_arguments_before_connecting():
     with pytest.raises(DsstageError, match="line break"):
-        fleet.run(Fleet(), {"n1": "10.0.0.1"}, lambda node: ["a\nb"], host_keys=paramiko.HostKeys())
+        cluster_ssh.run(Fleet(), {"n1": "10.0.0.1"}, lambda node: ["a\nb"], host_keys=paramiko.HostKeys())
     with pytest.raises(DsstageError, match="not a host name"):
-        fleet.run(Fleet(), {"n1": "-oProxyCommand=x"}, lambda node: [], host_keys=paramiko.HostKeys())
+        cluster_ssh.run(Fleet(), {"n1": "-oProxyCommand=x"}, lambda node: [], host_keys=paramiko.HostKeys())
     with pytest.raises(ConfigError, match="fleet.key"):
-        fleet.run(Fleet(key="/nonexistent/key"), {"n1": "10.0.0.1"}, lambda node: [],
+        cluster_ssh.run(Fleet(key="/nonexistent/key"), {"n1": "10.0.0.1"}, lambda node: [],
                   host_keys=paramiko.HostKeys())
-    assert fleet.run(Fleet(), {}, lambda node: [], host_keys=paramiko.HostKeys()) == {}
+    assert cluster_ssh.run(Fleet(), {}, lambda node: [], host_keys=paramiko.HostKeys()) == {}
 
 
 def answers(*specs: tuple[str, bool, float, str]) -> dict[str, Answer]:
@@ -208,21 +210,21 @@ def answers(*specs: tuple[str, bool, float, str]) -> dict[str, Answer]:
 
 
 def test_summary_rows_in_node_order():
-    got = fleet.summary_rows(answers(("n10", True, 2.0, "1 GiB"), ("n2", False, 0.1, "unreachable: x"),
+    got = fleet_view.summary_rows(answers(("n10", True, 2.0, "1 GiB"), ("n2", False, 0.1, "unreachable: x"),
                                      ("n1", True, 1.0, "1 GiB")), lambda r: f"staged {r['staged']}")
     assert got == [("n1", "ok", 1.0, "staged 1 GiB"), ("n2", "failed", 0.1, "unreachable: x"),
                    ("n10", "ok", 2.0, "staged 1 GiB")]
 
 
 def test_summary_rows_survive_a_describe_that_fails():
-    (row,) = fleet.summary_rows(answers(("n1", True, 1.0, "x")), lambda r: r["missing"])
+    (row,) = fleet_view.summary_rows(answers(("n1", True, 1.0, "x")), lambda r: r["missing"])
     assert row[1] == "ok" and row[3].startswith("(cannot describe the answer: KeyError")
 
 
 def test_fold_rows_groups_nodes_with_the_same_outcome():
     a = answers(*[(f"n{i}", True, 1.0 + i / 10, "1 GiB") for i in (1, 2, 4, 5, 6, 7, 8)],
                 ("n3", False, 10.0, "unreachable: connection refused"), ("n9", True, 1.0, "2 GiB"))
-    rows = fleet.fold_rows(fleet.summary_rows(a, lambda r: r["staged"]))
+    rows = fleet_view.fold_rows(fleet_view.summary_rows(a, lambda r: r["staged"]))
     assert rows == [("n[1-2,4-8]", "ok", "1.1-1.8s", "1 GiB"), ("n9", "ok", "1.0s", "2 GiB"),
                     ("n3", "failed", "10.0s", "unreachable: connection refused")]
 
@@ -230,10 +232,10 @@ def test_fold_rows_groups_nodes_with_the_same_outcome():
 def test_summary_line():
     a = answers(*[(f"n{i}", True, 1.0, "") for i in (1, 2, 4, 5, 6, 7, 8)],
                 ("n3", False, 1.0, "unreachable: connection refused"))
-    assert fleet.summary_line(a) == "8 nodes: 7 ok, 1 failed (n3: unreachable: connection refused)"
-    assert fleet.summary_line(answers(("n1", True, 1.0, ""))) == "1 node: 1 ok, 0 failed"
+    assert fleet_view.summary_line(a) == "8 nodes: 7 ok, 1 failed (n3: unreachable: connection refused)"
+    assert fleet_view.summary_line(answers(("n1", True, 1.0, ""))) == "1 node: 1 ok, 0 failed"
     many = answers(*[(f"n{i}", False, 1.0, "refused" if i < 3 else f"reason {i}") for i in range(1, 8)])
-    assert fleet.summary_line(many) == ("7 nodes: 0 ok, 7 failed (n[1-2]: refused; n3: reason 3; n4: reason 4; "
+    assert fleet_view.summary_line(many) == ("7 nodes: 0 ok, 7 failed (n[1-2]: refused; n3: reason 3; n4: reason 4; "
                                         "3 more reasons above)")
 
 
@@ -241,7 +243,7 @@ def test_print_summary_does_not_interpret_markup():
     from rich.console import Console
     out = io.StringIO()
     a = answers(("n1", True, 1.0, "[bold]x[/bold]"), ("n2", False, 1.0, "remote exit 2: [red]no"))
-    fleet.print_summary(a, lambda r: r["staged"], console=Console(file=out, width=200, color_system=None))
+    fleet_view.print_summary(a, lambda r: r["staged"], console=Console(file=out, width=200, color_system=None))
     text = out.getvalue()
     assert "[bold]x[/bold]" in text and "[red]no" in text
     assert text.rstrip().endswith("2 nodes: 1 ok, 1 failed (n2: remote exit 2: [red]no)")
@@ -253,7 +255,7 @@ def test_exit_code():
 
 
 def test_progress_view_draws_nothing_off_a_terminal(capsys):
-    with fleet.progress_view(["n1"], "warm x") as (on_progress, on_done):
+    with fleet_view.progress_view(["n1"], "warm x") as (on_progress, on_done):
         on_progress("n1", {"phase": "staging", "done": 1, "total": 2})
         on_done(Answer(node="n1", address="n1", ok=True))
     assert capsys.readouterr() == ("", "")
@@ -263,9 +265,9 @@ def test_progress_view_on_a_terminal(monkeypatch):
     """The callbacks survive every kind of progress, unknown nodes and both outcomes."""
     from rich.console import Console
     out = io.StringIO()
-    monkeypatch.setattr(fleet.sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(fleet_view.sys.stderr, "isatty", lambda: True, raising=False)
     monkeypatch.setattr("dsstage.ui.err_console", lambda: Console(file=out, force_terminal=True, width=120))
-    with fleet.progress_view(["n1", "n2"], "warm x") as (on_progress, on_done):
+    with fleet_view.progress_view(["n1", "n2"], "warm x") as (on_progress, on_done):
         on_progress("n1", {"phase": "connecting"})
         on_progress("n1", {"phase": "staging", "done": 512, "total": 2048})
         on_progress("n9", {"phase": "staging"})

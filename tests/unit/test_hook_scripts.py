@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dsstage import bbrequest
+from dsstage.hooks import bbrequest
 
 TOP = Path(__file__).resolve().parents[2]
 PROLOG = TOP / "prolog" / "dsstage-prolog"
@@ -73,7 +73,7 @@ def test_root_python_imports_nothing_from_cwd_or_pythonpath(tmp_path, script, ki
     plant(planted, kind, marker)
 
     # the plant works: a Python started as the scripts used to start it picks it up
-    res = subprocess.run([sys.executable, "-m", "dsstage.warm", "prolog"], cwd=cwd, env=env,
+    res = subprocess.run([sys.executable, "-m", "dsstage.hooks", "prolog"], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=60)
     assert marker.exists(), res.stderr
     marker.unlink()

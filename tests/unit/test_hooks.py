@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from dsstage import config, hooks, nodefs
+from dsstage.config import load
 from dsstage.errors import (
     AccessDenied,
     ConfigError,
@@ -15,10 +15,13 @@ from dsstage.errors import (
     UnknownDataset,
     VerifyError,
 )
-from dsstage.hooks import JobContext, Outcome
-from dsstage.slurm import FakeSlurm, Job
+from dsstage.fs import runfiles
+from dsstage.hooks import job as hooks
+from dsstage.hooks.job import JobContext, Outcome
+from dsstage.slurm.fake import FakeSlurm
+from dsstage.slurm.records import Job
 
-CONF = config.from_dict({
+CONF = load.from_dict({
     "state_dir": "/s", "tiers": {"nvme": {"path": "/l/{node}", "capacity": "1TB"}},
     "datasets": {"coco": {"source": "/data/coco"},
                  "strict": {"source": "/data/strict", "on_failure": "hold"},
@@ -63,7 +66,7 @@ def test_job_action_and_task_lines():
     held = Outcome("strict", "hold", None, "source down")
     assert hooks.job_action([local, held]) == "hold"
     lines = hooks.task_lines([local, held])
-    assert nodefs.HOLD_MARK in lines and "print dsstage: error: source down" in lines
+    assert runfiles.HOLD_MARK in lines and "print dsstage: error: source down" in lines
     assert hooks.job_action([held, Outcome("x", "drain", None, "disk")]) == "drain"
 
 
@@ -90,7 +93,7 @@ def test_prolog_with_broken_config_holds_and_does_not_drain(tmp_path):
     assert hooks.prolog(env_for(), run_dir=str(tmp_path), slurm=slurm, load_config=broken) == 0
     assert "misconfigured" in slurm.held["42"]
     task = (tmp_path / "n1" / "jobs" / "42.task").read_text()
-    assert nodefs.HOLD_MARK in task
+    assert runfiles.HOLD_MARK in task
 
 
 def test_prolog_with_forged_value_holds(tmp_path):
@@ -101,7 +104,7 @@ def test_prolog_with_forged_value_holds(tmp_path):
 
 
 def test_prolog_drains_only_for_a_broken_store(tmp_path):
-    conf = config.from_dict({"state_dir": str(tmp_path / "state"),
+    conf = load.from_dict({"state_dir": str(tmp_path / "state"),
                              "tiers": {"nvme": {"path": "/proc/dsstage-cannot-exist/{node}", "capacity": "1TB"}},
                              "datasets": {"coco": {"source": str(tmp_path)}}})
     os.makedirs(tmp_path / "state" / "manifests" / "coco")

@@ -3,8 +3,8 @@ import subprocess
 
 import pytest
 from dsstage.errors import StoreError
-from dsstage.lease import Lease, LeaseBook, holder_alive
-from dsstage.nodefs import RootDir
+from dsstage.fs.safe import RootDir
+from dsstage.node.lease import Lease, LeaseBook, holder_alive
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
 

@@ -8,14 +8,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from dsstage import config, luacatalog
+from dsstage.config import load
 from dsstage.errors import DsstageError
+from dsstage.slurm import luacatalog
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = shutil.which("lua5.1")
 pytestmark = pytest.mark.skipif(LUA is None, reason="lua5.1 is not installed (packaging/run-tests installs it)")
 
-CONF = config.from_dict({
+CONF = load.from_dict({
     "state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
     "datasets": {"imagenet22t": {"source": "/d/i", "groups": ["daemon", "ml"]}, "coco": {"source": "/d/c"}}})
 
@@ -75,7 +76,7 @@ def test_accepted_request_prefers_nodes_holding_the_data(tmp_path):
     assert run_check(tmp_path, env)[3] == "ds_coco&ds_imagenet22t"
     assert run_check(tmp_path, env, prefer="gpu_a100")[3] == "gpu_a100"  # the user's own is left alone
     assert run_check(tmp_path, ["DSSTAGE_DATASETS=nope"])[3] == ""  # a refused request gets none
-    off = config.from_dict({"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
+    off = load.from_dict({"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
                             "datasets": {"coco": {"source": "/d/c"}},
                             "placement": {"prefer": False, "prefix": "data-"}})
     (tmp_path / "dsstage_catalog.lua").unlink()
@@ -191,7 +192,7 @@ def test_missing_or_damaged_catalog_is_an_admin_message(tmp_path):
 def test_generated_catalog_is_stamped_by_content():
     text = render()
     assert text.startswith("-- dsstage catalog ")
-    other = config.from_dict({**{"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}}},
+    other = load.from_dict({**{"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}}},
                               "datasets": {"coco": {"source": "/d/c"}}})
     assert render(other).splitlines()[0] != text.splitlines()[0]
     fewer = {**GROUPS, "ml": grp.struct_group(("ml", "x", 2000, []))}

@@ -2,15 +2,16 @@ import os
 from pathlib import Path
 
 import pytest
-from dsstage import manifest as mf
+from dsstage.config import manifest as config_manifest
+from dsstage.config.manifest import Entry
 from dsstage.errors import ManifestError
-from dsstage.manifest import Entry
+from dsstage.transfer import build as transfer_build
 
 H = "a" * 64
 
 
 def build(root, **kw):
-    return mf.build("ds", str(root), **kw)
+    return transfer_build.build("ds", str(root), **kw)
 
 
 def test_build_records_files_and_skips_links_and_empty_dirs(tmp_path, tree):
@@ -54,14 +55,14 @@ def test_write_read_roundtrip_with_awkward_names(tmp_path, tree):
     (src / os.fsdecode(b"latin1-\xe9")).write_bytes(b"7")
     m = build(src).manifest
     path = str(tmp_path / "m.manifest")
-    mf.write(m, path)
-    back = mf.read(path)
+    config_manifest.write(m, path)
+    back = config_manifest.read(path)
     assert back.entries == m.entries and back.digest == m.digest
     assert len(back.entries) == 8
 
 
 def test_catalog_publish_and_current(tmp_path, tree):
-    cat = mf.Catalog(str(tmp_path / "state"))
+    cat = config_manifest.Catalog(str(tmp_path / "state"))
     assert cat.current("ds") is None
     with pytest.raises(ManifestError, match="has no manifest yet: an admin must run `dsstage manifest build ds`"):
         cat.require_current("ds")
@@ -72,9 +73,9 @@ def test_catalog_publish_and_current(tmp_path, tree):
 
 
 def _manifest_file(tmp_path: Path, entries, digest=None):
-    m = mf.Manifest("ds", digest or mf.compute_digest(entries), list(entries), 0, 0.0)
+    m = config_manifest.Manifest("ds", digest or config_manifest.compute_digest(entries), list(entries), 0, 0.0)
     path = str(tmp_path / "x.manifest")
-    mf.write(m, path)
+    config_manifest.write(m, path)
     return path
 
 
@@ -85,38 +86,38 @@ def _manifest_file(tmp_path: Path, entries, digest=None):
 def test_traversal_in_manifest_is_rejected(tmp_path, bad, needle):
     path = _manifest_file(tmp_path, [Entry(bad, 1, 0, H)])
     with pytest.raises(ManifestError, match=needle):
-        mf.read(path)
+        config_manifest.read(path)
 
 
 def test_duplicates_and_file_dir_conflicts_rejected(tmp_path):
     with pytest.raises(ManifestError, match="duplicate entry 'a'"):
-        mf.read(_manifest_file(tmp_path, [Entry("a", 1, 0, H), Entry("a", 1, 0, H)]))
+        config_manifest.read(_manifest_file(tmp_path, [Entry("a", 1, 0, H), Entry("a", 1, 0, H)]))
     with pytest.raises(ManifestError, match="'a' is listed as a file but also holds 'a/b'"):
-        mf.read(_manifest_file(tmp_path, [Entry("a", 1, 0, H), Entry("a/b", 1, 0, H)]))
+        config_manifest.read(_manifest_file(tmp_path, [Entry("a", 1, 0, H), Entry("a/b", 1, 0, H)]))
 
 
 def test_a_manifest_that_lies_is_rejected(tmp_path, tree):
     m = build(tree(tmp_path / "src", {"a": b"x", "b": b"y"})).manifest
     path = tmp_path / "m.manifest"
-    mf.write(m, str(path))
+    config_manifest.write(m, str(path))
     text = path.read_text()
     path.write_text(text.replace(m.entries[0].hash, "0" * 64))
     with pytest.raises(ManifestError, match="do not match the digest in its header"):
-        mf.read(str(path))
+        config_manifest.read(str(path))
     path.write_text("garbage\n")
     with pytest.raises(ManifestError, match="not a dsstage manifest"):
-        mf.read(str(path))
+        config_manifest.read(str(path))
     import json
 
     import blake3
     body = "not\ta\tline\n"
-    path.write_text(mf.MAGIC + json.dumps({"digest": blake3.blake3(body.encode()).hexdigest()}) + "\n"
-                    + body + mf.MTIMES + "1\n")
+    path.write_text(config_manifest.MAGIC + json.dumps({"digest": blake3.blake3(body.encode()).hexdigest()}) + "\n"
+                    + body + config_manifest.MTIMES + "1\n")
     with pytest.raises(ManifestError, match=":2: malformed line"):
-        mf.read(str(path))
-    path.write_text(text.replace(mf.MTIMES, ""))
+        config_manifest.read(str(path))
+    path.write_text(text.replace(config_manifest.MTIMES, ""))
     with pytest.raises(ManifestError, match="no #mtimes section"):
-        mf.read(str(path))
+        config_manifest.read(str(path))
 
 
 def test_missing_source_is_clear(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from dsstage.cli import build_parser
+from dsstage.cli.main import build_parser
 
 TOP = Path(__file__).resolve().parents[2]
 MAN = TOP / "packaging" / "man"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from dsstage import metrics
+from dsstage.node import metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the run directory is root-owned: run as root")
@@ -87,7 +87,7 @@ def test_bad_node_name_raises(tmp_path):
 
 def test_broken_run_dir_does_not_raise(tmp_path, caplog):
     event = [("hits", {"dataset": "coco"}, 1)]
-    caplog.set_level(logging.WARNING, logger="dsstage.metrics")
+    caplog.set_level(logging.WARNING, logger="dsstage.node.metrics")
     (tmp_path / "file").write_text("")
     metrics.count(str(tmp_path / "file"), "n1", event)  # not a directory (UnsafeStore)
     metrics.count(str(tmp_path / "file" / "run"), "n1", event)
@@ -105,7 +105,7 @@ def test_unwritable_run_dir_does_not_raise(tmp_path, caplog):
     run = tmp_path / "run"
     metrics.count(str(run), "n1", [("hits", {"dataset": "coco"}, 1)])
     # root writes through any mode; a read-only mount is what stops it: /sys is one
-    caplog.set_level(logging.WARNING, logger="dsstage.metrics")
+    caplog.set_level(logging.WARNING, logger="dsstage.node.metrics")
     metrics.count("/sys/dsstage-metrics-test", "n1", [("hits", {"dataset": "coco"}, 1)])
     assert not os.path.exists("/sys/dsstage-metrics-test")
     assert "could not count" in caplog.text
@@ -195,7 +195,7 @@ def test_export_raises_when_the_textfile_cannot_be_written(tmp_path):
 
 def test_counting_imports_neither_prometheus_client_nor_logging(tmp_path):
     """The warm Prolog counts: what it imports is its cost (prometheus_client ~80 ms)."""
-    code = ("import sys; from dsstage import metrics;"
+    code = ("import sys; from dsstage.node import metrics;"
             "metrics.count(sys.argv[1], 'n1', [('hits', {'dataset': 'coco'}, 1)]);"
             "print(sorted(m for m in ('prometheus_client', 'logging', 'yaml') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path / "run")], capture_output=True, text=True,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dsstage
 import pytest
-from dsstage.cli import build_parser
+from dsstage.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "packaging" / "systemd"

@@ -1,4 +1,4 @@
-"""The adaptive limit on requests in flight (dsstage.parallel): the decision, the gate, the runner."""
+"""The adaptive limit on requests in flight (dsstage.transfer.parallel): the decision, the gate, the runner."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import threading
 import time
 
 import pytest
-from dsstage import parallel
-from dsstage.parallel import GAIN, HOLD, KEEP, Climb, Limiter, climb
+from dsstage.transfer import parallel
+from dsstage.transfer.parallel import GAIN, HOLD, KEEP, Climb, Limiter, climb
 
 
 def test_a_probe_that_goes_faster_is_kept_and_the_next_follows_at_once():

@@ -1,13 +1,15 @@
-"""The decisions of the fan-out between a job's nodes (dsstage.peers): who stages with whom,
+"""The decisions of the fan-out between a job's nodes (dsstage.transfer.peers): who stages with whom,
 who copies what from the source, the daemon's configuration, the secret's checks, the
 configuration section, and what an rsync run against a peer means."""
 
 import os
 
 import pytest
-from dsstage import config, peers
+from dsstage.config import load, model
+from dsstage.config.manifest import Entry
 from dsstage.errors import ConfigError
-from dsstage.manifest import Entry
+from dsstage.slurm.conf import check_host
+from dsstage.transfer import peerd, peers
 from test_config import base, error
 
 
@@ -17,8 +19,8 @@ def entries(n: int) -> list[Entry]:
 
 
 def test_plan_needs_peers_on_two_nodes_and_this_node_among_them():
-    on = config.Peers(enabled=True)
-    assert peers.plan(config.Peers(), ["n1", "n2"], "n1") == (None, "peers.enabled is off")
+    on = model.Peers(enabled=True)
+    assert peers.plan(model.Peers(), ["n1", "n2"], "n1") == (None, "peers.enabled is off")
     assert peers.plan(on, ["n1"], "n1") == (None, "the job has one node")
     group, why = peers.plan(on, ["n3", "n1", "n2", "n1"], "n2")
     assert group == ("n1", "n2", "n3") and why == "staging with 2 peer(s)"
@@ -40,17 +42,17 @@ def test_shares_are_the_same_everywhere_disjoint_complete_and_balanced():
 
 
 def test_others_start_after_this_node():
-    g = peers.Group(nodes=("n1", "n2", "n3", "n4"), me="n3", conf=config.Peers(enabled=True), secret="x")
+    g = peers.Group(nodes=("n1", "n2", "n3", "n4"), me="n3", conf=model.Peers(enabled=True), secret="x")
     assert g.others() == ["n4", "n1", "n2"]
     assert g.url("n4", "nvme-staging", "ds.abc") == "rsync://dsstage@n4:873/nvme-staging/ds.abc/"
-    g = peers.Group(nodes=("n1", "n2"), me="n1", conf=config.Peers(enabled=True, hosts={"n2": "10.0.0.2:9000"}),
+    g = peers.Group(nodes=("n1", "n2"), me="n1", conf=model.Peers(enabled=True, hosts={"n2": "10.0.0.2:9000"}),
                     secret="x")
     assert g.url("n2", "nvme-datasets", "ds/abc") == "rsync://dsstage@10.0.0.2:9000/nvme-datasets/ds/abc/"
 
 
 def test_the_daemon_serves_only_the_tiers_data_read_only_to_the_secret():
-    c = config.from_dict(base(peers={"enabled": True}))
-    text = peers.daemon_config(c, "n7", "/run/x/secrets")
+    c = load.from_dict(base(peers={"enabled": True}))
+    text = peerd.daemon_config(c, "n7", "/run/x/secrets")
     for line in ("read only = yes", "list = no", "auth users = dsstage:ro", "secrets file = /run/x/secrets",
                  "strict modes = yes", "use chroot = yes", "[nvme-staging]", "path = /local/nvme/n7/staging",
                  "[nvme-datasets]", "path = /local/nvme/n7/datasets", "[ram-staging]",
@@ -62,34 +64,34 @@ def test_the_daemon_serves_only_the_tiers_data_read_only_to_the_secret():
 def test_the_secret_must_be_roots_alone(tmp_path):
     path = tmp_path / "secret"
     with pytest.raises(ConfigError, match="cannot open"):
-        peers.read_secret(str(path))
+        peerd.read_secret(str(path))
     path.write_text("hunter2\nignored\n")
     path.chmod(0o600)
     if os.geteuid() == 0:
         with pytest.raises(ConfigError, match="give at least 32 random"):
-            peers.read_secret(str(path))
+            peerd.read_secret(str(path))
         path.write_text("x" * 32 + "\nignored\n")
-        assert peers.read_secret(str(path)) == "x" * 32
+        assert peerd.read_secret(str(path)) == "x" * 32
     path.chmod(0o640)
     with pytest.raises(ConfigError, match="chmod 0600"):
-        peers.read_secret(str(path))
+        peerd.read_secret(str(path))
     link = tmp_path / "link"
     link.symlink_to(path)
     with pytest.raises(ConfigError, match="cannot open"):
-        peers.read_secret(str(link))
+        peerd.read_secret(str(link))
     if os.geteuid() == 0:
         empty = tmp_path / "empty"
         empty.write_text("\n")
         empty.chmod(0o600)
         with pytest.raises(ConfigError, match="first line must be the secret"):
-            peers.read_secret(str(empty))
+            peerd.read_secret(str(empty))
 
 
 def test_peers_section_defaults_and_errors():
-    p = config.from_dict(base()).peers
+    p = load.from_dict(base()).peers
     assert (p.enabled, p.port, p.secret_file, p.wait, p.timeout, p.parallel) == \
         (False, 873, "/etc/dsstage/peers.secret", 120.0, 60.0, 8)
-    p = config.from_dict(base(peers={"enabled": True, "port": 9000, "hosts": {"n1": "10.1.0.1"},
+    p = load.from_dict(base(peers={"enabled": True, "port": 9000, "hosts": {"n1": "10.1.0.1"},
                                      "wait": "5m", "parallel": 4})).peers
     assert (p.enabled, p.port, dict(p.hosts), p.wait, p.parallel) == (True, 9000, {"n1": "10.1.0.1"}, 300.0, 4)
     assert "peers.enabled: 'yes' is not true or false" in error(base(peers={"enabled": "yes"}))
@@ -118,12 +120,12 @@ def test_what_a_round_against_a_peer_means(rc, stderr, failure, missing):
 def test_check_config_names_a_missing_secret_only_when_peers_are_on(tmp_path):
     slurm_conf = tmp_path / "slurm.conf"
     slurm_conf.write_text("PrologEpilogTimeout=900\n")
-    off = config.from_dict(base(slurm_bin=str(tmp_path)))
-    assert not [p for p in config.check_host(off, str(slurm_conf))[1] if p.key.startswith("peers")]
-    on = config.from_dict(base(slurm_bin=str(tmp_path),
+    off = load.from_dict(base(slurm_bin=str(tmp_path)))
+    assert not [p for p in check_host(off, str(slurm_conf))[1] if p.key.startswith("peers")]
+    on = load.from_dict(base(slurm_bin=str(tmp_path),
                                peers={"enabled": True, "secret_file": str(tmp_path / "none")}))
-    problems = [p for p in config.check_host(on, str(slurm_conf))[1] if p.key == "peers.secret_file"]
+    problems = [p for p in check_host(on, str(slurm_conf))[1] if p.key == "peers.secret_file"]
     assert [p.level for p in problems] == ["error"] and "stages from the source alone" in problems[0].message
-    high = config.from_dict(base(slurm_bin=str(tmp_path), peers={"enabled": True, "hosts": {"n1": "h:8873"}}))
-    assert [p.level for p in config.check_host(high, str(slurm_conf))[1] if p.key == "peers.port"] == ["note"]
-    assert not [p for p in config.check_host(on, str(slurm_conf))[1] if p.key == "peers.port"]
+    high = load.from_dict(base(slurm_bin=str(tmp_path), peers={"enabled": True, "hosts": {"n1": "h:8873"}}))
+    assert [p.level for p in check_host(high, str(slurm_conf))[1] if p.key == "peers.port"] == ["note"]
+    assert not [p for p in check_host(on, str(slurm_conf))[1] if p.key == "peers.port"]

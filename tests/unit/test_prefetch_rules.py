@@ -1,9 +1,9 @@
-"""The prefetch's decisions (dsstage.prefetch): what to stage, what to spare, when a plan changed."""
+"""The prefetch's decisions (dsstage.cluster.prefetch): what to stage, what to spare, when a plan changed."""
 
 from __future__ import annotations
 
-from dsstage.prefetch import Candidate, select, spare_rule, still_wanted
-from dsstage.retention import Copy, Demand, Want
+from dsstage.cluster.prefetch import Candidate, select, spare_rule, still_wanted
+from dsstage.policy.retention import Copy, Demand, Want
 
 NOW = 1_000_000.0
 

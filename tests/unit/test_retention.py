@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dsstage.retention import Copy, Demand, Plan, Policy, Space, Want, plan, used
+from dsstage.policy.retention import Copy, Demand, Plan, Policy, Space, Want, plan, used
 
 NOW = 1_800_000_000.0
 GB = 10**9

@@ -10,12 +10,13 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from dsstage import retention as rt
-from dsstage.sim import cli as simulate
-from dsstage.sim import trace as tr
-from dsstage.sim.bound import lower_bound, pack
-from dsstage.sim.replay import JobEnd, Lru, Offline, Planner, replay
-from dsstage.sim.sched import Nodes, project, schedule
+from dsstage.cli import main as cli
+from dsstage.policy import retention as rt
+from dsstage.policy.sim import cli as simulate
+from dsstage.policy.sim import trace as tr
+from dsstage.policy.sim.bound import lower_bound, pack
+from dsstage.policy.sim.replay import JobEnd, Lru, Offline, Planner, replay
+from dsstage.policy.sim.sched import Nodes, project, schedule
 
 GB = 10**9
 
@@ -326,7 +327,6 @@ def test_text_report_says_what_the_offline_figures_are():
 
 
 def test_dsstage_simulate_runs_the_simulator(capsys):
-    from dsstage import cli
     assert cli.main(["simulate", "--jobs", "80", "--nodes", "4", "--datasets", "8", "--json"]) == 0
     assert list(json.loads(capsys.readouterr().out)["policies"]) == ["planner", "lru", "job-end", "offline"]
 

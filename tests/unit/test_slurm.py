@@ -5,17 +5,21 @@ import types
 from pathlib import Path
 
 import pytest
-from dsstage import slurm
+from dsstage import hostlist
 from dsstage.errors import CommandError
-from dsstage.slurm import FakeSlurm, Job
+from dsstage.slurm import client
+from dsstage.slurm import hold as slurm_hold
+from dsstage.slurm import records as slurm_records
+from dsstage.slurm.fake import FakeSlurm
+from dsstage.slurm.records import Job
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
 
 def test_datasets_of_admin_comment():
-    assert slurm.datasets_of("site=abc dsstage=coco,imagenet22t") == ("coco", "imagenet22t")
-    assert slurm.datasets_of("") == ()
-    assert slurm.datasets_of("nodsstage=x") == ()
+    assert slurm_records.datasets_of("site=abc dsstage=coco,imagenet22t") == ("coco", "imagenet22t")
+    assert slurm_records.datasets_of("") == ()
+    assert slurm_records.datasets_of("nodsstage=x") == ()
 
 
 @pytest.mark.parametrize("admin,expected", [
@@ -26,18 +30,18 @@ def test_datasets_of_admin_comment():
     ("site note: x=ydsstage=a", ()),  # not a word of its own
 ])
 def test_datasets_of_finds_the_tag_among_other_text(admin, expected):
-    assert slurm.datasets_of(admin) == expected
+    assert slurm_records.datasets_of(admin) == expected
 
 
 def test_expand_nodes_with_nodeset():
-    assert slurm.expand_nodes("n[1-3,5],gpu01") == ["gpu01", "n1", "n2", "n3", "n5"]
-    assert slurm.expand_nodes("c[08-10]") == ["c08", "c09", "c10"]
-    assert slurm.expand_nodes("rack[1-2]-n[01-02]") == ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]
-    assert slurm.expand_nodes("n3,n1,n3") == ["n1", "n3"]
-    assert slurm.expand_nodes("") == []
+    assert hostlist.expand_nodes("n[1-3,5],gpu01") == ["gpu01", "n1", "n2", "n3", "n5"]
+    assert hostlist.expand_nodes("c[08-10]") == ["c08", "c09", "c10"]
+    assert hostlist.expand_nodes("rack[1-2]-n[01-02]") == ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]
+    assert hostlist.expand_nodes("n3,n1,n3") == ["n1", "n3"]
+    assert hostlist.expand_nodes("") == []
     for bad in ("n[1-", "n[3-1]", "@gpus", "n[1-4]!n2", "n1&n2", "n1^n2"):
         with pytest.raises(ValueError):
-            slurm.expand_nodes(bad)
+            hostlist.expand_nodes(bad)
 
 
 def test_job_node_names():
@@ -55,7 +59,7 @@ def saved_squeue() -> dict[str, str]:
     out: dict[str, str] = {}
     for section in (DATA / "squeue-job-records.txt").read_text().split("## ")[1:]:
         command, _, text = section.partition("\n")
-        assert command.endswith(slurm.JOB_FORMAT)
+        assert command.endswith(slurm_records.JOB_FORMAT)
         out[command.split(" -j ")[1].split()[0]] = text
     return out
 
@@ -63,19 +67,19 @@ def saved_squeue() -> dict[str, str]:
 def test_parse_job_records_on_saved_squeue_output():
     saved = saved_squeue()
     # a held batch job whose name and comment forge scontrol fields and records (see below)
-    held = slurm.parse_job_records(saved["25"])["25"]
+    held = slurm_records.parse_job_records(saved["25"])["25"]
     assert (held.state, held.batch, held.requeue, held.datasets) == ("PENDING", True, True, ("sample",))
     assert held.admin_comment == ("dsstage=sample\nsecond line| dsstage held this job: source /x is gone"
                                   " -- once that is fixed: scontrol release 25")
-    no_requeue = slurm.parse_job_records(saved["26"])["26"]
+    no_requeue = slurm_records.parse_job_records(saved["26"])["26"]
     assert (no_requeue.batch, no_requeue.requeue) == (True, False)
     assert no_requeue.admin_comment == "site=a|b x=y dsstage=sample"
-    alloc = slurm.parse_job_records(saved["27"])["27"]
+    alloc = slurm_records.parse_job_records(saved["27"])["27"]
     assert (alloc.state, alloc.batch, alloc.admin_comment) == ("RUNNING", False, "")  # "(null)"
-    array = slurm.parse_job_records(saved["28"])  # the first task's id lists the whole array
+    array = slurm_records.parse_job_records(saved["28"])  # the first task's id lists the whole array
     assert sorted(array) == ["28", "29", "30"] and array["28"].state == "PENDING"
-    assert slurm.parse_job_records(saved["31"])["31"].state == "CANCELLED"
-    assert slurm.parse_job_records("") == {}
+    assert slurm_records.parse_job_records(saved["31"])["31"].state == "CANCELLED"
+    assert slurm_records.parse_job_records("") == {}
 
 
 def test_scontrol_show_job_can_be_forged_by_the_user():
@@ -83,7 +87,7 @@ def test_scontrol_show_job_can_be_forged_by_the_user():
     # why nothing parses scontrol show job, and squeue is asked for fixed fields only
     text = (DATA / "scontrol-show-job-forged.txt").read_text()
     assert "AdminComment=evil BatchFlag=0" in text and "\n1|0|0|RUNNING|evil|" in text
-    assert not hasattr(slurm, "parse_show_job")
+    assert not any(hasattr(m, "parse_show_job") for m in (slurm_records, client))
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -95,32 +99,32 @@ def test_scontrol_show_job_can_be_forged_by_the_user():
     ("keeps x-dsstage=1 and ünïcode", "keeps x-dsstage=1 and ünïcode"),
 ])
 def test_hold_reason_is_one_clean_line(text, expected):
-    assert slurm.hold_reason(text) == expected
+    assert slurm_hold.hold_reason(text) == expected
 
 
 def test_hold_reason_is_bounded():
-    long = slurm.hold_reason("word " * 1000)
-    assert len(long) == slurm.MAX_REASON and long.endswith("...")
-    assert slurm.hold_reason("abcdef", limit=5) == "ab..."
+    long = slurm_hold.hold_reason("word " * 1000)
+    assert len(long) == slurm_hold.MAX_REASON and long.endswith("...")
+    assert slurm_hold.hold_reason("abcdef", limit=5) == "ab..."
 
 
 def test_hold_message_says_what_was_done():
-    assert slurm.hold_message(Job("7", "u", "RUNNING", ()), "gone") == \
+    assert slurm_hold.hold_message(Job("7", "u", "RUNNING", ()), "gone") == \
         "dsstage held this job: gone -- once that is fixed: scontrol release 7"
-    assert slurm.hold_message(Job("7", "u", "RUNNING", (), batch=False), "gone") == \
+    assert slurm_hold.hold_message(Job("7", "u", "RUNNING", (), batch=False), "gone") == \
         "dsstage cancelled this job: gone (an interactive allocation cannot be requeued)"
-    assert slurm.hold_message(Job("7", "u", "RUNNING", (), requeue=False), "gone") == \
+    assert slurm_hold.hold_message(Job("7", "u", "RUNNING", (), requeue=False), "gone") == \
         "dsstage stopped this job: gone (it was submitted with --no-requeue)"
 
 
 def test_merge_admin_comment_keeps_what_is_there_and_replaces_its_own_part():
-    assert slurm.merge_admin_comment("", "dsstage held this job: a") == "dsstage held this job: a"
-    merged = slurm.merge_admin_comment("site=a|b x=y dsstage=coco", "dsstage held this job: a")
+    assert slurm_hold.merge_admin_comment("", "dsstage held this job: a") == "dsstage held this job: a"
+    merged = slurm_hold.merge_admin_comment("site=a|b x=y dsstage=coco", "dsstage held this job: a")
     assert merged == "site=a|b x=y dsstage=coco dsstage held this job: a"
-    assert slurm.datasets_of(merged) == ("coco",)
-    again = slurm.merge_admin_comment(merged, "dsstage cancelled this job: b")
+    assert slurm_records.datasets_of(merged) == ("coco",)
+    again = slurm_hold.merge_admin_comment(merged, "dsstage cancelled this job: b")
     assert again == "site=a|b x=y dsstage=coco dsstage cancelled this job: b"
-    assert slurm.merge_admin_comment("dsstage=coco\n dsstage stopped this job: x", "dsstage held this job: y") == \
+    assert slurm_hold.merge_admin_comment("dsstage=coco\n dsstage stopped this job: x", "dsstage held this job: y") == \
         "dsstage=coco dsstage held this job: y"
 
 
@@ -142,10 +146,10 @@ class Recorder:
         return subprocess.CompletedProcess(argv, rc, out, err)
 
 
-def cli_with(monkeypatch, squeue: str, **kw) -> tuple[slurm.CliSlurm, Recorder]:
+def cli_with(monkeypatch, squeue: str, **kw) -> tuple[client.CliSlurm, Recorder]:
     rec = Recorder(squeue, **kw)
-    monkeypatch.setattr(slurm.proc, "run", rec)
-    return slurm.CliSlurm(bin_dir="/opt/slurm/bin", timeout=5), rec
+    monkeypatch.setattr(client.proc, "run", rec)
+    return client.CliSlurm(bin_dir="/opt/slurm/bin", timeout=5), rec
 
 
 def running(job_id: str, *, batch: str = "1", requeue: str = "1", admin: str = "dsstage=coco") -> str:
@@ -154,9 +158,9 @@ def running(job_id: str, *, batch: str = "1", requeue: str = "1", admin: str = "
 
 def test_cli_hold_requeues_and_holds_a_batch_job(monkeypatch):
     cli, rec = cli_with(monkeypatch, running("42", admin="site=x dsstage=coco"))
-    assert cli.hold("42", "source /x is\ngone") == slurm.HELD
+    assert cli.hold("42", "source /x is\ngone") == slurm_hold.HELD
     assert rec.calls == [
-        ["/opt/slurm/bin/squeue", "-h", "-t", "all", "-j", "42", "-O", slurm.JOB_FORMAT],
+        ["/opt/slurm/bin/squeue", "-h", "-t", "all", "-j", "42", "-O", slurm_records.JOB_FORMAT],
         ["/opt/slurm/bin/scontrol", "update", "JobId=42", "AdminComment=site=x dsstage=coco dsstage held this job: "
          "source /x is gone -- once that is fixed: scontrol release 42"],
         ["/opt/slurm/bin/scontrol", "requeuehold", "Incomplete", "42"]]
@@ -165,13 +169,13 @@ def test_cli_hold_requeues_and_holds_a_batch_job(monkeypatch):
 
 def test_cli_hold_leaves_a_job_another_node_requeued(monkeypatch):
     cli, rec = cli_with(monkeypatch, "42|1|1|COMPLETING|dsstage=coco|\n")
-    assert cli.hold("42", "gone") == slurm.ALREADY_HELD
+    assert cli.hold("42", "gone") == slurm_hold.ALREADY_HELD
     assert rec.calls[-1][1:] == ["requeuehold", "Incomplete", "42"]  # a no-op for Slurm: seen
 
 
 def test_cli_hold_cancels_an_allocation_after_telling_its_terminal(monkeypatch):
     cli, rec = cli_with(monkeypatch, saved_squeue()["27"])  # salloc, running
-    assert cli.hold("27", "gone") == slurm.CANCELLED
+    assert cli.hold("27", "gone") == slurm_hold.CANCELLED
     message = "dsstage cancelled this job: gone (an interactive allocation cannot be requeued)"
     assert rec.calls[1:] == [["/opt/slurm/bin/scontrol", "update", "JobId=27", f"AdminComment={message}"],
                              ["/opt/slurm/bin/scontrol", "notify", "27", message],
@@ -180,7 +184,7 @@ def test_cli_hold_cancels_an_allocation_after_telling_its_terminal(monkeypatch):
 
 def test_cli_hold_leaves_a_no_requeue_batch_job_to_its_taskprolog(monkeypatch):
     cli, rec = cli_with(monkeypatch, saved_squeue()["26"])
-    assert cli.hold("26", "gone") == slurm.NOT_REQUEUED
+    assert cli.hold("26", "gone") == slurm_hold.NOT_REQUEUED
     assert [c[1] for c in rec.calls[1:]] == ["update"]
     assert rec.calls[1][3] == ("AdminComment=site=a|b x=y dsstage=sample "
                                "dsstage stopped this job: gone (it was submitted with --no-requeue)")
@@ -188,9 +192,9 @@ def test_cli_hold_leaves_a_no_requeue_batch_job_to_its_taskprolog(monkeypatch):
 
 def test_cli_hold_of_a_gone_job_does_nothing(monkeypatch):
     cli, rec = cli_with(monkeypatch, "", squeue_rc=1, squeue_err="slurm_load_jobs error: Invalid job id specified")
-    assert cli.hold("9", "gone") == slurm.GONE and len(rec.calls) == 1
+    assert cli.hold("9", "gone") == slurm_hold.GONE and len(rec.calls) == 1
     cli, rec = cli_with(monkeypatch, saved_squeue()["31"])  # cancelled meanwhile
-    assert cli.hold("31", "gone") == slurm.GONE and len(rec.calls) == 1
+    assert cli.hold("31", "gone") == slurm_hold.GONE and len(rec.calls) == 1
 
 
 def test_cli_hold_raises_when_slurm_cannot_be_asked(monkeypatch):
@@ -202,7 +206,7 @@ def test_cli_hold_raises_when_slurm_cannot_be_asked(monkeypatch):
 def test_cli_job_alive_is_not_fooled_by_a_forged_job_name(monkeypatch):
     cli, rec = cli_with(monkeypatch, saved_squeue()["25"])
     assert cli.job_alive("25")
-    assert rec.calls == [["/opt/slurm/bin/squeue", "-h", "-t", "all", "-j", "25", "-O", slurm.JOB_FORMAT]]
+    assert rec.calls == [["/opt/slurm/bin/squeue", "-h", "-t", "all", "-j", "25", "-O", slurm_records.JOB_FORMAT]]
     cli, _ = cli_with(monkeypatch, saved_squeue()["31"])
     assert not cli.job_alive("31")
     cli, _ = cli_with(monkeypatch, "", squeue_rc=1, squeue_err="slurm_load_jobs error: Invalid job id specified")
@@ -218,7 +222,7 @@ def test_cli_runs_slurm_clients_with_a_fixed_environment(monkeypatch):
     monkeypatch.setenv("SLURM_CLUSTERS", "other")
     monkeypatch.setenv("SLURM_CONF", "/etc/slurm/test.conf")
     cli, rec = cli_with(monkeypatch, running("42"))
-    assert cli.hold("42", "gone") == slurm.HELD
+    assert cli.hold("42", "gone") == slurm_hold.HELD
     assert len(rec.envs) == 3
     for env in rec.envs:
         assert env["SLURM_TIME_FORMAT"] == "%s" and env["SLURM_CONF"] == "/etc/slurm/test.conf"
@@ -227,10 +231,10 @@ def test_cli_runs_slurm_clients_with_a_fixed_environment(monkeypatch):
 
 def test_cli_slurm_calls_clients_by_absolute_path_only():
     with pytest.raises(ValueError):
-        slurm.CliSlurm(bin_dir="bin")
-    c = slurm.client(bin_dir="/opt/slurm/bin")
-    assert isinstance(c, slurm.CliSlurm) and c.bin_dir == "/opt/slurm/bin"
-    assert slurm.client().bin_dir == "/usr/bin"  # type: ignore[attr-defined]
+        client.CliSlurm(bin_dir="bin")
+    c = client.client(bin_dir="/opt/slurm/bin")
+    assert isinstance(c, client.CliSlurm) and c.bin_dir == "/opt/slurm/bin"
+    assert client.client().bin_dir == "/usr/bin"  # type: ignore[attr-defined]
 
 
 def test_fake_hold_follows_the_same_rules():
@@ -239,19 +243,19 @@ def test_fake_hold_follows_the_same_rules():
     s.submit(Job("2", "a", "RUNNING", ("coco",), batch=False))
     s.submit(Job("3", "a", "RUNNING", ("coco",), requeue=False))
     s.submit(Job("4", "a", "COMPLETED", ("coco",)))
-    assert s.hold("1", "source\ngone") == slurm.HELD
+    assert s.hold("1", "source\ngone") == slurm_hold.HELD
     assert s.jobs["1"].state == "PENDING" and s.held == {"1": "source gone"}
     assert s.jobs["1"].admin_comment == \
         "dsstage=coco dsstage held this job: source gone -- once that is fixed: scontrol release 1"
-    assert s.hold("1", "still gone") == slurm.ALREADY_HELD
+    assert s.hold("1", "still gone") == slurm_hold.ALREADY_HELD
     assert s.jobs["1"].admin_comment.endswith("still gone -- once that is fixed: scontrol release 1")
-    assert s.hold("2", "gone") == slurm.CANCELLED
+    assert s.hold("2", "gone") == slurm_hold.CANCELLED
     assert s.jobs["2"].state == "CANCELLED" and s.cancelled == {"2": "gone"}
     assert s.notified["2"].startswith("dsstage cancelled this job: gone")
-    assert s.hold("3", "gone") == slurm.NOT_REQUEUED and s.jobs["3"].state == "RUNNING"
+    assert s.hold("3", "gone") == slurm_hold.NOT_REQUEUED and s.jobs["3"].state == "RUNNING"
     assert "3" not in s.held and "3" not in s.cancelled
-    assert s.hold("4", "gone") == slurm.GONE
-    assert s.hold("99", "never submitted") == slurm.HELD and s.held["99"] == "never submitted"
+    assert s.hold("4", "gone") == slurm_hold.GONE
+    assert s.hold("99", "never submitted") == slurm_hold.HELD and s.held["99"] == "never submitted"
 
 
 # -- the queue ----------------------------------------------------------------------------
@@ -266,13 +270,13 @@ def saved_queue() -> tuple[str, str]:
 
 def test_saved_queue_output_is_of_the_command_queue_runs():
     command, _ = saved_queue()
-    argv = slurm.CliSlurm(bin_dir="/usr/bin").queue_argv()
+    argv = client.CliSlurm(bin_dir="/usr/bin").queue_argv()
     assert command == "SLURM_TIME_FORMAT=%s " + shlex.join(["squeue", *argv[1:]])
-    assert argv[-1] == slurm.QUEUE_FORMAT and argv[-1].endswith(",admin_comment:|")
+    assert argv[-1] == slurm_records.QUEUE_FORMAT and argv[-1].endswith(",admin_comment:|")
 
 
 def test_parse_queue_on_saved_squeue_output():
-    jobs = slurm.parse_job_records(saved_queue()[1], slurm.QUEUE_FORMAT)
+    jobs = slurm_records.parse_job_records(saved_queue()[1], slurm_records.QUEUE_FORMAT)
     assert list(jobs) == ["5", "6", "9", "10", "11", "7", "4", "2", "8", "12", "3"]
     # pending, as another user, with backfill's plan: two nodes and an expected start
     assert jobs["5"] == Job("5", "nobody", "PENDING", ("sample",), nodes="", partition="debug",
@@ -302,17 +306,17 @@ def test_a_requeued_held_job_has_no_start():
     # seen just after 'scontrol requeuehold' (not in the saved output, taken later): the job
     # shows a StartTime, the end of its requeue delay, though it will not start until released
     line = "4|root|PENDING|debug|0|1795331487|(null)||1|1|dsstage=sample dsstage held this job: x|\n"
-    job = slurm.parse_job_records(line, slurm.QUEUE_FORMAT)["4"]
+    job = slurm_records.parse_job_records(line, slurm_records.QUEUE_FORMAT)["4"]
     assert (job.priority, job.start_time, job.datasets) == (0, None, ("sample",))
     running = "2|root|RUNNING|debug|0|1795331355|(null)|n1|1|1|(null)|\n"  # only a pending job waits
-    assert slurm.parse_job_records(running, slurm.QUEUE_FORMAT)["2"].start_time == 1795331355.0
+    assert slurm_records.parse_job_records(running, slurm_records.QUEUE_FORMAT)["2"].start_time == 1795331355.0
 
 
 def test_parse_job_records_takes_known_fields_only():
     with pytest.raises(ValueError):
-        slurm.parse_job_records("", "JobID:|,Name:|,admin_comment:|")  # a user's free text
+        slurm_records.parse_job_records("", "JobID:|,Name:|,admin_comment:|")  # a user's free text
     with pytest.raises(ValueError):
-        slurm.parse_job_records("", "admin_comment:|,JobID:|")  # free text not last
+        slurm_records.parse_job_records("", "admin_comment:|,JobID:|")  # free text not last
 
 
 def test_cli_queue_runs_one_squeue_with_a_fixed_environment(monkeypatch):
@@ -377,17 +381,17 @@ def fake_pyslurm(mocker):
 
 
 def test_client_uses_pyslurm_where_it_imports_with_the_job_api(fake_pyslurm):
-    c = slurm.client(bin_dir="/opt/slurm/bin")
-    assert isinstance(c, slurm.PySlurm) and c.pyslurm is fake_pyslurm and c.bin_dir == "/opt/slurm/bin"
+    c = client.client(bin_dir="/opt/slurm/bin")
+    assert isinstance(c, client.PySlurm) and c.pyslurm is fake_pyslurm and c.bin_dir == "/opt/slurm/bin"
 
 
 def test_client_falls_back_to_the_cli(mocker):
     mocker.patch.dict(sys.modules, {"pyslurm": None})  # import pyslurm raises ImportError
-    assert isinstance(slurm.client(), slurm.CliSlurm)
+    assert isinstance(client.client(), client.CliSlurm)
     old = types.ModuleType("pyslurm")  # 17.x/18.x: pyslurm.job(), no pyslurm.Jobs
     old.job = object  # type: ignore[attr-defined]
     mocker.patch.dict(sys.modules, {"pyslurm": old})
-    assert isinstance(slurm.client(), slurm.CliSlurm)
+    assert isinstance(client.client(), client.CliSlurm)
 
 
 def test_pyslurm_queue(fake_pyslurm, mocker):
@@ -402,7 +406,7 @@ def test_pyslurm_queue(fake_pyslurm, mocker):
         1: pyslurm_job(mocker, id=1, state="COMPLETED", admin_comment="dsstage=a"),
     }
     fake_pyslurm.Jobs.load.return_value = mocker.Mock(spec_set=["values"], values=loaded.values)
-    jobs = {j.job_id: j for j in slurm.client().queue()}
+    jobs = {j.job_id: j for j in client.client().queue()}
     assert sorted(jobs) == ["12", "2", "5", "7"]  # COMPLETED is not in the queue
     assert jobs["5"] == Job("5", "nobody", "PENDING", ("sample",), nodes="", partition="debug",
                             admin_comment="site note: x=y dsstage=sample", priority=4294901755,
@@ -417,15 +421,15 @@ def test_pyslurm_queue(fake_pyslurm, mocker):
 def test_pyslurm_queue_error_is_a_command_error(fake_pyslurm):
     fake_pyslurm.Jobs.load.side_effect = fake_pyslurm.RPCError("Unable to contact slurm controller")
     with pytest.raises(CommandError, match="pyslurm cannot load the jobs"):
-        slurm.client().queue()
+        client.client().queue()
 
 
 def test_pyslurm_holds_and_checks_jobs_through_the_cli(fake_pyslurm, mocker):
-    c = slurm.client(bin_dir="/opt/slurm/bin")
-    assert isinstance(c, slurm.PySlurm)
-    hold = mocker.patch.object(slurm.CliSlurm, "hold", return_value=slurm.HELD)
-    alive = mocker.patch.object(slurm.CliSlurm, "job_alive", return_value=False)
-    assert c.hold("42", "gone") == slurm.HELD and not c.job_alive("42")
+    c = client.client(bin_dir="/opt/slurm/bin")
+    assert isinstance(c, client.PySlurm)
+    hold = mocker.patch.object(client.CliSlurm, "hold", return_value=slurm_hold.HELD)
+    alive = mocker.patch.object(client.CliSlurm, "job_alive", return_value=False)
+    assert c.hold("42", "gone") == slurm_hold.HELD and not c.job_alive("42")
     hold.assert_called_once_with("42", "gone")
     alive.assert_called_once_with("42")
     fake_pyslurm.Jobs.load.assert_not_called()
@@ -438,5 +442,5 @@ def test_pyslurm_holds_and_checks_jobs_through_the_cli(fake_pyslurm, mocker):
 ])
 def test_status_folds_node_names_as_nodeset_does(names):
     from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
-    from dsstage.slurm import fold_nodes as fold
+    from dsstage.hostlist import fold_nodes as fold
     assert fold(names) == str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))

@@ -1,7 +1,7 @@
 from pathlib import Path
 
-from dsstage.manifest import Entry
-from dsstage.transfer import parse_stats, plan_streams
+from dsstage.config.manifest import Entry
+from dsstage.transfer.rsync import parse_stats, plan_streams
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from dsstage import config as cfg
-from dsstage import nodefs
+from dsstage.config import model
+from dsstage.fs import layout, runfiles
 from guides import TOP, Runs, check_coverage, check_parses, check_runs, fenced, inline_commands, prose
 
 GUIDE = TOP / "docs" / "user-guide.md"
@@ -97,22 +97,22 @@ QUOTES = [
     ("--dataset=sample,: empty dataset name", "sbatch_ext/dsstage_spank.c", "--dataset=%s: empty dataset name"),
     ("dataset names use lower-case\nletters, digits, ...", "sbatch_ext/dsstage_spank.c",
      "dataset names use lower-case letters, digits, "),
-    ("dsstage: warning: could not stage 'flaky' (", "lib/dsstage/hooks.py", "print dsstage: warning: "),
-    ("could not stage 'flaky' (...); reading /data/flaky directly, which is slower", "lib/dsstage/hooks.py",
+    ("dsstage: warning: could not stage 'flaky' (", "lib/dsstage/hooks/job.py", "print dsstage: warning: "),
+    ("could not stage 'flaky' (...); reading /data/flaky directly, which is slower", "lib/dsstage/hooks/job.py",
      'f"could not stage {name!r} ({error}); reading {ds.source.path} directly, which is slower"'),
-    ("`dsstage: error: <why>`", "lib/dsstage/hooks.py", 'f"print dsstage: error: {_one_line(o.reason)}"'),
-    ("dsstage held this job: <why> -- once that is fixed: scontrol release 1234", "lib/dsstage/slurm.py",
+    ("`dsstage: error: <why>`", "lib/dsstage/hooks/job.py", 'f"print dsstage: error: {_one_line(o.reason)}"'),
+    ("dsstage held this job: <why> -- once that is fixed: scontrol release 1234", "lib/dsstage/slurm/hold.py",
      'f"dsstage held this job: {reason} -- once that is fixed: scontrol release {job.job_id}"'),
     ("AdminComment=dsstage=imagenet22t dsstage held this job: ", HOLD,
      'admin.startswith(f"dsstage={gone_source} dsstage held this job: ")'),
     ("`salloc: dsstage cancelled this job: <why> (an interactive allocation cannot be requeued)`",
-     "lib/dsstage/slurm.py", 'f"dsstage cancelled this job: {reason} (an interactive allocation cannot be requeued)"'),
+     "lib/dsstage/slurm/hold.py", 'f"dsstage cancelled this job: {reason} (an interactive allocation cannot be requeued)"'),
     ("job requeued in held state\n", HOLD, 'assert reason == "job requeued in held state"'),
     ("`DSSTAGE_BB_DATASETS`", "sbatch_ext/burst_buffer.lua", "DSSTAGE_BB_DATASETS"),
-    ("Slurm has not planned when or where\nit starts yet.", "lib/dsstage/status.py",
+    ("Slurm has not planned when or where\nit starts yet.", "lib/dsstage/cluster/status.py",
      '"Slurm has not planned when or where it starts yet."'),
     ("Its Prolog stages what is missing on\neach node before the job starts; if that fails the job falls back to "
-     "the source\nor is held, as the dataset's on_failure says.", "lib/dsstage/status.py",
+     "the source\nor is held, as the dataset's on_failure says.", "lib/dsstage/cluster/status.py",
      '"Its Prolog stages what is missing on each node before the job starts; if that fails the job "'),
 ]
 
@@ -164,8 +164,8 @@ def test_the_guide_quotes_what_the_code_says():
 
 def test_the_guide_states_the_codes_numbers():
     text = " ".join(guide().split())
-    assert nodefs.env_var("coco-2017") == "DSSTAGE_PATH_COCO_2017" and "`DSSTAGE_PATH_COCO_2017`" in text
-    assert nodefs.NAME_MAX == 64 and "at most 64 characters" in text
-    assert cfg.DEFAULT_PROLOG_BUDGET == 300 and "`prolog_budget`, 300 seconds" in text
-    assert nodefs.export_lines([("a", "/x"), ("b", "/y")])[-1] == "export DSSTAGE_DATASET_DIR=/x"
+    assert layout.env_var("coco-2017") == "DSSTAGE_PATH_COCO_2017" and "`DSSTAGE_PATH_COCO_2017`" in text
+    assert layout.NAME_MAX == 64 and "at most 64 characters" in text
+    assert model.DEFAULT_PROLOG_BUDGET == 300 and "`prolog_budget`, 300 seconds" in text
+    assert runfiles.export_lines([("a", "/x"), ("b", "/y")])[-1] == "export DSSTAGE_DATASET_DIR=/x"
     assert "`DSSTAGE_DATASET_DIR` | the same as `DSSTAGE_PATH_<NAME>` of the first dataset" in text

@@ -1,0 +1,153 @@
+"""The admins' and data owners' verbs: ``check-config``, ``ls``, ``manifest build``,
+``export-catalog`` and ``simulate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from dsstage.cli.common import emit, load_config, reader_of
+from dsstage.config import catalog as cat
+from dsstage.config import load
+from dsstage.config import manifest as config_manifest
+from dsstage.errors import DsstageError
+from dsstage.fs.safe import write_atomic
+from dsstage.slurm import conf as slurm_conf
+from dsstage.transfer import build as transfer_build
+from dsstage.units import human
+
+log = logging.getLogger("dsstage")
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    slurm, problems = slurm_conf.check_host(conf)
+    errors = [p for p in problems if p.level == "error"]
+    data = {"config": conf.origin, "ok": not errors, "state_dir": conf.state_dir, "on_failure": conf.on_failure,
+            "slurm_bin": conf.slurm_bin, "prolog_budget": conf.prolog_budget, "source_user": conf.source_user,
+            "slurm": slurm, "peers": {"enabled": conf.peers.enabled, "port": conf.peers.port},
+            "tiers": {t.name: {"path": t.path, "capacity": t.capacity, "high_watermark": t.high_watermark,
+                               "low_watermark": t.low_watermark} for t in conf.tiers.values()},
+            "datasets": sorted(conf.datasets),
+            "problems": [{"level": p.level, "key": p.key, "message": p.message} for p in problems]}
+
+    def text() -> None:
+        print(f"{conf.origin}: {'OK' if not errors else f'{len(errors)} error(s)'}")
+        print(f"  state_dir      {conf.state_dir}")
+        print(f"  slurm_bin      {conf.slurm_bin}")
+        timeout = slurm["prolog_epilog_timeout"]
+        limit = "not read" if not slurm["read"] else "none, slurmd waits" if timeout is None else f"{timeout:g}s"
+        print(f"  prolog_budget  {conf.prolog_budget:g}s (PrologEpilogTimeout: {limit}, "
+              f"margin {slurm_conf.PROLOG_MARGIN:g}s)")
+        print(f"  source_user    {conf.source_user or 'root (default)'}")
+        for t in conf.tiers.values():
+            cap = f"{t.capacity:.0%} of the filesystem" if isinstance(t.capacity, float) else human(t.capacity)
+            marks = f"{t.low_watermark:.0%}-{t.high_watermark:.0%}"
+            print(f"  tier {t.name:<8} {t.path}  capacity {cap}  watermarks {marks}")
+        peers = (f"on, port {conf.peers.port}, secret {conf.peers.secret_file}" if conf.peers.enabled
+                 else "off (every node reads from the source alone)")
+        print(f"  peers          {peers}")
+        print(f"  {len(conf.datasets)} dataset(s): {', '.join(sorted(conf.datasets)) or '-'}")
+        for p in problems:
+            if p.level == "note":
+                print(f"  note: {p.key}: {p.message}")
+    emit(args, data, text)
+    for p in errors:
+        print(f"dsstage: error: {conf.origin}: {p.key}: {p.message}", file=sys.stderr)
+    return load.ConfigError.exit_code if errors else 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    manifests = config_manifest.Catalog(conf.state_dir)
+    rows = []
+    for ds in sorted(conf.datasets.values(), key=lambda d: d.name):
+        row: dict[str, Any] = {"name": ds.name, "source": ds.source.raw, "tier": ds.tier,
+                               "groups": list(ds.groups) if ds.groups else None, "verify": ds.verify,
+                               "on_failure": ds.on_failure, "version": None, "files": None, "bytes": None}
+        try:
+            digest = manifests.current(ds.name)
+            if digest:
+                header = config_manifest.read_header(manifests.path(ds.name, digest))
+                row.update(version=digest[:16], files=header.get("files"), bytes=header.get("bytes"))
+        except DsstageError as exc:
+            row["problem"] = str(exc)
+        rows.append(row)
+
+    def text() -> None:
+        from rich.table import Table
+
+        from dsstage.ui import console
+        table = Table(title="dsstage catalog", title_justify="left")
+        for col in ("dataset", "version", "files", "size", "tier", "groups", "source"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["name"], r["version"] or "[yellow]no manifest[/]",
+                          str(r["files"] if r["files"] is not None else "-"),
+                          human(int(r["bytes"])) if r["bytes"] is not None else "-", r["tier"],
+                          ",".join(r["groups"]) if r["groups"] else "everyone", r["source"])
+        console().print(table)
+    emit(args, rows, text)
+    return 0
+
+
+def cmd_manifest_build(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    ds = cat.lookup(conf, args.name)
+    manifests = config_manifest.Catalog(conf.state_dir)
+    if args.from_path:
+        root = args.from_path
+    elif ds.source.kind == "local":
+        root = ds.source.path
+    else:
+        raise DsstageError(f"dataset {ds.name!r} comes from {ds.source.raw}; build its manifest where the data is "
+                           f"mounted: dsstage manifest build {ds.name} --from /mounted/path")
+    previous = None
+    if manifests.current(ds.name):
+        try:
+            previous = manifests.load(ds.name)
+        except DsstageError as exc:
+            log.warning("previous manifest unusable, hashing everything: %s", exc)
+    from dsstage.ui import progress_bar
+    with progress_bar(f"hashing {ds.name}", enabled=not args.json) as advance:
+        report = transfer_build.build(ds.name, root, source=ds.source.raw, previous=previous, reader=reader_of(conf),
+                          threads=conf.transfer.hash_threads, progress=advance,
+                          max_parallel=conf.transfer.max_parallel)
+    path = manifests.publish(report.manifest)
+    m = report.manifest
+    data = {"dataset": ds.name, "digest": m.digest, "version": m.digest[:16], "files": m.files,
+            "bytes": m.total_bytes, "hashed": report.hashed, "reused": report.reused,
+            "unchanged": report.unchanged, "path": path,
+            "skipped": {k: len(v) for k, v in report.skipped.items()}}
+
+    def text() -> None:
+        print(f"{ds.name}: version {m.digest[:16]}{' (unchanged)' if report.unchanged else ''}, "
+              f"{m.files} files, {human(m.total_bytes)}; hashed {report.hashed}, reused {report.reused}")
+        for kind, paths in sorted(report.skipped.items()):
+            print(f"  skipped {len(paths)} {kind}(s), e.g. {paths[0]!r}: a manifest holds regular files only")
+        print(f"  {path}")
+    emit(args, data, text)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from dsstage.policy.sim import cli as simulate
+    return simulate.main(args.args)
+
+
+def cmd_export_catalog(args: argparse.Namespace) -> int:
+    from dsstage.slurm import luacatalog
+    conf = load_config(args)
+    # how burst_buffer.lua runs dsstage on this host: this installation, this configuration
+    here = os.path.join(os.path.dirname(sys.executable), "dsstage")
+    command = [here if os.access(here, os.X_OK) else "/usr/bin/dsstage", "--config", os.path.abspath(conf.origin)]
+    text = luacatalog.render(conf, command=command)
+    if args.output:
+        write_atomic(os.path.abspath(args.output), text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,227 @@
+"""The ``dsstage`` command line: thin verbs over the library.
+
+Errors end as one line on stderr and a non-zero exit code; this module is the one place
+where exceptions become exit codes for the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from dsstage import __version__
+from dsstage.cli.admin import (
+    cmd_check_config,
+    cmd_export_catalog,
+    cmd_ls,
+    cmd_manifest_build,
+    cmd_simulate,
+)
+from dsstage.cli.cluster import cmd_demand_poller, cmd_prefetch, cmd_status
+from dsstage.cli.node import (
+    cmd_bb_forget,
+    cmd_bb_record,
+    cmd_evict,
+    cmd_peers_serve,
+    cmd_reclaim,
+    cmd_release,
+    cmd_report,
+    cmd_stage,
+    cmd_verify,
+    cmd_warm,
+)
+from dsstage.errors import DsstageError
+
+log = logging.getLogger("dsstage")
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "handler", None) is cmd_simulate:
+        args.args = rest  # simulate has a parser of its own
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING,
+                        format="dsstage: %(levelname)s: %(message)s")
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return handler(args)
+    except DsstageError as exc:
+        print(f"dsstage: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dsstage: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if args.debug:
+            raise
+        print(f"dsstage: internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)",
+              file=sys.stderr)
+        return 70
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dsstage", description="Stage datasets onto compute nodes' local storage.")
+    p.add_argument("--version", action="version", version=f"dsstage {__version__}")
+    p.add_argument("--config", help="configuration file (default: $DSSTAGE_CONFIG or /etc/dsstage/dsstage.yaml)")
+    p.add_argument("--node", help="node name for {node} in tier paths (default: $SLURMD_NODENAME or host name)")
+    p.add_argument("-v", "--verbose", action="store_true", help="say what is being done")
+    p.add_argument("--debug", action="store_true", help="debug logging and tracebacks")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+
+    c = sub.add_parser("check-config", help="validate the configuration and print a summary")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_check_config)
+
+    c = sub.add_parser("ls", help="list the dataset catalog")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_ls)
+
+    m = sub.add_parser("manifest", help="build or show BLAKE3 manifests")
+    msub = m.add_subparsers(title="manifest commands", metavar="ACTION")
+    c = msub.add_parser("build", help="hash the source and record the dataset's current version")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--from", dest="from_path", metavar="PATH",
+                   help="read the data here instead of the source (for an ssh or rsync:// source, "
+                        "a mounted view of it)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_manifest_build)
+    m.set_defaults(handler=lambda _a: _usage(m))
+
+    c = sub.add_parser("stage", help="stage datasets on this node and lease them")
+    c.add_argument("name", help="dataset name, or several separated by commas")
+    c.add_argument("--job-id", help="the job holding the lease (default: $SLURM_JOB_ID, else the calling shell)")
+    c.add_argument("--user", help="stage on behalf of this user (root only; default: you)")
+    c.add_argument("--full", action="store_true", help="re-hash a cached copy and repair it")
+    c.add_argument("--with", dest="group", metavar="HOSTLIST",
+                   help="stage together with these nodes, this one among them (peers.enabled): this node's "
+                        "share from the source, the rest from them (default: $SLURM_JOB_NODELIST)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_stage)
+
+    pp = sub.add_parser("peers", help="the rsync daemon through which the nodes of a job share a stage")
+    psub = pp.add_subparsers(dest="peers_command", metavar="COMMAND")
+    c = psub.add_parser("serve", help="serve this node's tiers to its peers, in the foreground "
+                        "(dsstage-peers.service runs it)")
+    c.set_defaults(handler=cmd_peers_serve)
+    pp.set_defaults(handler=lambda _a: _usage(pp))
+
+    c = sub.add_parser("release", help="release a job's lease on a dataset")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--job-id", required=True, help="the job whose lease to release")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_release)
+
+    c = sub.add_parser("status", help="what is cached on which node, what is staging, what the queue wants",
+                       description="Reads the nodes' reports in the state directory (or, with --live, asks the "
+                                   "nodes over SSH) and the queue's demand. A report older than report.max_age, or "
+                                   "of a node Slurm says is down, is shown as stale.")
+    c.add_argument("--dataset", help="only these datasets (comma-separated)")
+    c.add_argument("--node", "--nodes", dest="nodes", metavar="HOSTLIST", help="only these nodes, e.g. n[1-8,10]")
+    c.add_argument("--user", help="only this user's jobs and leases")
+    c.add_argument("--job", help="explain why this job's data is or is not ready, and show only what it uses")
+    c.add_argument("--live", action="store_true", help="ask the nodes over SSH (fleet settings) instead of reading "
+                                                       "their published reports")
+    c.add_argument("--all", action="store_true", help="every row (the text view shows at most 20 per section)")
+    c.add_argument("--no-queue", action="store_true", help="do not ask Slurm for the queue or the nodes' states")
+    c.add_argument("--json", action="store_true", help="machine-readable output (see docs/admin-guide.md)")
+    c.set_defaults(handler=cmd_status)
+
+    c = sub.add_parser("report", help="rebuild and publish this node's report (dsstage-report.timer runs it)")
+    c.add_argument("--json", action="store_true", help="print the report")
+    c.set_defaults(handler=cmd_report)
+
+    c = sub.add_parser("warm", help="stage a dataset without a job, here or on nodes over SSH",
+                       description="Make the current version of NAME ready (verified) without keeping a lease: "
+                                   "ahead of a reservation or a campaign. Retention keeps it as for any copy.")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
+    c.add_argument("--progress-json", action="store_true", help=argparse.SUPPRESS)  # for --nodes
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_warm)
+
+    c = sub.add_parser("export-catalog", help="write the catalog that job_submit.lua checks (Lua)")
+    c.add_argument("-o", "--output", help="file to write (atomically); default: standard output")
+    c.set_defaults(handler=cmd_export_catalog)
+
+    c = sub.add_parser("evict", help="evict a dataset's unused copies from this node, or apply the retention plan",
+                       description="With NAME: evict this node's copies of NAME that no job holds a lease on "
+                                   "(a copy the queue wants stays unless --force). Without NAME: apply the retention "
+                                   "plan to every tier, as the Epilog does. --dry-run shows the plan and its reasons.")
+    c.add_argument("name", nargs="?", help="dataset name (default: every copy, by the retention plan)")
+    c.add_argument("--force", action="store_true", help="evict NAME even if pending or running jobs want it")
+    c.add_argument("--reason", help="why (logged; required with --force --nodes)")
+    c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
+    c.add_argument("--dry-run", action="store_true", help="show what would be evicted and why; change nothing")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_evict)
+
+    c = sub.add_parser("reclaim", help="remove this node's leases whose job is gone",
+                       description="Uses the demand snapshot when it is fresh (no Slurm call); otherwise asks Slurm "
+                                   "about each lease's job.")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_reclaim)
+
+    c = sub.add_parser("demand-poller", help="write the queue's dataset demand into the state directory",
+                       description="Run on the controller or a login node: every retention.poll_interval seconds, "
+                                   "one squeue query, an atomic <state_dir>/demand.json, and old manifests pruned. "
+                                   "Prologs and Epilogs read the snapshot and never ask Slurm for demand.")
+    c.add_argument("--once", action="store_true", help="one round, then exit (for cron); exit 1 if it failed")
+    c.add_argument("--interval", type=float, help="seconds between rounds (default: retention.poll_interval)")
+    c.set_defaults(handler=cmd_demand_poller)
+
+    c = sub.add_parser("prefetch", help="stage, on this node, what pending jobs planned here will need",
+                       description="Run on each compute node (dsstage-prefetch.service): every prefetch.interval "
+                                   "seconds, read the demand snapshot and stage, at low priority and within "
+                                   "prefetch.bwlimit, the datasets of pending jobs that the backfill plan put on this "
+                                   "node and that are expected to start within prefetch.horizon. A Prolog that needs "
+                                   "the dataset takes the stage over; nothing a lease or a sooner job needs is "
+                                   "evicted for it.")
+    c.add_argument("--once", action="store_true", help="one round, then exit; exit 1 if a prefetch failed")
+    c.add_argument("--dry-run", action="store_true", help="say what would be prefetched, and what not and why")
+    c.add_argument("--json", action="store_true", help="machine-readable output (with --dry-run)")
+    c.set_defaults(handler=cmd_prefetch)
+
+    bbp = sub.add_parser("bb", help="record or forget a #BB_LUA dataset= job's request (burst_buffer.lua runs it)",
+                       description="Slurm's burst_buffer/lua runs these from sbatch_ext/burst_buffer.lua on the "
+                                   "controller: pre_run records the job's datasets in <state_dir>/bb/<job id> for "
+                                   "its Prolog (which cannot learn a #BB_LUA request otherwise), teardown forgets "
+                                   "them.")
+    bsub = bbp.add_subparsers(dest="bb_command", metavar="record|forget")
+    b = bsub.add_parser("record", help="record the datasets a job asked for")
+    b.add_argument("job_id", help="the job id")
+    b.add_argument("datasets", help="NAME[,NAME...]: the job's #BB_LUA dataset= value")
+    b.set_defaults(handler=cmd_bb_record)
+    b = bsub.add_parser("forget", help="remove a job's record")
+    b.add_argument("job_id", help="the job id")
+    b.set_defaults(handler=cmd_bb_forget)
+    bbp.set_defaults(handler=lambda _a: _usage(bbp))
+
+    c = sub.add_parser("simulate", help="replay a job trace through retention policies and compare them",
+                       add_help=False)  # its options are simulate.build_parser()'s: see dsstage simulate --help
+    c.set_defaults(handler=cmd_simulate)
+
+    c = sub.add_parser("verify", help="check the local copy against the manifest")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--full", action="store_true", help="re-hash every file and repair what is wrong")
+    c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_verify)
+    return p
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

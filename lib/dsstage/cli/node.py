@@ -1,0 +1,183 @@
+"""The verbs that act on this node's store (as root): ``stage``, ``release``, ``evict``,
+``reclaim``, ``verify``, ``warm``, ``report``, and the daemons and records beside it
+(``peers serve``, ``bb record``/``bb forget``). Each refreshes the node report after a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import asdict
+
+from dsstage.cli.common import (
+    ProgressLines,
+    emit,
+    how,
+    load_config,
+    run_on_nodes,
+    user_of,
+)
+from dsstage.config import catalog as cat
+from dsstage.config import load
+from dsstage.errors import DsstageError
+from dsstage.fs import runfiles
+from dsstage.node import eviction, inventory, staging, verifying
+from dsstage.node.lease import default_holder
+from dsstage.node.store import Store
+from dsstage.slurm import client as slurm_client
+from dsstage.transfer import peerd
+from dsstage.units import human
+
+log = logging.getLogger("dsstage")
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    user = user_of(args)
+    datasets = cat.resolve(conf, args.name, user)
+    pid = 0
+    job_id = args.job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        job_id, pid = default_holder()
+    store = Store(conf, args.node)
+    nodes = args.group if args.group is not None else os.environ.get("SLURM_JOB_NODELIST", "")
+    results = [staging.stage(store, ds.name, user=user, job_id=job_id, pid=pid, full=args.full, nodes=nodes)
+               for ds in datasets]
+    inventory.refresh(store)
+
+    def text() -> None:
+        for r in results:
+            print(f"{r.dataset}: {r.path}  ({how(r)}, {r.seconds:.2f}s, lease {r.job_id})")
+    dicts = [r.to_dict() for r in results]
+    emit(args, dicts if len(dicts) > 1 else dicts[0], text)
+    return 0
+
+
+def cmd_peers_serve(args: argparse.Namespace) -> int:
+    from dsstage.node.store import node_name
+    conf = load_config(args)
+    if not conf.peers.enabled:
+        raise load.ConfigError(f"{conf.origin}: peers.enabled is off: set it to true on every node to share stages")
+    logging.getLogger().setLevel(logging.INFO)
+    peerd.serve(conf, args.node or node_name(), os.environ.get("DSSTAGE_RUN_DIR") or runfiles.RUN_DIR)
+    return 1  # not reached: serve becomes rsync
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    store = Store(conf, args.node)
+    released = store.release(args.name, args.job_id)
+    inventory.refresh(store)
+    emit(args, {"dataset": args.name, "job_id": args.job_id, "released": released},
+          lambda: print(f"{args.name}: lease of job {args.job_id} "
+                        + ("released" if released else "was not held")))
+    return 0
+
+
+def cmd_evict(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    if args.nodes:
+        if not args.name:
+            raise DsstageError("evict --nodes needs a dataset name: on the nodes, dsstage evict NAME")
+        if args.force and not args.reason:
+            raise DsstageError("--force on many nodes needs --reason TEXT: it is logged on every node, "
+                               "because it takes data from jobs that wait for it")
+        if args.dry_run:
+            raise DsstageError("--dry-run is for one node: run dsstage evict --dry-run there")
+        extra = ["--force", "--reason", args.reason] if args.force else []
+        return run_on_nodes(args, conf, "evict", ["evict", args.name, *extra])
+    if args.force and args.reason:
+        log.warning("evicting %s by force: %s", args.name or "by the plan", args.reason)
+    store = Store(conf, args.node)
+    dem, snap = store.demand()
+    if dem.stale:
+        log.warning("%s: the queue's demand is unknown; copies are judged without it",
+                    snap.problem or f"the demand snapshot is {dem.age:.0f}s old")
+    if args.name:
+        result = eviction.evict(store, args.name, force=args.force, dry_run=args.dry_run, dem=dem)
+    else:
+        result = eviction.retain(store, dem, dry_run=args.dry_run, wait=conf.lock_timeout)
+    if not args.dry_run:
+        inventory.refresh(store)
+    emit(args, [asdict(e) for e in result],
+          lambda: print("\n".join(f"{e.tier} {e.dataset} {e.version} ({human(e.bytes)}): {e.action}: {e.reason}"
+                                  for e in result) or f"{args.name or 'nothing'}: no copy on this node"))
+    return 0
+
+
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    store = Store(conf, args.node)
+    dem, snap = store.demand()
+    if not dem.stale:
+        gone = store.reclaim_stale(snap)
+    else:
+        log.info("no fresh demand snapshot: asking Slurm about each lease's job")
+        gone = store.reclaim(slurm_client.client(conf.slurm_bin).job_alive)
+    inventory.refresh(store)
+    emit(args, [asdict(x) for x in gone],
+          lambda: print("\n".join(f"{x.dataset}: lease of job {x.job_id} reclaimed (job gone)" for x in gone)
+                        or "no stale lease on this node"))
+    return 0
+
+
+def cmd_bb_record(args: argparse.Namespace) -> int:
+    from dsstage.hooks import bbrequest
+    conf = load_config(args)
+    names = cat.parse_request(args.datasets)  # the Prolog checks catalog and access with the job's uid
+    path = bbrequest.write(conf.state_dir, args.job_id, names)
+    print(f"job {args.job_id}: {','.join(names)} recorded in {path}")
+    return 0
+
+
+def cmd_bb_forget(args: argparse.Namespace) -> int:
+    from dsstage.hooks import bbrequest
+    conf = load_config(args)
+    gone = bbrequest.remove(conf.state_dir, args.job_id)
+    print(f"job {args.job_id}: {'request forgotten' if gone else 'no request recorded'}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    if args.nodes:
+        return run_on_nodes(args, conf, "verify", ["verify", args.name, *(["--full"] if args.full else [])])
+    store = Store(conf, args.node)
+    try:
+        result = verifying.verify(store, args.name, full=args.full)
+    except DsstageError as exc:
+        if args.full and exc.blame != "node":  # a copy flagged bad: status must show it failed
+            inventory.refresh(store)
+        raise
+    if args.full:
+        inventory.refresh(store)
+    emit(args, result.to_dict(),
+          lambda: print(f"{result.dataset}: {'OK' if result.ok else 'NOT READY'} ({result.mode}): {result.reason}"))
+    return 0 if result.ok else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    store = Store(conf, args.node)
+    rep = inventory.refresh(store)
+    if not rep:
+        raise DsstageError(f"cannot write the report of {store.node} (see the warning above)")
+    copies = rep.get("copies")
+    emit(args, rep, lambda: print(f"{store.node}: report of {len(copies) if isinstance(copies, list) else 0} "
+                                   "copies written"))
+    return 0
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    if args.nodes:
+        return run_on_nodes(args, conf, "warm", ["warm", args.name])
+    cat.lookup(conf, args.name)
+    progress = ProgressLines() if args.progress_json else None
+    store = Store(conf, args.node)
+    result = staging.warm(store, args.name, user=cat.User.lookup(), progress=progress)
+    inventory.refresh(store)
+    emit(args, result.to_dict(), lambda: print(f"{result.dataset}: {result.path}  ({how(result)}, "
+                                                f"{result.seconds:.2f}s, no lease)"))
+    return 0

@@ -1,0 +1,76 @@
+"""Data-aware placement: a Slurm node feature per dataset ready on a node.
+
+The demand poller (on the controller) keeps, on every node whose report is current, the
+feature ``<placement.prefix><dataset>`` (``ds_imagenet22t``) for each dataset whose current
+version is ready there, and none for the others; job_submit.lua gives each job a soft
+``--prefer`` for its datasets' features (see sbatch_ext/dsstage_submit.lua), so that the
+scheduler starts it where its data is when such a node is free, and anywhere otherwise.
+
+``changes`` (pure) compares what the reports say with the features Slurm has (one
+``sinfo`` per round) and gives one ``scontrol update`` per group of nodes that end with
+the same feature list: one Slurm call per change, none when nothing changed, and the
+features come back by themselves after ``scontrol reconfigure`` (which resets them to
+slurm.conf's) at the next round. The site's own features (any without the prefix) are
+kept as they are. A node whose report is stale or missing is left alone: what it holds is
+not known (a down node is not scheduled anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from dsstage.cluster import reports as cluster_reports
+from dsstage.hostlist import fold_nodes, natural_key
+from dsstage.slurm.records import down_nodes
+
+log = logging.getLogger(__name__)
+
+
+def feature(prefix: str, dataset: str) -> str:
+    return prefix + dataset
+
+
+def held(reports: Iterable[Mapping[str, Any]], prefix: str, now: float, max_age: float,
+         down: Mapping[str, str]) -> dict[str, set[str]]:
+    """node -> the dataset features its current report shows ready (current version);
+    nodes whose report is stale are left out."""
+    from dsstage.cluster.reports import stale_reason
+    out: dict[str, set[str]] = {}
+    for rep in reports:
+        node = str(rep.get("node") or "")
+        if not node or stale_reason(rep, now, max_age, down):
+            continue
+        out[node] = {feature(prefix, str(c.get("dataset"))) for c in rep.get("copies") or []
+                     if c.get("state") == "ready" and c.get("current") and c.get("dataset")}
+    return out
+
+
+def changes(current: Mapping[str, Sequence[str]], wanted: Mapping[str, set[str]],
+            prefix: str) -> list[tuple[list[str], list[str]]]:
+    """The updates to make: (nodes, their whole new feature list), one per distinct list.
+    ``current``: node -> its features in Slurm now; only nodes in both are changed."""
+    by_list: dict[tuple[str, ...], list[str]] = {}
+    for node in sorted(set(current) & set(wanted), key=natural_key):
+        have = list(current[node])
+        site = [f for f in have if not f.startswith(prefix)]
+        new = site + sorted(wanted[node])
+        if set(new) != set(have):
+            by_list.setdefault(tuple(new), []).append(node)
+    return [(nodes, list(feats)) for feats, nodes in by_list.items()]
+
+
+def sync(conf: Any, slurm: Any, *, now: float | None = None) -> list[tuple[list[str], list[str]]]:
+    """One round: read the reports and Slurm's features, make the changes; what was changed.
+    Raises CommandError if Slurm cannot be asked."""
+    now = time.time() if now is None else now
+    nodes = slurm.nodes()
+    down = down_nodes(nodes)
+    wanted = held(cluster_reports.read_all(conf.state_dir), conf.placement.prefix, now, conf.report.max_age, down)
+    todo = changes({n.name: n.features for n in nodes.values()}, wanted, conf.placement.prefix)
+    for names, feats in todo:
+        slurm.set_features(fold_nodes(names), feats)
+        log.info("node features of %s: %s", fold_nodes(names), ",".join(feats) or "(none)")
+    return todo

@@ -1,0 +1,59 @@
+"""The demand poller (``dsstage demand-poller``): on the controller or a login node, ask Slurm
+once a round for the active jobs, write the demand snapshot (dsstage.policy.demand), update
+the node features of ready datasets and prune manifests no node holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+from dsstage.config.model import Config
+from dsstage.errors import DsstageError
+from dsstage.policy.demand import Snapshot, build, read, write
+from dsstage.slurm.client import SlurmClient
+
+log = logging.getLogger(__name__)
+
+
+def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = time.time) -> Snapshot:
+    """One round: ask Slurm, write the snapshot, update the node features of ready
+    datasets (placement.features, see features.py), prune old manifests."""
+    from dsstage.cluster import manifests_gc
+    jobs = slurm.queue()
+    previous = read(conf.state_dir)
+    snap = build(jobs, clock(), backend=type(slurm).__name__, host=socket.gethostname(),
+                 previous=previous if previous.time else None)
+    write(conf.state_dir, snap)
+    if conf.placement.features:
+        from dsstage.cluster import features
+        try:
+            features.sync(conf, slurm, now=clock())
+        except (DsstageError, OSError) as exc:  # placement is an optimisation: the snapshot is written
+            log.warning("node features not updated: %s", exc)
+    removed = manifests_gc.prune(conf, clock())
+    for name, version in removed:
+        log.info("removed manifest %s %s: superseded, and no node holds it", name, version[:16])
+    return snap
+
+
+def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float | None = None,
+        clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Poll until stopped; ``once``: one round, exit code 1 if it failed."""
+    interval = interval or conf.retention.poll_interval
+    while True:
+        started = clock()
+        try:
+            snap = poll_once(conf, slurm, clock)
+            n = sum(len(r["pending"]) + len(r["running"]) for r in snap.datasets.values())
+            log.info("demand: %d job request(s) over %d dataset(s), %d running job(s)", n, len(snap.datasets),
+                     len(snap.running))
+        except (DsstageError, OSError) as exc:
+            log.error("demand snapshot failed: %s", exc)
+            if once:
+                return 1
+        if once:
+            return 0
+        sleep(max(0.0, interval - (clock() - started)))

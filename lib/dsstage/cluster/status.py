@@ -1,0 +1,281 @@
+"""`dsstage status`: what is cached where, what is staging, and what the queue wants.
+
+Compute nodes' stores are not visible from a login node: each node publishes a report
+(see dsstage.node.report) to ``<state_dir>/nodes/<node>.json``, and status reads those, or,
+with ``--live``, asks every node over SSH for a report built there and then. The queue's
+demand comes from the demand poller's snapshot when it is fresh; else status asks Slurm
+once (the same query the poller makes). One more Slurm call (``sinfo``) tells which nodes
+are down: their reports, like reports older than ``report.max_age``, are stale, shown as
+such and never counted as fact.
+
+``collect`` gathers, ``select`` filters, ``to_json`` is the stable machine-readable form
+(documented in docs/admin-guide.md, "Status and node reports"), ``sections`` turns it into
+titled tables that ``render_plain`` (80 columns, no colour: pipes, logs, the golden test)
+and ``render_rich`` (a terminal) lay out, and ``explain_job`` answers "why is my job's data
+(not) ready" in one paragraph.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsstage.cluster import reports as cluster_reports
+from dsstage.config.model import Config
+from dsstage.errors import DsstageError
+from dsstage.hostlist import expand_nodes
+from dsstage.hostlist import fold_nodes as fold
+from dsstage.node import report
+from dsstage.policy import demand
+from dsstage.policy.demand import Snapshot
+from dsstage.slurm.client import SlurmClient
+from dsstage.slurm.records import down_nodes
+from dsstage.units import human, human_duration
+
+JSON_FORMAT = 1
+
+
+@dataclass
+class Status:
+    time: float
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # one normalized report per node, plus "stale"
+    queue: list[dict[str, Any]] = field(default_factory=list)  # jobs that want datasets
+    demand_time: float = 0.0
+    demand_source: str = ""  # "snapshot", "slurm" or "" (not asked)
+    queue_error: str = ""
+    unreachable: dict[str, str] = field(default_factory=dict)  # --live: node -> why
+    down_error: str = ""  # sinfo failed: down nodes unknown
+
+
+def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float] = time.time, *,
+            reports: Iterable[Mapping[str, Any]] | None = None,
+            unreachable: Mapping[str, str] | None = None) -> Status:
+    """The cluster's state: the published reports (or ``reports``, from --live), which
+    are stale, and the queue's demand (unless ``slurm`` is None)."""
+    now = clock()
+    st = Status(time=now, unreachable=dict(unreachable or {}))
+    raw = cluster_reports.read_all(config.state_dir) if reports is None else [cluster_reports.normalize(r) for r in reports]
+    down: dict[str, str] = {}
+    if slurm is not None:
+        try:
+            down = down_nodes(slurm.nodes())
+        except DsstageError as exc:
+            st.down_error = str(exc)
+    for r in raw:
+        r["stale"] = cluster_reports.stale_reason(r, now, config.report.max_age, down) or None
+        st.nodes.append(r)
+    if slurm is None:
+        return st
+    snap = demand.read(config.state_dir)
+    st.demand_source = "snapshot"
+    if snap.stale(now, config.retention.demand_max_age):
+        try:
+            snap = demand.build(slurm.queue(), now)
+            st.demand_source = "slurm"
+        except DsstageError as exc:
+            st.queue_error = str(exc)
+            st.demand_source = ""
+            return st
+    st.demand_time = snap.time
+    st.queue = queue_rows(snap)
+    return st
+
+
+def queue_rows(snap: Snapshot) -> list[dict[str, Any]]:
+    """One row per job that wants datasets: pending first by expected start, then running."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for name, wants in snap.datasets.items():
+        for state in ("pending", "running"):
+            for w in wants.get(state, []):
+                job_id = str(w.get("job_id", ""))
+                row = jobs.setdefault(job_id, {
+                    "job_id": job_id, "user": str(w.get("user", "")), "state": state,
+                    "partition": str(w.get("partition", "")), "priority": w.get("priority"),
+                    "start": w.get("start"), "nodes": str(w.get("nodes") or ""), "datasets": []})
+                row["datasets"].append(name)
+    for row in jobs.values():
+        row["datasets"].sort()
+    return sorted(jobs.values(), key=lambda r: (r["state"] != "pending", r["start"] or float("inf"),
+                                                _job_key(r["job_id"])))
+
+
+def _job_key(job_id: str) -> tuple[int, str]:
+    head = job_id.split("_")[0].split("+")[0]
+    return (int(head) if head.isdigit() else 0, job_id)
+
+
+@dataclass(frozen=True)
+class Filter:
+    datasets: frozenset[str] = frozenset()
+    nodes: frozenset[str] = frozenset()
+    users: frozenset[str] = frozenset()
+    job: str = ""
+
+    @classmethod
+    def parse(cls, *, dataset: str | None = None, nodes: str | None = None, user: str | None = None,
+              job: str | None = None) -> Filter:
+        try:
+            node_names = frozenset(expand_nodes(nodes)) if nodes else frozenset()
+        except ValueError as exc:
+            raise DsstageError(f"--node: {exc}; write a Slurm hostlist such as n[1-8,10]") from None
+        return cls(frozenset(x for x in (dataset or "").split(",") if x), node_names,
+                   frozenset(x for x in (user or "").split(",") if x), job or "")
+
+    def __bool__(self) -> bool:
+        return bool(self.datasets or self.nodes or self.users or self.job)
+
+
+def select(st: Status, f: Filter) -> Status:
+    """``st`` narrowed to what ``f`` asks for. A job narrows to its datasets and to the
+    nodes it runs on or is planned on; a user to their jobs and the copies they lease."""
+    queue = st.queue
+    datasets, nodes = set(f.datasets), set(f.nodes)
+    if f.job:
+        queue = [q for q in queue if q["job_id"] == f.job]
+        for q in queue:
+            datasets |= set(q["datasets"])
+            if q["nodes"]:
+                nodes |= set(_expand(q["nodes"]))
+    if f.users:
+        queue = [q for q in queue if q["user"] in f.users]
+    if datasets:
+        queue = [q for q in queue if datasets & set(q["datasets"])]
+    if nodes and not f.job:
+        queue = [q for q in queue if not q["nodes"] or nodes & set(_expand(q["nodes"]))]
+    out = []
+    for r in st.nodes:
+        if nodes and r["node"] not in nodes:
+            continue
+        copies = [c for c in r["copies"] if (not datasets or c.get("dataset") in datasets)
+                  and (not f.users or f.users & {x.get("user") for x in c["leases"]})]
+        out.append({**r, "copies": copies})
+    return Status(time=st.time, nodes=out, queue=queue, demand_time=st.demand_time, demand_source=st.demand_source,
+                  queue_error=st.queue_error, unreachable={n: w for n, w in st.unreachable.items()
+                                                           if not nodes or n in nodes},
+                  down_error=st.down_error)
+
+
+def _expand(hostlist: str) -> list[str]:
+    try:
+        return expand_nodes(hostlist)
+    except ValueError:
+        return []
+
+
+def to_json(st: Status) -> dict[str, Any]:
+    """The stable JSON of ``dsstage status --json`` (format 1; fields are only ever added)."""
+    return {
+        "format": JSON_FORMAT, "time": st.time,
+        "nodes": [{"node": r["node"], "time": r["time"], "age": max(0.0, st.time - r["time"]), "stale": r["stale"],
+                   "tiers": r["tiers"]} for r in st.nodes],
+        "copies": [{"node": r["node"], "stale": r["stale"] is not None, **c} for r in st.nodes for c in r["copies"]],
+        "unreachable": st.unreachable,
+        "queue": {"source": st.demand_source or None, "time": st.demand_time or None,
+                  "age": (st.time - st.demand_time) if st.demand_time else None, "error": st.queue_error or None,
+                  "jobs": st.queue},
+        "datasets": dataset_rows(st),
+    }
+
+
+def dataset_rows(st: Status) -> list[dict[str, Any]]:
+    """Copies grouped by (dataset, version, state) with the nodes that hold them; the
+    copies of stale reports grouped apart as "stale" (not known to be there)."""
+    groups: dict[tuple[str, str, str, bool], dict[str, Any]] = {}
+    for r in st.nodes:
+        for c in r["copies"]:
+            state = "stale" if r["stale"] else str(c.get("state"))
+            key = (str(c.get("dataset")), str(c.get("version")), state, bool(c.get("current")))
+            g = groups.setdefault(key, {"dataset": key[0], "version": key[1], "state": state, "current": key[3],
+                                        "bytes": int(c.get("bytes") or 0), "nodes": []})
+            g["nodes"].append(r["node"])
+    out = []
+    for g in groups.values():
+        g["count"] = len(g["nodes"])
+        g["nodes"] = fold(g["nodes"])
+        out.append(g)
+    order = {s: i for i, s in enumerate(report.STATES)}
+    return sorted(out, key=lambda g: (g["dataset"], not g["current"], order.get(g["state"], 99), g["version"]))
+
+
+def explain_job(st: Status, job_id: str) -> str:
+    """One paragraph on job ``job_id``'s datasets: where they are, what is staging, what
+    happens next. ``st`` is the unfiltered status."""
+    job = next((q for q in st.queue if q["job_id"] == job_id), None)
+    if job is None:
+        if st.queue_error:
+            return f"Job {job_id}: the queue could not be read ({st.queue_error}), so its datasets are unknown."
+        return (f"Job {job_id} is not in the queue's demand: it requests no dataset, it has ended, or it was "
+                f"submitted after the demand snapshot ({human_duration(st.time - st.demand_time)} old) was taken.")
+    planned = _expand(job["nodes"])
+    where = {"pending": "pending", "running": "running"}[job["state"]]
+    parts = [f"Job {job_id} ({job['user'] or 'unknown user'}, {where}"
+             + (f" in {job['partition']}" if job["partition"] else "") + f") wants {_and(job['datasets'])}."]
+    if job["state"] == "pending":
+        when = f"in {human_duration(job['start'] - st.time)}" if job["start"] and job["start"] > st.time else \
+            "as soon as it can" if job["start"] else ""
+        parts.append(f"Slurm expects it to start {when} on {job['nodes']}." if planned and when else
+                     f"Slurm has planned it on {job['nodes']}." if planned else
+                     f"Slurm expects it to start {when}; its nodes are not planned yet." if when else
+                     "Slurm has not planned when or where it starts yet.")
+    else:
+        parts.append(f"It runs on {job['nodes']}." if planned else "")
+    by_node = {r["node"]: r for r in st.nodes}
+    for name in job["datasets"]:
+        parts.append(_dataset_sentence(name, planned, by_node, job))
+    if job["state"] == "pending":
+        parts.append("Its Prolog stages what is missing on each node before the job starts; if that fails the job "
+                     "falls back to the source or is held, as the dataset's on_failure says.")
+    return " ".join(p for p in parts if p)
+
+
+def _dataset_sentence(name: str, planned: Sequence[str], by_node: Mapping[str, Mapping[str, Any]],
+                      job: Mapping[str, Any]) -> str:
+    ready: list[str] = []
+    staging: list[str] = []
+    stale: list[str] = []
+    elsewhere: list[str] = []
+    for node, r in sorted(by_node.items()):
+        for c in r["copies"]:
+            if c.get("dataset") != name or not c.get("current"):
+                continue
+            if r["stale"]:
+                stale.append(node)
+            elif c.get("state") == "ready":
+                (ready if not planned or node in planned else elsewhere).append(node)
+            elif c.get("state") in ("staging", "verifying") and (not planned or node in planned):
+                staging.append(f"{node} ({_progress_text(c.get('progress'))})")
+    text = []
+    if ready:
+        text.append(f"{name} is ready on {fold(ready)}")
+    if staging:
+        text.append(("it" if ready else name) + f" is staging on {', '.join(staging)}")
+    missing = [n for n in planned if n not in ready and not any(s.startswith(n + " ") for s in staging)]
+    if planned and missing:
+        text.append(f"not yet on {fold(missing)}")
+    if not planned and not ready and not staging:
+        text.append(f"{name} is on no node yet" + (f" that reports (also on {fold(elsewhere)})" if elsewhere else ""))
+    elif elsewhere and planned:
+        text.append(f"also ready on {fold(elsewhere)}")
+    if stale:
+        text.append(f"reports from {fold(stale)} are stale, so what they hold is unknown")
+    if job["state"] == "running" and planned and not missing:
+        text.append("leased by the job where it runs" if ready else "")
+    return "; ".join(t for t in text if t) + "."
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _progress_text(p: Any) -> str:
+    if not isinstance(p, dict) or not p.get("total"):
+        return "starting"
+    done, total = float(p.get("done") or 0), float(p["total"])
+    text = f"{p.get('phase', '')} {100 * done / total:.0f}%".strip()
+    if p.get("unit") == "bytes" and p.get("rate"):
+        text += f", {human(int(p['rate']))}/s"
+    if p.get("eta") is not None:
+        text += f", {human_duration(float(p['eta']))} left"
+    return text

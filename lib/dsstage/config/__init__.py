@@ -1,0 +1,7 @@
+"""What the admins and data owners declare: the configuration's model (``model``), its loading and
+validation (``load``), the dataset catalog and who may use each dataset (``catalog``), and the
+manifest format with its digest (``manifest``).
+
+May import ``dsstage.fs`` and the bottom modules (errors, units, proc, ui, hostlist); nothing
+that stages, decides or talks to Slurm.
+"""

@@ -1,0 +1,88 @@
+"""Whose identity reads a mounted source.
+
+Root reads everything, so a source read as root could publish what its owner could not
+read (another user's 0600 file in a shared project directory); and on NFS with
+``root_squash`` root reads as nobody anyway. With ``source_user`` set, dsstage opens source
+files and lists source directories with that user's file-system identity (fsuid, fsgid
+and supplementary groups), so the source's own permissions are the boundary. The switch
+is per thread (setfsuid/setfsgid and a raw setgroups system call, which glibc would
+otherwise apply to every thread): the copier's threads open a source file as the source
+user and create the staged file as root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from dsstage.errors import ConfigError
+
+#: setgroups(2) numbers, for the per-thread call (glibc's wrapper changes every thread)
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159, "ppc64le": 81, "s390x": 206}
+_libc = ctypes.CDLL(None, use_errno=True)
+_ROOT_GROUPS = os.getgroups() if os.geteuid() == 0 else []
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class Identity:
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+
+def lookup(user: str, key: str = "source_user") -> Identity:
+    """The identity of ``user`` (configured as ``key``) on this node; ConfigError if it does
+    not exist here."""
+    import pwd
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ConfigError(f"{key} {user!r} does not exist on this node: create it, or remove "
+                          f"{key} from the configuration") from None
+    if pw.pw_uid == 0:
+        raise ConfigError(f"{key} must not be root: it is there to act with less than root's rights")
+    if platform.machine() not in _SYS_SETGROUPS:
+        raise ConfigError(f"{key} is not supported on {platform.machine()} yet: remove it")
+    return Identity(user, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(user, pw.pw_gid)))
+
+
+def _setgroups(groups: tuple[int, ...] | list[int]) -> None:
+    arr = (ctypes.c_uint * max(1, len(groups)))(*groups)
+    if _libc.syscall(_SYS_SETGROUPS[platform.machine()], len(groups), arr) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setgroups: {os.strerror(err)}")
+
+
+def _setfs(uid: int, gid: int) -> None:
+    _libc.setfsgid(gid)
+    _libc.setfsuid(uid)
+    # both calls return the previous value; a second call tells whether the switch took
+    if _libc.setfsuid(uid) != uid or _libc.setfsgid(gid) != gid:
+        raise PermissionError(f"cannot take the file-system identity {uid}:{gid} (not root?)")
+
+
+@contextmanager
+def acting_as(ident: Identity | None) -> Iterator[None]:
+    """Within the block, this thread opens files as ``ident`` (nothing changes for None,
+    or when not root)."""
+    if ident is None or os.geteuid() != 0 or getattr(_local, "active", False):
+        yield
+        return
+    _setgroups(ident.groups)
+    try:
+        _setfs(ident.uid, ident.gid)
+        _local.active = True
+        try:
+            yield
+        finally:
+            _local.active = False
+            _setfs(0, 0)
+    finally:
+        _setgroups(_ROOT_GROUPS)

@@ -1,0 +1,107 @@
+"""What root keeps in the run directory for the hooks: the TaskProlog's file of ``export`` lines
+per job, and the configuration cache the warm Prolog reads instead of the YAML; the paths and
+variables the hook scripts share.
+
+Imports only the standard library and dsstage.fs: the warm Prolog uses it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from dsstage.errors import StoreError, UnsafeStore
+from dsstage.fs.layout import env_var, job_id_ok
+from dsstage.fs.safe import RootDir, _read_json_fd, open_regular, read_json_at, unlink_at, write_at, write_json_at
+
+REQUEST_VARS = ("SPANK__SLURM_SPANK_OPTION_dsstage_dataset", "SPANK_DSSTAGE_DATASETS")
+CONFIG_CACHE = "config-cache.json"
+HOLD_MARK = "# dsstage: hold"
+#: defaults shared by the hook scripts and the Python side
+RUN_DIR = "/run/dsstage"
+CONFIG_PATH = "/etc/dsstage/dsstage.yaml"
+
+
+def export_lines(paths: Sequence[tuple[str, str]]) -> list[str]:
+    """``export`` lines for (dataset, path) pairs: one variable each, and the first as
+    DSSTAGE_DATASET_DIR. A path with a control character is never written (it would add
+    a line to the TaskProlog's output)."""
+    for _name, path in paths:
+        if any(ord(c) < 32 or ord(c) == 127 for c in path):
+            raise StoreError(f"refusing to export a path with a control character: {path!r}")
+    lines = [f"export {env_var(name)}={path}" for name, path in paths]
+    if paths:
+        lines.append(f"export DSSTAGE_DATASET_DIR={paths[0][1]}")
+    return lines
+
+
+def task_file(run_dir: str, node: str, job_id: str) -> str:
+    return os.path.join(run_dir, node or "node", "jobs", f"{job_id}.task")
+
+
+def _task_parts(node: str, job_id: str) -> tuple[tuple[str, str], str]:
+    if not job_id_ok(job_id) or (node and not job_id_ok(node)):
+        raise StoreError(f"job id {job_id!r} or node {node!r} is not valid")
+    return (node or "node", "jobs"), f"{job_id}.task"
+
+
+def write_task_file(run_dir: str, node: str, job_id: str, lines: Iterable[str], gid: int) -> None:
+    """Readable by the job's tasks (they run as the user), by nobody else."""
+    parts, name = _task_parts(node, job_id)
+    with RootDir(run_dir) as run:
+        write_at(run.dir(*parts), name, "\n".join(lines) + "\n", mode=0o440, fsync=False,
+                 owner=(0, gid if gid >= 0 else 0))
+
+
+def remove_task_file(run_dir: str, node: str, job_id: str) -> bool:
+    """Remove the job's file; False if there was none."""
+    parts, name = _task_parts(node, job_id)
+    with RootDir(run_dir, create=False) as run:
+        return unlink_at(run.has_dir(*parts), name)
+
+
+def config_key(path: str) -> list[int] | None:
+    """What identifies one state of the configuration file: any edit, chmod or chown changes it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, st.st_mode]
+
+
+def cache_record(origin: str, state_dir: str, datasets: Mapping[str, Mapping[str, Any]],
+                 report_user: str | None = None, bb_uid: int | None = None) -> dict[str, Any]:
+    return {"origin": origin, "key": config_key(origin), "state_dir": state_dir, "datasets": dict(datasets),
+            "report_user": report_user, "bb_uid": bb_uid}
+
+
+def write_cache(run_dir: str, record: Mapping[str, Any]) -> bool:
+    """Write the configuration cache unless it holds ``record`` already; True if written."""
+    with RootDir(run_dir) as run:
+        if read_json_at(run.fd, CONFIG_CACHE) == record:
+            return False
+        write_json_at(run.fd, CONFIG_CACHE, record, fsync=False)
+    return True
+
+
+def load_cache(run_dir: str, config_path: str) -> dict[str, Any] | None:
+    """The cache if it was written by root for this very state of ``config_path``."""
+    try:
+        with RootDir(run_dir, create=False) as run:
+            fd = open_regular(run.fd, CONFIG_CACHE)
+            if fd is None:
+                return None
+            try:
+                st = os.fstat(fd)
+                if st.st_uid != 0 or st.st_mode & 0o022:
+                    return None
+                cache = _read_json_fd(fd)
+            finally:
+                os.close(fd)
+    except (OSError, UnsafeStore):
+        return None
+    key = config_key(config_path)
+    if not cache or key is None or cache.get("origin") != config_path or cache.get("key") != key:
+        return None
+    return cache

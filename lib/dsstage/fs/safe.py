@@ -1,0 +1,368 @@
+"""The node filesystem protocol: the store's layout, and how root touches it safely.
+
+Threat model (docs/admin-guide.md): users on a compute node are not trusted. They can
+create files in any world-writable directory before dsstage does, race it, and run code
+while a Prolog runs. So nothing root creates, changes or reads in a store is reached by
+a path a user could have steered:
+
+* A store root (a tier's path, the run directory) is opened from ``/`` one component at a
+  time with ``O_NOFOLLOW | O_DIRECTORY``. Every component must be owned by root; an
+  ancestor may be writable by others only if it is sticky (``/tmp``, ``/dev/shm``: then
+  nobody but root can rename the root-owned child); the store root and every directory
+  dsstage uses below it must not be writable by group or others. Otherwise the store is
+  refused with one line naming the path and the fix (``UnsafeStore``).
+* Below the root, every create, chmod, chown, rename, unlink and ACL write is done
+  relative to directory descriptors opened the same way, or on a descriptor of the object
+  itself (``fchmod``, ``fchown``, ``fsetxattr``).
+* Temporary names are fresh, short (they fit whatever the final name is) and created with
+  ``O_EXCL``; files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked to be regular.
+
+Locks: the per-dataset lock is an flock(2) on ``locks/<name>.lock`` through filelock.
+filelock 3.12 opens its path with ``O_CREAT | O_TRUNC`` and follows symbolic links (newer
+releases add O_NOFOLLOW); either is safe here because ``locks/`` and every directory
+above it have been verified root-owned and not writable by anyone else, so only root can
+create an entry there.
+
+This module imports only the standard library (and dsstage.errors, which imports nothing):
+the warm Prolog uses it too.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import itertools
+import json
+import os
+import stat
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from dsstage.errors import StoreError, UnsafeStore
+
+O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: the largest JSON record (mark, lease, cache) dsstage reads; anything larger is damaged
+#: the directories of a tier and their modes (see store.py for what each holds)
+TIER_DIRS = {"datasets": 0o755, "ready": 0o755, "staging": 0o700, "locks": 0o755, "leases": 0o755,
+             "trash": 0o700, "reserved": 0o700}
+JSON_MAX = 4 * 2**20
+_seq = itertools.count()
+
+
+def temp_name() -> str:
+    """A fresh, short temporary name (it fits any directory, whatever the final names are)."""
+    return f".dsstage-{os.getpid()}-{next(_seq)}-{time.monotonic_ns() % 10**9}.tmp"
+
+
+def is_temp(name: str) -> bool:
+    return name.startswith(".dsstage-") and name.endswith(".tmp")
+
+
+def dir_problem(st: os.stat_result, *, store: bool) -> str | None:
+    """Why a directory may not be trusted, or None. ``store``: dsstage's own directories
+    (nobody else may write); else an ancestor (others may write only if it is sticky)."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != 0:
+        return f"is owned by uid {st.st_uid}, not root"
+    if st.st_mode & 0o022 and (store or not st.st_mode & stat.S_ISVTX):
+        return f"is writable by {'group or others' if store else 'others and not sticky'} " \
+               f"(mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _refuse(path: str, problem: str) -> UnsafeStore:
+    return UnsafeStore(f"{path} {problem}: dsstage will not use it as root, a user could steer it; "
+                       f"make every directory of the path root-owned and not writable by others "
+                       f"(or remove {path} and let dsstage create it)")
+
+
+def open_root(path: str, *, create: bool = True, mode: int = 0o755) -> int:
+    """A descriptor of directory ``path``, reached from ``/`` without following symbolic
+    links, with every component checked (see the module doc); missing components are
+    created (root, ``mode``) when ``create``. Raises UnsafeStore, or FileNotFoundError."""
+    if not path.startswith("/"):
+        raise UnsafeStore(f"{path!r} is not an absolute path")
+    parts = [p for p in path.split("/") if p]
+    fd = os.open("/", O_DIR)
+    here = ""
+    try:
+        for i, part in enumerate(parts):
+            here += "/" + part
+            last = i == len(parts) - 1
+            try:
+                nfd = os.open(part, O_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, mode, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nfd = _open_dir(fd, part, here)
+            except OSError as exc:
+                raise _open_error(here, exc) from None
+            os.close(fd)
+            fd = nfd
+            problem = dir_problem(os.fstat(fd), store=last)
+            if problem:
+                raise _refuse(here, problem)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_dir(parent: int, name: str, shown: str) -> int:
+    try:
+        return os.open(name, O_DIR, dir_fd=parent)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise _open_error(shown, exc) from None
+
+
+def _open_error(shown: str, exc: OSError) -> Exception:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return _refuse(shown, "is a symbolic link or not a directory")
+    return exc
+
+
+_D = TypeVar("_D", bound="_OpenDirs")
+
+
+class _OpenDirs:
+    """Directory descriptors opened once each and closed together (``close()`` or ``with``)."""
+
+    _fds: dict[Any, int]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self: _D) -> _D:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class RootDir(_OpenDirs):
+    """A root-owned directory tree (a tier of the store, or the run directory) whose
+    directories are opened once each, without following symbolic links, and checked.
+
+    ``dir(*parts)`` is the descriptor of a directory below the root (created with the
+    layout's mode when missing and ``create``); close with ``close()`` or ``with``."""
+
+    def __init__(self, root: str, *, create: bool = True) -> None:
+        self.root = root
+        self.create = create
+        self._fds: dict[tuple[str, ...], int] = {(): open_root(root, create=create)}
+
+    @property
+    def fd(self) -> int:
+        return self._fds[()]
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def dir(self, *parts: str, create: bool | None = None, mode: int | None = None) -> int:
+        """Raises FileNotFoundError if missing and not creating, UnsafeStore if not trusted."""
+        key = tuple(parts)
+        fd = self._fds.get(key)
+        if fd is not None:
+            return fd
+        parent = self.dir(*key[:-1], create=create)
+        name = key[-1]
+        if name in ("", ".", "..") or "/" in name:
+            raise StoreError(f"bad directory name {name!r} under {self.root}")
+        try:
+            fd = os.open(name, O_DIR, dir_fd=parent)
+        except FileNotFoundError:
+            if not (self.create if create is None else create):
+                raise
+            want = mode if mode is not None else TIER_DIRS.get(name, 0o755) if len(key) == 1 else 0o755
+            try:
+                os.mkdir(name, want, dir_fd=parent)
+            except FileExistsError:
+                pass
+            fd = _open_dir(parent, name, self.path(*key))
+        except OSError as exc:
+            raise _open_error(self.path(*key), exc) from None
+        problem = dir_problem(os.fstat(fd), store=True)
+        if problem:
+            os.close(fd)
+            raise _refuse(self.path(*key), problem)
+        self._fds[key] = fd
+        return fd
+
+    def has_dir(self, *parts: str) -> int | None:
+        """The descriptor of an existing directory, or None if it is missing."""
+        try:
+            return self.dir(*parts, create=False)
+        except FileNotFoundError:
+            return None
+
+    def forget(self, *parts: str) -> None:
+        """Close the descriptors of ``parts`` and below (after it was renamed or removed)."""
+        key = tuple(parts)
+        for k in [k for k in self._fds if k[:len(key)] == key and k]:
+            os.close(self._fds.pop(k))
+
+    def names(self, *parts: str) -> list[str]:
+        """The entries of a directory (no temporary files), [] if it is missing."""
+        fd = self.has_dir(*parts)
+        if fd is None:
+            return []
+        return sorted(n for n in os.listdir(fd) if not is_temp(n))
+
+
+class Flock:
+    """An exclusive flock(2) on ``name`` (created, root only) in directory ``dir_fd``: the
+    kernel drops it if the holder dies. The directory is root's and writable by nobody
+    else (RootDir checked it), so nobody else can put anything at ``name``."""
+
+    def __init__(self, dir_fd: int, name: str) -> None:
+        self.dir_fd = dir_fd
+        self.name = name
+        self.fd = -1
+
+    def __enter__(self) -> Flock:
+        self.fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                          0o600, dir_fd=self.dir_fd)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # closing the last descriptor releases the lock
+
+
+def open_regular(dir_fd: int, name: str) -> int | None:
+    """A read descriptor of regular file ``name``, or None if it is missing or not regular
+    (a symbolic link, a FIFO: never followed, never blocks)."""
+    try:
+        fd = os.open(name, O_READ, dir_fd=dir_fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_json_at(dir_fd: int | None, name: str) -> dict[str, Any]:
+    """A JSON object from regular file ``name``, or {} if missing, damaged or not a file."""
+    if dir_fd is None:
+        return {}
+    fd = open_regular(dir_fd, name)
+    if fd is None:
+        return {}
+    try:
+        return _read_json_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_json_fd(fd: int) -> dict[str, Any]:
+    try:
+        data = os.read(fd, JSON_MAX + 1)
+    except OSError:
+        return {}
+    try:
+        obj = json.loads(data) if len(data) <= JSON_MAX else None
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def write_at(dir_fd: int, name: str, data: str | bytes, *, mode: int = 0o644, fsync: bool = True,
+             owner: tuple[int, int] | None = None) -> None:
+    """Replace ``name`` atomically: a fresh temporary file (O_EXCL), then rename."""
+    tmp = temp_name()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        try:
+            write_all(fd, data.encode() if isinstance(data, str) else data)
+            if owner is not None:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, mode)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        unlink_at(dir_fd, tmp)
+        raise
+
+
+def write_json_at(dir_fd: int, name: str, data: Mapping[str, Any], *, fsync: bool = True) -> None:
+    write_at(dir_fd, name, json.dumps(data, sort_keys=True), fsync=fsync)
+
+
+def unlink_at(dir_fd: int | None, name: str) -> bool:
+    """Remove file ``name``; False if it was not there."""
+    if dir_fd is None:
+        return False
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def read_json(path: str) -> dict[str, Any]:
+    """A JSON object from ``path``, or {} if it is missing, unreadable or not an object
+    (for files in the admins' state directory; the store uses read_json_at)."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_atomic(path: str, data: str | bytes, *, fsync: bool = True) -> None:
+    """Write so that readers see the old file or the new one, never a part (for the
+    admins' state directory and files the command line writes)."""
+    parent = os.path.dirname(path) or "."
+    os.makedirs(parent, mode=0o755, exist_ok=True)
+    fd = os.open(parent, O_DIR)
+    try:
+        write_at(fd, os.path.basename(path), data, fsync=fsync)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, data: Mapping[str, Any], *, fsync: bool = True) -> None:
+    write_atomic(path, json.dumps(data, sort_keys=True), fsync=fsync)
+
+
+def remove_at(dir_fd: int | None, name: str) -> bool:
+    """Remove ``name`` (a file, or a directory tree, without following links); False if missing."""
+    if dir_fd is None:
+        return False
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        import shutil
+        shutil.rmtree(name, dir_fd=dir_fd)  # fd-based: never follows a link planted inside
+        return True
+    return unlink_at(dir_fd, name)

@@ -1,0 +1,370 @@
+"""What the Slurm Prolog and Epilog do, and the one place their errors become exit codes.
+
+A non-zero Prolog or Epilog exit drains the node, so the mapping is deliberate:
+only a broken local store (``blame == "node"``) drains. A user's mistake, a forged
+``--dataset`` value, a broken configuration, an unreachable or failing source, a failing
+shared state directory, a full tier, a store path a user could steer, or a stage that
+does not fit the Prolog's time budget never does: the job falls back to the source or is
+requeued and held with a readable reason. Every failure ends in one of these decisions,
+never in a job that runs without its data and without a word.
+
+The Prolog leaves the job's TaskProlog output in ``<run dir>/<node>/jobs/<job id>.task``;
+``prolog/dsstage-taskprolog`` prints it for every task without starting Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from dsstage.config import catalog as cat
+from dsstage.config import load
+from dsstage.config.model import Config, Dataset
+from dsstage.errors import AccessDenied, DsstageError, StoreError, UnknownDataset, UnsafeStore, VerifyError
+from dsstage.fs import runfiles
+from dsstage.hooks import bbrequest, joblog
+from dsstage.node import eviction, inventory, staging
+from dsstage.node.store import Store
+
+if TYPE_CHECKING:
+    from dsstage.slurm.client import SlurmClient
+
+log = logging.getLogger(__name__)
+
+#: seconds of the Prolog's budget kept for deciding, holding the job and writing files
+DECIDE_MARGIN = 10.0
+#: what a job asked for when its request is a burst-buffer record that could not be read
+BB_REQUEST = "#BB_LUA dataset="
+
+
+@dataclass(frozen=True)
+class JobContext:
+    job_id: str
+    uid: int
+    gid: int
+    user: str
+    node: str
+    request: str | None
+    nodes: str = ""  # the job's nodes, a Slurm hostlist
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobContext:
+        request = next((env[v] for v in runfiles.REQUEST_VARS if env.get(v)), None)
+        return cls(job_id=env.get("SLURM_JOB_ID", ""), uid=int(env.get("SLURM_JOB_UID", "-1") or -1),
+                   gid=int(env.get("SLURM_JOB_GID", "-1") or -1), user=env.get("SLURM_JOB_USER", ""),
+                   node=env.get("SLURMD_NODENAME", ""), request=request,
+                   nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a job gets for one dataset, and why."""
+
+    dataset: str
+    action: str  # "local": the staged copy | "fallback": the source | "hold" | "drain"
+    path: str | None
+    reason: str
+
+
+# -- decisions (pure) -----------------------------------------------------------------
+
+def on_failure(name: str, ds: Dataset | None, error: DsstageError) -> Outcome:
+    """What to do for a dataset that could not be staged."""
+    if error.blame == "node":
+        return Outcome(name, "drain", None, f"the local store of this node is broken: {error}")
+    if ds is None or isinstance(error, (UnknownDataset, AccessDenied)) or error.blame in ("config", "user"):
+        # never fall back here: the user may not read the source, or there is none
+        return Outcome(name, "hold", None, str(error))
+    # "source" and "site": the source, the shared state, a full tier, an unsafe store path,
+    # the time budget: never this node's fault, so never a drain
+    if ds.on_failure == "fallback":
+        if ds.source.kind == "local":
+            return Outcome(name, "fallback", ds.source.path,
+                           f"could not stage {name!r} ({error}); reading {ds.source.path} directly, which is slower")
+        return Outcome(name, "hold", None, f"{error} (no fallback: the source {ds.source.raw} is not mounted here)")
+    return Outcome(name, "hold", None, str(error))
+
+
+def job_action(outcomes: Sequence[Outcome]) -> str:
+    """"drain" if the node is broken, else "hold" if any dataset must hold the job, else "run"."""
+    actions = {o.action for o in outcomes}
+    if "drain" in actions:
+        return "drain"
+    return "hold" if "hold" in actions else "run"
+
+
+def task_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    """TaskProlog output: the variables a task needs, and warnings for its output."""
+    lines = runfiles.export_lines([(o.dataset, o.path) for o in outcomes if o.path])
+    for o in outcomes:
+        if o.action == "fallback":
+            lines.append(f"print dsstage: warning: {_one_line(o.reason)}")
+    if job_action(outcomes) != "run":
+        lines.append(runfiles.HOLD_MARK)
+        lines += [f"print dsstage: error: {_one_line(o.reason)}" for o in outcomes if o.action in ("hold", "drain")]
+    return lines
+
+
+def hold_reason(outcomes: Sequence[Outcome]) -> str:
+    """The one-line reason Slurm shows for a held job (slurm.hold bounds and cleans it)."""
+    bad = [o for o in outcomes if o.action == "hold"]
+    return _one_line("; ".join(_one_line(o.reason) for o in bad))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- the Prolog -------------------------------------------------------------------------
+
+def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | None = None) -> list[Outcome]:
+    """Stage every requested dataset on this node; one Outcome per dataset. ``deadline``
+    (time.monotonic()) is when staging must stop so that the Prolog can still decide."""
+    try:
+        names = cat.parse_request(ctx.request or "")
+        user = cat.User.lookup(ctx.uid if ctx.uid >= 0 else ctx.user)
+    except DsstageError as exc:
+        return [Outcome(ctx.request or "", "hold", None, str(exc))]
+    outcomes = []
+    for name in names:
+        ds = conf.datasets.get(name)
+        try:
+            result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes)
+        except DsstageError as exc:
+            log.warning("job %s: %s: %s", ctx.job_id, name, exc)
+            outcomes.append(on_failure(name, ds, exc))
+            store.count(failure_events(name, outcomes[-1], exc) if ds else [])
+            continue
+        moved = ""
+        if result.action == "staged":
+            moved = (f" ({result.transferred_files} files, {result.transferred_bytes} bytes from the source; "
+                     f"{result.peer_files} files, {result.peer_bytes} bytes from peers)")
+        log.info("job %s: %s %s at %s in %.2fs%s", ctx.job_id, name, result.action, result.path, result.seconds,
+                 moved)
+        outcomes.append(Outcome(name, "local", result.path, result.action))
+        label = {"dataset": name}
+        store.count([("misses", label, 1), ("staged_bytes", label, result.transferred_bytes),
+                     ("staged_seconds", label, result.seconds)] if result.action == "staged" else [("hits", label, 1)])
+    return outcomes
+
+
+def failure_events(name: str, outcome: Outcome, exc: DsstageError) -> list[tuple[str, dict[str, str], float]]:
+    """What a failed stage adds to the metrics: the fallback or hold, and a failed verification."""
+    label = {"dataset": name}
+    events: list[tuple[str, dict[str, str], float]] = []
+    if outcome.action in ("fallback", "hold"):
+        events.append(("fallbacks" if outcome.action == "fallback" else "holds", label, 1))
+    if isinstance(exc, VerifyError):
+        events.append(("verify_failures", label, 1))
+    return events
+
+
+def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = None,
+           load_config: Callable[[], Config] = load.load, started: float | None = None) -> int:
+    """The Prolog for one job on this node; ``slurm`` defaults to the command-line client
+    in the configuration's ``slurm_bin``."""
+    started = time.monotonic() if started is None else started
+    ctx = JobContext.from_env(env)
+    bb = bbrequest.flagged(env)  # #BB_LUA dataset=, alone or with --dataset
+    if not ctx.request and not bb:
+        return 0
+    store = None
+    try:
+        conf = load_config()
+    except DsstageError as exc:
+        outcomes = [Outcome(ctx.request or BB_REQUEST, "hold", None, f"dsstage is misconfigured on {ctx.node}: {exc}")]
+        slurm = slurm or _slurm()
+        return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm)
+    slurm = slurm or _slurm(conf.slurm_bin)
+    if bb:
+        try:
+            recorded = bb_request(ctx, conf, env)
+        except (OSError, DsstageError) as exc:
+            outcomes = [Outcome(BB_REQUEST, "hold", None, f"cannot read the job's #BB_LUA request: {exc}")]
+            return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm)
+        ctx = replace(ctx, request=",".join(r for r in (ctx.request, recorded) if r) or None)  # repeats go later
+        if not ctx.request:
+            return 0
+    store = Store(conf, ctx.node or None, run_dir=run_dir)
+    budget = conf.prolog_budget
+    outcomes = stage_all(ctx, conf, store, deadline=started + max(1.0, budget - DECIDE_MARGIN))
+    write_config_cache(run_dir, conf)
+    return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm, store=store)
+
+
+def bb_request(ctx: JobContext, conf: Config, env: Mapping[str, str]) -> str | None:
+    """The datasets of a ``#BB_LUA dataset=`` job, from the record its pre_run left
+    (dsstage.hooks.bbrequest), or None if there is none any more."""
+    request = bbrequest.read(conf.state_dir, ctx.job_id, bbrequest.writer_uid(conf.burst_buffer.user))
+    where = bbrequest.directory(conf.state_dir)
+    if request is None:
+        log.error("job %s: no #BB_LUA record in %s (the hook script found one in %s=%s): set %s to %s in the "
+                  "defaults file", ctx.job_id, where, bbrequest.ENV, env.get(bbrequest.ENV), bbrequest.ENV, where)
+    else:
+        log.info("job %s: #BB_LUA request %s", ctx.job_id, request)
+    return request
+
+
+def decide(ctx: JobContext, outcomes: list[Outcome], *, run_dir: str, slurm: SlurmClient,
+           store: Store | None = None) -> int:
+    """Carry out the job's decision: the TaskProlog's file, the hold, the exit code."""
+    try:
+        write_task_file(run_dir, ctx, task_lines(outcomes))
+    except (OSError, DsstageError) as exc:
+        # without its file the job would run without its variables and without a word
+        blame = "the run directory is unsafe" if isinstance(exc, UnsafeStore) else "the run directory is broken"
+        log.error("job %s: cannot write the TaskProlog's file in %s (%s): %s", ctx.job_id, run_dir, blame, exc)
+        if isinstance(exc, UnsafeStore) or not isinstance(exc, (OSError, StoreError)):
+            outcomes = [*outcomes, Outcome(ctx.request or "", "hold", None, f"{blame} on {ctx.node}: {exc}")]
+        else:
+            outcomes = [*outcomes, Outcome(ctx.request or "", "drain", None, f"{blame} on {ctx.node}: {exc}")]
+    action = job_action(outcomes)
+    if store is not None:
+        inventory.refresh(store)
+    if action == "hold":  # for a drain Slurm requeues and holds the job itself
+        try:
+            done = slurm.hold(ctx.job_id, hold_reason(outcomes))
+            log.info("job %s: %s", ctx.job_id, done)
+        except DsstageError as exc:
+            # the task file's hold mark still stops the job's tasks (see dsstage-taskprolog)
+            log.error("job %s: could not hold it in Slurm: %s", ctx.job_id, exc)
+    if action == "drain":
+        log.error("job %s: draining %s: %s", ctx.job_id, ctx.node,
+                  "; ".join(o.reason for o in outcomes if o.action == "drain"))
+        return 1
+    return 0
+
+
+def epilog(env: Mapping[str, str], *, run_dir: str,
+           load_config: Callable[[], Config] = load.load) -> int:
+    """Release the job's leases, reclaim leases of jobs that are gone, then apply the
+    retention plan: evictions are renames into the trash, deleted in the background."""
+    ctx = JobContext.from_env(env)
+    # a #BB_LUA job has no request in its environment: its Prolog's file says it had one
+    if not remove_task_file(run_dir, ctx) and not ctx.request:
+        return 0
+    try:
+        conf = load_config()
+    except DsstageError as exc:
+        # leases stay; they are reclaimed once the job is known to be gone
+        log.error("job %s: cannot release leases, configuration broken: %s", ctx.job_id, exc)
+        return 0
+    store = Store(conf, ctx.node or None, run_dir=run_dir)
+    try:
+        released = store.release_job(ctx.job_id)
+        log.info("job %s: released %s", ctx.job_id, ", ".join(x.dataset for x in released) or "nothing")
+        retain(store, ctx.job_id)
+    except DsstageError as exc:
+        # leases stay; they are reclaimed once the job is gone
+        log.error("job %s: releasing leases or applying retention failed: %s", ctx.job_id, exc)
+        return 1 if exc.blame == "node" else 0
+    inventory.refresh(store)
+    return 0
+
+
+def retain(store: Store, job_id: str) -> None:
+    """The Epilog's retention pass, with the demand snapshot; a stale one is said."""
+    dem, snap = store.demand()
+    if dem.stale:
+        bound = store.config.retention.demand_max_age
+        why = snap.problem or f"the demand snapshot is {dem.age:.0f}s old (bound {bound:g}s)"
+        log.warning("job %s: %s: retention decides without the queue's demand, keeping what it cannot judge "
+                    "and leaving leases alone", job_id, why)
+    else:
+        for lease in store.reclaim_stale(snap):
+            log.info("job %s: reclaimed the lease of job %s on %s: the job is gone", job_id, lease.job_id,
+                     lease.dataset)
+    for e in eviction.retain(store, dem):
+        if e.action != "kept":
+            log.info("job %s: %s %s %s (%s)", job_id, e.action, e.dataset, e.version, e.reason)
+
+
+# -- files ----------------------------------------------------------------------------
+
+def write_task_file(run_dir: str, ctx: JobContext, lines: Sequence[str]) -> None:
+    runfiles.write_task_file(run_dir, ctx.node, ctx.job_id, lines, ctx.gid)
+
+
+def remove_task_file(run_dir: str, ctx: JobContext) -> bool:
+    """Remove the job's TaskProlog file; False if there was none (or it cannot be reached)."""
+    try:
+        return runfiles.remove_task_file(run_dir, ctx.node, ctx.job_id)
+    except (OSError, DsstageError):
+        return False
+
+
+def write_config_cache(run_dir: str, conf: Config) -> None:
+    """What the warm path needs of the configuration, keyed by the file's exact state."""
+    record = runfiles.cache_record(conf.origin, conf.state_dir, {
+        name: {"root": conf.tiers[ds.tier].path, "verify": ds.verify,
+               "groups": list(ds.groups) if ds.groups is not None else None}
+        for name, ds in conf.datasets.items()}, conf.report.user)
+    if record["key"] is None:
+        return
+    try:
+        record["bb_uid"] = bbrequest.writer_uid(conf.burst_buffer.user)
+        runfiles.write_cache(run_dir, record)
+    except (OSError, DsstageError) as exc:
+        log.warning("cannot write the configuration cache in %s: %s", run_dir, exc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[JobLogHandler(os.environ)], force=True)
+    run_dir = os.environ.get("DSSTAGE_RUN_DIR", runfiles.RUN_DIR)
+    which = argv[0] if argv else ""
+    try:
+        if which == "prolog":
+            return prolog(os.environ, run_dir=run_dir)
+        if which == "epilog":
+            return epilog(os.environ, run_dir=run_dir)
+    except Exception as exc:  # a bug must not drain the node, nor pass in silence: hold the job
+        log.exception("dsstage %s failed unexpectedly for job %s", which, os.environ.get("SLURM_JOB_ID"))
+        if which == "prolog":
+            return on_bug(os.environ, run_dir, exc)
+        return 0
+    print("usage: python -m dsstage.hooks prolog|epilog", file=sys.stderr)
+    return 2
+
+
+class JobLogHandler(logging.Handler):
+    """The hooks' log lines to syslog and the configured file, each with the job id
+    (dsstage.hooks.joblog)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        super().__init__()
+        self.env = env
+        self.job_id = env.get("SLURM_JOB_ID", "")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            joblog.write(self.format(record), record.levelname, job_id=self.job_id, env=self.env)
+        except Exception:  # noqa: BLE001 - logging must never fail a hook
+            self.handleError(record)
+
+
+def _slurm(bin_dir: str | None = None) -> SlurmClient:
+    from dsstage.slurm.client import BIN_DIR, client
+    return client(bin_dir or BIN_DIR)
+
+
+def on_bug(env: Mapping[str, str], run_dir: str, exc: BaseException) -> int:
+    """The Prolog failed unexpectedly: the job is held with the reason (never a drain)."""
+    ctx = JobContext.from_env(env)
+    if not ctx.request and not bbrequest.flagged(env):
+        return 0
+    reason = f"dsstage failed unexpectedly on {ctx.node} ({type(exc).__name__}: {exc}); an admin should check its log"
+    try:
+        decide(ctx, [Outcome(ctx.request or BB_REQUEST, "hold", None, reason)], run_dir=run_dir, slurm=_slurm())
+    except Exception:  # noqa: BLE001 - the last resort: logged, the node stays up
+        log.exception("job %s: could not hold the job either", ctx.job_id)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

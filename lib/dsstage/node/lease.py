@@ -1,0 +1,120 @@
+"""Leases: which job uses which dataset version on a node.
+
+A lease is a small JSON file ``<tier>/leases/<dataset>/<job id>.json``. A copy that has a
+lease is never evicted. A lease whose holder is gone (the job ended without its Epilog,
+the process that took it died) can be reclaimed, and so can a damaged lease file.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from dsstage.errors import StoreError
+from dsstage.fs import safe
+from dsstage.fs.layout import job_id_ok
+from dsstage.fs.safe import RootDir
+
+
+@dataclass(frozen=True)
+class Lease:
+    dataset: str
+    digest: str
+    job_id: str
+    user: str
+    node: str
+    taken: float
+    host: str = ""
+    pid: int = 0  # for leases not tied to a Slurm job: the process that holds it
+
+    @property
+    def is_job(self) -> bool:
+        return self.pid == 0
+
+
+def check_job_id(job_id: str) -> str:
+    if not job_id_ok(job_id or ""):
+        raise StoreError(f"job id {job_id!r} is not valid: use the Slurm job id (digits, optionally _ or +)")
+    return job_id
+
+
+def default_holder() -> tuple[str, int]:
+    """A lease id and pid for a stage run by hand: the calling shell holds it."""
+    ppid = os.getppid()
+    return f"pid-{socket.gethostname()}-{ppid}", ppid
+
+
+def _file(job_id: str) -> str:
+    return check_job_id(job_id) + ".json"
+
+
+class LeaseBook:
+    """The leases of one tier on one node (``tier``: the tier's RootDir)."""
+
+    def __init__(self, tier: RootDir) -> None:
+        self.tier = tier
+
+    def take(self, lease: Lease) -> None:
+        safe.write_json_at(self.tier.dir("leases", lease.dataset), _file(lease.job_id), asdict(lease), fsync=False)
+
+    def release(self, dataset: str, job_id: str) -> bool:
+        return safe.unlink_at(self.tier.has_dir("leases", dataset), _file(job_id))
+
+    def _read(self, dataset: str) -> tuple[list[Lease], list[str]]:
+        """The leases of ``dataset``, and the names of damaged lease files."""
+        fd = self.tier.has_dir("leases", dataset)
+        good: list[Lease] = []
+        damaged: list[str] = []
+        for n in self.tier.names("leases", dataset):
+            record = safe.read_json_at(fd, n) if n.endswith(".json") else {}
+            try:
+                lease = Lease(**record)
+                if lease.dataset != dataset or n != f"{lease.job_id}.json":
+                    raise TypeError
+                good.append(lease)
+            except TypeError:
+                damaged.append(n)
+        return good, damaged
+
+    def of_dataset(self, dataset: str) -> list[Lease]:
+        # a damaged lease file is ignored here; `reclaim` removes it
+        return self._read(dataset)[0]
+
+    def datasets(self) -> list[str]:
+        return self.tier.names("leases")
+
+    def of_job(self, job_id: str) -> list[Lease]:
+        return [lease for ds in self.datasets() for lease in self.of_dataset(ds) if lease.job_id == job_id]
+
+    def reclaim(self, dataset: str, alive: Callable[[Lease], bool]) -> tuple[list[Lease], list[str]]:
+        """Remove the leases whose holder is gone (``alive`` says no), and damaged lease
+        files; return both."""
+        good, damaged = self._read(dataset)
+        gone = [lease for lease in good if not alive(lease)]
+        fd = self.tier.has_dir("leases", dataset)
+        for lease in gone:
+            self.release(lease.dataset, lease.job_id)
+        for n in damaged:
+            safe.remove_at(fd, n)
+        return gone, damaged
+
+
+def holder_alive(lease: Lease, job_alive: Callable[[str], bool]) -> bool:
+    """Whether the job or process that took ``lease`` still exists.
+
+    For a job, ``job_alive`` decides (the Slurm client). A process lease from another
+    host cannot be checked here, so it counts as alive.
+    """
+    if lease.is_job:
+        return job_alive(lease.job_id)
+    if lease.host and lease.host != socket.gethostname():
+        return True
+    try:
+        os.kill(lease.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,108 @@
+"""Per-dataset locks that record who holds them.
+
+The lock itself is an flock(2) through filelock: the kernel drops it when its holder
+dies, even by kill -9, so a crashed stage never blocks the next one. Beside it an owner
+file records host, pid and job so that ``dsstage status`` can say who is staging.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from types import TracebackType
+
+import filelock
+
+from dsstage.errors import LockTimeout, StoreError
+from dsstage.fs.safe import read_json, write_json
+
+#: beside a lock: a stage waiting for it asks the prefetch holding it to yield
+YIELD = ".yield"
+
+
+class DatasetLock:
+    def __init__(self, path: str, *, timeout: float, job_id: str = "", what: str = "", action: str = "") -> None:
+        self.path = path
+        self.owner_path = path + ".owner"
+        self.timeout = timeout
+        self.job_id = job_id
+        self.what = what or os.path.basename(path)
+        self.action = action  # what the holder does (stage, verify, evict): for status
+        self._lock = filelock.UnixFileLock(path, timeout=timeout, mode=0o600)
+
+    def __enter__(self) -> DatasetLock:
+        try:
+            self._lock.acquire()
+        except filelock.Timeout:
+            holder = read_owner(self.path)
+            who = f" (held by {holder.get('host')} pid {holder.get('pid')} job {holder.get('job_id') or '-'})" \
+                if holder else ""
+            raise LockTimeout(f"waited {self.timeout:g}s for the lock on {self.what}{who}; another stage is "
+                              "still running: wait for it, or raise lock_timeout in the configuration") from None
+        except OSError as exc:
+            raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": self.job_id, "since": time.time(),
+                  "action": self.action}
+        try:
+            write_json(self.owner_path, record, fsync=False)
+        except OSError:
+            pass  # the owner file is informative only
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            os.unlink(self.owner_path)
+        except OSError:
+            pass
+        self._lock.release()
+
+
+def ask_to_yield(lock_path: str, job_id: str) -> bool:
+    """If a prefetch holds the lock at ``lock_path``, ask it to give the lock up: write
+    ``<lock>.yield``, which the prefetch watches (dsstage.cluster.prefetch). True if asked."""
+    owner = read_owner(lock_path)
+    if owner.get("action") != "prefetch" or not is_held(lock_path):
+        return False
+    try:
+        write_json(lock_path + YIELD, {"job_id": job_id, "pid": os.getpid(), "since": time.time()}, fsync=False)
+    except OSError:
+        return False  # the prefetch then finishes first: the wait is longer, nothing is lost
+    return True
+
+
+def yield_request(lock_path: str) -> dict[str, object] | None:
+    """Who asked the prefetch holding ``lock_path`` to yield, or None."""
+    try:
+        os.stat(lock_path + YIELD)
+    except OSError:
+        return None
+    return read_json(lock_path + YIELD)
+
+
+def clear_yield(lock_path: str) -> None:
+    try:
+        os.unlink(lock_path + YIELD)
+    except OSError:
+        pass
+
+
+def read_owner(lock_path: str) -> dict[str, object]:
+    """Who holds (or last held) the lock at ``lock_path``: host, pid, job id, since, action."""
+    return read_json(lock_path + ".owner")
+
+
+def is_held(path: str) -> bool:
+    """Whether some process holds the lock right now (tries it without blocking)."""
+    if not os.path.exists(path):
+        return False
+    probe = filelock.UnixFileLock(path, timeout=0)
+    try:
+        probe.acquire()
+    except filelock.Timeout:
+        return True
+    except OSError:
+        return False
+    probe.release()
+    return False

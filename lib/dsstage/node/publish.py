@@ -1,0 +1,101 @@
+"""The publish protocol: how a verified staging area becomes a ready, shared copy.
+
+1. ``staging/<name>.<version>/`` (0700, root) is filled and every file verified;
+2. it is sealed: root-owned, files 0444, directories 0555;
+3. it is renamed to ``datasets/<name>/<version>`` (atomic; jobs never see a partial copy);
+4. the ready mark ``ready/<name>/<version>.json`` is written last, naming the digest and
+   the inode of the copy (and the bytes it hard-links from older versions, see space.py).
+
+A copy is ready only while its mark exists and matches (layout.not_ready). Taking a copy
+out of service removes or flags the mark first. All of it runs on descriptors
+(safe.RootDir, Tree): nothing a user could plant is followed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+from dsstage.fs import layout, safe
+from dsstage.fs.beneath import Tree
+from dsstage.fs.safe import RootDir
+
+
+def seal(root_fd: int, gid: int = 0) -> None:
+    """Make the tree below ``root_fd`` root-owned and read-only: files 0444, directories
+    0555 (changing only what is not so already: the copier creates files that way)."""
+    def fix(fd: int, st: os.stat_result, want: int) -> None:
+        if st.st_uid != 0 or st.st_gid != gid:
+            os.fchown(fd, 0, gid)
+        if stat.S_IMODE(st.st_mode) != want:
+            os.fchmod(fd, want)
+
+    with Tree(root_fd) as tree:
+        for dfd, found in tree.walk():
+            for name, _rel, st in found:
+                if stat.S_ISDIR(st.st_mode):
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    safe.unlink_at(dfd, name)  # never published: only regular files are data
+                elif st.st_uid != 0 or st.st_gid != gid or stat.S_IMODE(st.st_mode) != 0o444:
+                    ffd = os.open(name, safe.O_READ, dir_fd=dfd)
+                    try:
+                        fix(ffd, os.fstat(ffd), 0o444)
+                    finally:
+                        os.close(ffd)
+            fix(dfd, os.fstat(dfd), 0o555)
+
+
+def take_back(tier: RootDir, name: str, digest: str) -> None:
+    """A copy without a valid mark (a crash between publish and mark, a copy flagged bad,
+    tampering): move it back into staging, where every file is verified again before it is
+    published (or drop it if a staging area exists already)."""
+    vid = layout.version_id(digest)
+    dfd = tier.dir("datasets", name)
+    try:
+        os.stat(vid, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    unmark(tier, name, digest)
+    staging = layout.staging_name(name, digest)
+    sfd = tier.dir("staging")
+    tier.forget("datasets", name, vid)
+    try:
+        os.stat(staging, dir_fd=sfd, follow_symlinks=False)
+        safe.remove_at(dfd, vid)
+    except FileNotFoundError:
+        # root writes into the read-only directories: no chmod that would lock out readers
+        os.rename(vid, staging, src_dir_fd=dfd, dst_dir_fd=sfd)
+
+
+def publish(tier: RootDir, name: str, digest: str, record: Mapping[str, Any]) -> None:
+    """Seal the staging area, rename it into place and write its ready mark."""
+    staging = layout.staging_name(name, digest)
+    vid = layout.version_id(digest)
+    seal(tier.dir("staging", staging), gid=0)
+    tier.forget("staging", staging)
+    dfd = tier.dir("datasets", name)
+    os.rename(staging, vid, src_dir_fd=tier.dir("staging"), dst_dir_fd=dfd)
+    st = os.stat(vid, dir_fd=dfd, follow_symlinks=False)
+    mark = {**record, "digest": digest, "ino": st.st_ino, "dev": st.st_dev, "boot": layout.boot_id(),
+            "durable": False}
+    safe.write_json_at(tier.dir("ready", name), layout.mark_name(digest), mark)
+    os.fsync(dfd)
+
+
+def unmark(tier: RootDir, name: str, digest: str) -> dict[str, Any]:
+    """Take the copy out of service: remove its ready mark; return what the mark held."""
+    mark = layout.read_mark(tier, name, digest)
+    safe.unlink_at(tier.has_dir("ready", name), layout.mark_name(digest))
+    return mark
+
+
+def flag_bad(tier: RootDir, name: str, digest: str, why: str) -> None:
+    """A copy known to be wrong is never ready: keep its mark (its bytes still count) but
+    flag it, so that the quick check refuses it and the next stage takes it back."""
+    mark = layout.read_mark(tier, name, digest)
+    if mark:
+        mark["bad"] = why
+        safe.write_json_at(tier.dir("ready", name), layout.mark_name(digest), mark)

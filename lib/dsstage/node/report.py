@@ -1,0 +1,235 @@
+"""Node reports: what each node holds and is doing, for `dsstage status` on a login node.
+
+A report (FORMAT 2) is one JSON document per node::
+
+    {"format": 2, "node": "n1", "time": <epoch>, "demand": {"age": s, "stale": bool},
+     "tiers": [{"tier", "path", "capacity", "used", "reserved", "free", "high", "low"}],
+     "copies": [{"tier", "dataset", "version", "state", "current", "bytes", "files",
+                 "leases": [{"job_id", "user", "since"}], "last_used",
+                 "decision": {"action": "keep"|"evict", "reason"} | null,
+                 "progress": {"phase", "unit", "done", "total", "rate", "eta", "since"} | null,
+                 "job_id"}]}
+
+``state`` is one of ready, staging, verifying, evicting, failed (a copy flagged bad),
+incomplete (a version directory without its ready mark) and interrupted (a staging area
+left by a killed stage). ``decision`` is the retention planner's current verdict on the
+copy, with its reason, as the next Epilog would apply it.
+
+Where. The node keeps its report in ``<run_dir>/reports/<node>.json`` (node-local, root's)
+and publishes a copy to ``<state_dir>/nodes/<node>.json`` for login nodes. A shared
+``state_dir`` is often NFS exported with ``root_squash``, where root on a node writes as
+nobody: with ``report.user`` set, the published copy is written with that user's
+file-system identity (setfsuid, the same switch that reads sources as ``source_user``),
+so ``<state_dir>/nodes`` can belong to that user and nothing else in ``state_dir`` need
+be writable from the nodes. Without a shared ``state_dir``, ``dsstage status --live``
+asks each node over SSH for a report built there and then.
+
+When. The full Prolog and the Epilog rebuild the report from the store; a stage writes
+its progress at most every ``report.interval`` seconds; the warm Prolog adds its leases.
+``dsstage report`` (run by dsstage-report.timer) rebuilds it, so that an idle node's
+report stays recent and a report older than ``report.max_age`` means the node is not
+reporting (status then shows it as stale, never as fact).
+
+Concurrency. Several Prologs and Epilogs may run on a node at once: every change, a
+rebuild or a small update, is made holding an flock on ``<run_dir>/reports/<node>.lock``,
+reading the node-local report and writing it back, so no writer loses another's change (a
+rebuild reads the store after taking the lock, so it sees every change committed before).
+
+This module imports only the standard library at load time: the warm Prolog uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from dsstage.fs.safe import RootDir
+
+if TYPE_CHECKING:
+    pass
+from dsstage.fs import safe
+
+FORMAT = 2
+REPORTS = "reports"  # below the run directory
+NODES = "nodes"  # below the state directory
+#: the prefetch's last actions kept in a report (see note_prefetch)
+PREFETCH_KEPT = 20
+STATES = ("ready", "staging", "verifying", "evicting", "failed", "incomplete", "interrupted")
+
+
+def published_path(state_dir: str, node: str) -> str:
+    return os.path.join(state_dir, NODES, f"{node}.json")
+
+
+@contextmanager
+def _locked(run_dir: str, node: str) -> Iterator[int]:
+    """Hold this node's report lock; yield the descriptor of the reports directory."""
+    if not node or "/" in node or node.startswith(".") or "\0" in node:
+        raise ValueError(f"node name {node!r}")
+    with RootDir(run_dir) as run:
+        reports = run.dir(REPORTS)
+        with safe.Flock(reports, f"{node}.lock"):
+            yield reports
+
+
+def update(run_dir: str, node: str, change: Callable[[dict[str, Any]], bool],
+           publish_to: tuple[str, str | None] | None = None) -> dict[str, Any] | None:
+    """Apply ``change`` to this node's report under its lock, write it if ``change`` says
+    so, and publish it to ``publish_to`` = (state_dir, report user). None if there is no
+    report yet (the next rebuild writes one)."""
+    with _locked(run_dir, node) as reports:
+        report = safe.read_json_at(reports, f"{node}.json")
+        if not report or not change(report):
+            return None
+        report["time"] = time.time()
+        safe.write_json_at(reports, f"{node}.json", report, fsync=False)
+    if publish_to:
+        publish(publish_to[0], node, report, publish_to[1])
+    return report
+
+
+def replace(run_dir: str, node: str, build: Callable[[Mapping[str, Any]], dict[str, Any]],
+            publish_to: tuple[str, str | None] | None = None) -> dict[str, Any]:
+    """Rebuild this node's report under its lock: ``build(previous)`` gives the new one."""
+    with _locked(run_dir, node) as reports:
+        report = build(safe.read_json_at(reports, f"{node}.json"))
+        safe.write_json_at(reports, f"{node}.json", report, fsync=False)
+    if publish_to:
+        publish(publish_to[0], node, report, publish_to[1])
+    return report
+
+
+def local(run_dir: str, node: str) -> dict[str, Any]:
+    """This node's own report, as last written ({} if none)."""
+    try:
+        with RootDir(run_dir, create=False) as run:
+            return safe.read_json_at(run.has_dir(REPORTS), f"{node}.json")
+    except (OSError, safe.UnsafeStore):
+        return {}
+
+
+def publish(state_dir: str, node: str, report: Mapping[str, Any], user: str | None) -> bool:
+    """Copy the report to the shared state directory, as ``user`` if set (root_squash);
+    False (and a warning) if it cannot be written: the node-local report stays right."""
+    path = published_path(state_dir, node)
+    try:
+        if user:  # imported only then: the warm Prolog pays for what it uses
+            from dsstage.fs import identity
+            with identity.acting_as(identity.lookup(user, "report.user")):
+                _write_creating(path, report)
+        else:
+            _write_creating(path, report)
+        return True
+    except Exception as exc:  # noqa: BLE001 - a report is never worth failing a job
+        import logging
+        log = logging.getLogger("dsstage")
+        hint = (f"; on NFS with root_squash, make {os.path.dirname(path)} belong to an unprivileged user and set "
+                "report.user" if isinstance(exc, PermissionError) and not user else "")
+        log.warning("cannot publish the node report %s: %s%s", path, exc, hint)
+        return False
+
+
+def _write_creating(path: str, report: Mapping[str, Any]) -> None:
+    try:
+        safe.write_json(path, report, fsync=False)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        safe.write_json(path, report, fsync=False)
+
+
+def note_leases(run_dir: str, node: str, job_id: str, user: str, copies: Sequence[tuple[str, str]],
+                publish_to: tuple[str, str | None] | None = None) -> None:
+    """The warm Prolog's change: ``job_id`` of ``user`` leases these (dataset, version)
+    copies, which are used now and kept while the lease lasts."""
+    now = time.time()
+    wanted = set(copies)
+
+    def change(report: dict[str, Any]) -> bool:
+        changed = False
+        for row in report.get("copies") or []:
+            if isinstance(row, dict) and (row.get("dataset"), row.get("version")) in wanted:
+                leases = [x for x in row.get("leases") or [] if isinstance(x, dict) and x.get("job_id") != job_id]
+                row["leases"] = [*leases, {"job_id": job_id, "user": user, "since": now}]
+                row["last_used"] = now
+                row["decision"] = {"action": "keep", "reason": f"leased by job {job_id}"}
+                changed = True
+        return changed
+    update(run_dir, node, change, publish_to)
+
+
+def note_prefetch(run_dir: str, node: str, event: Mapping[str, Any],
+                  publish_to: tuple[str, str | None] | None = None) -> None:
+    """Add one of the prefetch's actions (dataset, job_id, start, action, reason, time,
+    bytes) to the report's ``prefetch`` list, the last PREFETCH_KEPT of them."""
+    def change(report: dict[str, Any]) -> bool:
+        kept = [p for p in report.get("prefetch") or [] if isinstance(p, dict)]
+        report["prefetch"] = (kept + [dict(event)])[-PREFETCH_KEPT:]
+        return True
+    update(run_dir, node, change, publish_to)
+
+
+def progress_row(phase: str, unit: str, done: int, total: int, since: float, now: float) -> dict[str, Any]:
+    """Progress with its rate and ETA (None until something has moved)."""
+    elapsed = max(now - since, 1e-3)
+    rate = done / elapsed if done else 0.0
+    eta = (total - done) / rate if rate > 0 and total >= done else None
+    return {"phase": phase, "unit": unit, "done": done, "total": total, "rate": rate, "eta": eta, "since": since}
+
+
+class ProgressNote:
+    """A stage's progress into the report, at most every ``interval`` seconds.
+
+    Called as ``note(phase, delta, total)`` from the stager (any thread): ``phase`` is
+    "copying" (bytes) or "verifying" (files)."""
+
+    def __init__(self, run_dir: str, node: str, tier: str, dataset: str, version: str, job_id: str, *,
+                 interval: float, publish_to: tuple[str, str | None] | None,
+                 clock: Callable[[], float] = time.time,
+                 also: Callable[[str, int, int], None] | None = None) -> None:
+        import threading
+        self.run_dir, self.node, self.publish_to = run_dir, node, publish_to
+        self.key = (tier, dataset, version)
+        self.job_id, self.interval, self.clock = job_id, interval, clock
+        self.phase, self.done, self.total = "", 0, 0
+        self.since = self.last = clock()
+        self._mutex = threading.Lock()
+        self.also = also
+
+    def __call__(self, phase: str, delta: int, total: int) -> None:
+        if self.also:
+            self.also(phase, delta, total)
+        with self._mutex:
+            now = self.clock()
+            if phase != self.phase:  # the first phase is timed from the stage's start
+                self.since = now if self.phase else self.since
+                self.phase, self.done = phase, 0
+            self.done += delta
+            self.total = total
+            if now - self.last < self.interval and self.done < self.total:
+                return
+            self.last = now
+            row = progress_row(phase, "files" if phase == "verifying" else "bytes", self.done, total, self.since, now)
+        try:
+            update(self.run_dir, self.node, lambda r: self._apply(r, row), self.publish_to)
+        except (OSError, safe.UnsafeStore, ValueError):
+            pass  # progress is informative; the stage goes on
+
+    def _apply(self, report: dict[str, Any], progress: dict[str, Any]) -> bool:
+        rows = report.setdefault("copies", [])
+        for row in rows:
+            if isinstance(row, dict) and (row.get("tier"), row.get("dataset"), row.get("version")) == self.key:
+                break
+        else:
+            row = {"tier": self.key[0], "dataset": self.key[1], "version": self.key[2], "current": True,
+                   "bytes": 0, "files": 0, "leases": [], "last_used": None, "decision": None}
+            rows.append(row)
+        row.update(state="verifying" if progress["phase"] == "verifying" else "staging", job_id=self.job_id,
+                   progress=progress)
+        return True
+
+
+def publish_target(config: Any) -> tuple[str, str | None]:
+    return config.state_dir, config.report.user

@@ -1,0 +1,212 @@
+"""Making a staging area hold exactly what a manifest describes.
+
+``fill`` reuses files from versions already on the node (hard links: published files are
+immutable, so sharing an inode is safe), copies the rest (a mounted source: the verifying
+copier; ssh and rsync daemons: rsync, then every file is hashed), removes anything the
+manifest does not list, fetches what is wrong once more, and raises VerifyError naming
+the file if it is still wrong.
+
+Everything here works below directory descriptors (beneath.Tree, open_beneath): a link
+in a staging area or a published copy is never followed. rsync writes by path into the
+staging area, which is private to root (0700) inside a verified tier, and is run without
+``-l``, so it creates no links there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from dsstage.config.manifest import Entry, Manifest, Mismatch
+from dsstage.config.model import Source, Transfer
+from dsstage.errors import OutOfTime, StoreError, VerifyError
+from dsstage.fs import safe as fs_safe
+from dsstage.fs.beneath import Tree
+from dsstage.fs.identity import Identity
+from dsstage.transfer import copier, hashing, peers
+from dsstage.transfer.rsync import TransferStats, fetch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FillReport:
+    transferred: TransferStats = field(default_factory=TransferStats)
+    linked_files: int = 0
+    linked_bytes: int = 0
+    refetched: list[str] = field(default_factory=list)
+    removed_extras: int = 0
+    from_peers: TransferStats = field(default_factory=TransferStats)  # transferred counts the source's only
+    peers_given_up: dict[str, str] = field(default_factory=dict)  # peer -> why
+
+
+def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
+               progress: Callable[[int], None] | None = None) -> list[Mismatch]:
+    """Every entry of ``entries`` that is missing or wrong below ``root_fd``."""
+    got = hashing.hash_many(root_fd, [e.path for e in entries], threads, progress)
+    bad: list[Mismatch] = []
+    for e, g in zip(entries, got):
+        if g is None:
+            bad.append(Mismatch(e.path, str(e.size), "missing"))
+        elif g[0] != e.size:
+            bad.append(Mismatch(e.path, str(e.size), f"size {g[0]}"))
+        elif g[1] != e.hash:
+            bad.append(Mismatch(e.path, e.hash, g[1]))
+    return bad
+
+
+def sweep_extras(root_fd: int, entries: Sequence[Entry]) -> int:
+    """Remove everything below ``root_fd`` that the manifest does not list; return the count."""
+    wanted = {e.path for e in entries}
+    dirs = {p.rsplit("/", 1)[0] for p in wanted if "/" in p}
+    for d in list(dirs):
+        while "/" in d:
+            d = d.rsplit("/", 1)[0]
+            dirs.add(d)
+    removed = 0
+    with Tree(root_fd) as tree:
+        for fd, found in tree.walk(descend=lambda rel: rel in dirs):
+            for name, rel, st in found:
+                keep = rel in dirs if stat.S_ISDIR(st.st_mode) else stat.S_ISREG(st.st_mode) and rel in wanted
+                if not keep:
+                    fs_safe.remove_at(fd, name)
+                    removed += 1
+    return removed
+
+
+def link_reuse(dest: Tree, entries: Sequence[Entry],
+               older: Sequence[tuple[int, Manifest]]) -> dict[int, tuple[int, int]]:
+    """Hard-link into ``dest`` the files that an older local version (its descriptor and
+    manifest) has with the same content; return {older index: (files, bytes)} linked."""
+    have: dict[tuple[str, int, str], tuple[int, str]] = {}
+    for i, (_fd, m) in enumerate(older):
+        for e in m.entries:
+            have.setdefault((e.path, e.size, e.hash), (i, e.path))
+            # the same content under another name is worth reusing too
+            have.setdefault(("", e.size, e.hash), (i, e.path))
+    linked: dict[int, tuple[int, int]] = {}
+    trees = [Tree(fd) for fd, _m in older]
+    try:
+        for e in entries:
+            if copier.present(dest, e.path):
+                continue
+            src = have.get((e.path, e.size, e.hash)) or have.get(("", e.size, e.hash))
+            if not src:
+                continue
+            i, rel = src
+            try:
+                sfd, sname = trees[i].split(rel)
+                dfd, dname = dest.split(e.path)
+                os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue  # another filesystem, or the old copy is gone: fetch it instead
+            files, nbytes = linked.get(i, (0, 0))
+            linked[i] = (files + 1, nbytes + e.size)
+    finally:
+        for t in trees:
+            t.close()
+    return linked
+
+
+def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, transfer: Transfer,
+         older: Sequence[tuple[int, Manifest]] = (), *, deadline: float | None = None,
+         reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None,
+         progress: Callable[[str, int, int], None] | None = None,
+         group: peers.Group | None = None, tier: str = "") -> FillReport:
+    """Make the staging area ``dest_fd`` (at ``dest_path``) hold exactly ``manifest``; raise
+    VerifyError if the source cannot, OutOfTime when ``deadline`` passes (work is kept).
+    ``linked`` receives what was hard-linked from each older version. ``progress(phase,
+    delta, total)``: "copying" in bytes, then (rsync sources) "verifying" in files.
+    With ``group`` (the nodes of a job, this tier's name ``tier``), this node copies its
+    share from the source and the rest from the other nodes (dsstage.transfer.peers); what comes
+    back wrong from the source is fetched from the source again, as without peers."""
+    def copying(delta: int, total: int) -> None:
+        if progress:  # with peers, several copies run at once: their progress is of the whole
+            progress("copying", delta, manifest.total_bytes if group is not None else total)
+
+    def verifying(total: int) -> Callable[[int], None] | None:
+        return (lambda delta: progress("verifying", delta, total)) if progress else None
+
+    report = FillReport()
+    with Tree(dest_fd, create=True) as dest:
+        resumed = [e for e in manifest.entries if copier.present(dest, e.path)]
+        reused = link_reuse(dest, manifest.entries, older)
+    if linked is not None:
+        linked.update(reused)
+    report.linked_files = sum(f for f, _b in reused.values())
+    report.linked_bytes = sum(b for _f, b in reused.values())
+
+    def copy(entries: Sequence[Entry]) -> tuple[TransferStats, list[Mismatch]]:
+        if source.kind == "local":
+            return copier.copy_verified(source.path, dest_fd, entries, threads=copier.THREADS,
+                                        hash_threads=transfer.hash_threads,
+                                        bwlimit=transfer.bwlimit * 1024 * transfer.streams,
+                                        deadline=deadline, reader=reader, progress=copying,
+                                        max_parallel=transfer.max_parallel)
+        stats = fetch(source, dest_path, entries, transfer, deadline=deadline, progress=copying)
+        _check_time(deadline)
+        return stats, check_tree(dest_fd, entries, transfer.hash_threads, verifying(len(entries)))
+
+    if resumed and (source.kind == "local" or group is not None):
+        # left by an interrupted stage: renamed into place only once verified, but a crash
+        # of the node may have lost what was not yet on disk; and a stage with peers hashes
+        # what a peer sent as it arrives, so a stage cut short may have left some unhashed
+        _remove(dest_fd, check_tree(dest_fd, resumed, transfer.hash_threads))
+    if group is not None:
+        def present(entries: Sequence[Entry]) -> list[Entry]:
+            with Tree(dest_fd) as tree:
+                return [e for e in entries if copier.present(tree, e.path)]
+
+        total = manifest.total_bytes
+        shared = peers.cooperate(
+            group, peers.Where(manifest.name, manifest.digest, tier), dest_path, manifest.entries,
+            present=present, check=lambda es: check_tree(dest_fd, es, transfer.hash_threads),
+            remove=lambda bad: _remove(dest_fd, bad), from_source=copy, deadline=deadline,
+            progress=lambda n: copying(n, total))
+        stats, bad = shared.source, shared.bad
+        report.from_peers, report.peers_given_up = shared.from_peers, shared.given_up
+    else:
+        stats, bad = copy(manifest.entries)
+    report.transferred = stats
+    report.removed_extras = sweep_extras(dest_fd, manifest.entries)
+    if bad:
+        log.info("%d file(s) of %s failed verification; fetching them again", len(bad), manifest.name)
+        _remove(dest_fd, bad)
+        by_path = {e.path: e for e in manifest.entries}
+        again = [by_path[m.path] for m in bad]
+        stats, bad = copy(again)
+        report.transferred.add(stats)
+        report.refetched = [e.path for e in again]
+    if bad:
+        raise VerifyError(mismatch_message(manifest.name, bad))
+    return report
+
+
+def _check_time(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise OutOfTime("the transfer used up the time budget; what arrived is kept and the next stage resumes")
+
+
+def _remove(dest_fd: int, bad: Sequence[Mismatch]) -> None:
+    with Tree(dest_fd) as tree:
+        for m in bad:
+            try:
+                fd, name = tree.split(m.path)
+                fs_safe.remove_at(fd, name)
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except OSError as exc:
+                raise StoreError(f"cannot remove {m.path!r} from the staging area: {exc.strerror}") from None
+
+
+def mismatch_message(name: str, bad: Sequence[Mismatch]) -> str:
+    shown = "; ".join(m.describe() for m in bad[:3])
+    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    cause = ("the source no longer has them" if all(m.found == "missing" for m in bad)
+             else "the source changed after its manifest was built, or its reader may not read them")
+    return (f"dataset {name!r}, even after fetching again: {shown}{more}; {cause}: nothing was published; "
+            f"an admin should run `dsstage manifest build {name}`")

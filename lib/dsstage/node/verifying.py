@@ -1,0 +1,88 @@
+"""Verifying a local copy against its manifest: quick (the ready mark, O(1)) or full (re-hash every
+file, repair what differs, remove what the manifest does not name), under the dataset lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from dsstage.config.manifest import Manifest
+from dsstage.config.model import Dataset
+from dsstage.errors import DsstageError, OutOfTime, VerifyError
+from dsstage.fs import beneath, safe
+from dsstage.fs import layout as fs_layout
+from dsstage.fs.layout import version_id
+from dsstage.fs.safe import RootDir
+from dsstage.node import publish
+from dsstage.node.store import Store, VerifyResult, local_errors, open_tier
+
+if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
+    pass
+
+
+log = logging.getLogger(__name__)
+
+
+def verify(store: Store, name: str, *, full: bool = False) -> VerifyResult:
+    ds = store.dataset(name)
+    digest = store.current(name)
+    layout = store.layout(ds.tier)
+    with open_tier(layout) as tier:
+        state = store.ready_state(tier, name, digest)
+        if not full or not state.ready:
+            return VerifyResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), mode="quick",
+                                ok=state.ready, reason=state.reason)
+        from dsstage.node.lock import DatasetLock
+        with DatasetLock(layout.lock(name), timeout=store.config.lock_timeout, what=f"dataset {name!r}",
+                         action="verify"), local_errors(f"verifying {name!r} in {layout.root}"):
+            return verify_locked(store, tier, ds, digest)
+
+
+def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> VerifyResult:
+    """Re-hash the published copy; fetch again what is wrong, atomically per file. A
+    copy that cannot be repaired is flagged bad (never ready) before the error rises."""
+    from dsstage.node import stager
+    manifest = store.load_manifest(ds.name, digest)
+    vid = version_id(digest)
+    vfd = tier.dir("datasets", ds.name, vid)
+    vdir = tier.path("datasets", ds.name, vid)
+    bad = stager.check_tree(vfd, manifest.entries, store.config.transfer.hash_threads)
+    if bad:
+        store.count([("verify_failures", {"dataset": ds.name}, 1)])
+    result = VerifyResult(dataset=ds.name, digest=digest, path=vdir, mode="full", ok=True,
+                          reason="every file matches the manifest", checked_files=manifest.files)
+    result.removed_extras = stager.sweep_extras(vfd, manifest.entries)
+    if bad:
+        by_path = {e.path: e for e in manifest.entries}
+        part = Manifest(name=ds.name, digest=digest, entries=[by_path[b.path] for b in bad],
+                        total_bytes=sum(by_path[b.path].size for b in bad), created=manifest.created)
+        repair = fs_layout.staging_name(ds.name, digest) + ".repair"
+        sdir = tier.dir("staging")
+        safe.remove_at(sdir, repair)
+        try:
+            os.mkdir(repair, 0o700, dir_fd=sdir)
+            rfd = tier.dir("staging", repair)
+            try:
+                stager.fill(rfd, tier.path("staging", repair), part, ds.source, store.config.transfer,
+                            reader=store.reader())
+            except (VerifyError, OutOfTime, DsstageError) as exc:
+                publish.flag_bad(tier, ds.name, digest, f"verify --full found {len(bad)} bad file(s)")
+                raise type(exc)(f"{exc} (the copy on {store.node} is flagged bad: no job gets it until "
+                                "a stage repairs it)") from None
+            publish.seal(rfd, gid=0)
+            with beneath.Tree(rfd) as src, beneath.Tree(vfd, create=True) as dst:
+                for e in part.entries:
+                    sfd, sname = src.split(e.path)
+                    dfd, dname = dst.split(e.path)
+                    # rename over the bad file: a job reading it keeps its open file
+                    os.replace(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+        finally:
+            tier.forget("staging", repair)
+            safe.remove_at(sdir, repair)
+        result.repaired = [b.path for b in bad]
+        result.reason = f"repaired {len(bad)} file(s): " + "; ".join(b.describe() for b in bad[:3])
+    if bad or result.removed_extras:
+        publish.seal(vfd, gid=0)
+    return result

@@ -1,0 +1,349 @@
+"""``dsstage simulate``: replay a job trace through retention policies, side by side.
+
+A cache-unaware scheduler (FIFO with EASY backfill) places every job once; each policy
+then serves the same (time, node, dataset) requests on tiers of the same size, and the
+report gives, per policy, the bytes staged (and staged again beyond each node's first
+stage of a dataset), the hit ratio and the wait that staging causes. See
+docs/simulation.md for the model, the rules and the keys of ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from dsstage.errors import DsstageError
+from dsstage.policy import retention as rt
+from dsstage.policy.sim import trace as tr
+from dsstage.policy.sim.bound import Bound, lower_bound
+from dsstage.policy.sim.replay import JobEnd, Lru, Offline, Planner, Policy, Result, events, replay
+from dsstage.policy.sim.sched import Schedule, schedule
+from dsstage.units import parse_size
+
+POLICIES = ("planner", "lru", "job-end", "offline")
+OFFLINE_METHOD = ("Belady farthest-next-use (future requests per node known; evict the copy needed "
+                  "farthest ahead, never-again first): a feasible policy, so an UPPER bound on the optimum")
+BOUND_METHOD = ("fractional relaxation (a copy may be kept in part) of the offline problem, solved exactly by "
+                "interval packing (FOO-style flow, byte cost): a LOWER bound on the optimum and on every policy "
+                "(but for requests it counts as no room)")
+#: the project's goal, reported as met or not
+GOAL_VS_LRU, GOAL_VS_OFFLINE = 0.7, 1.2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dsstage simulate",
+        description="Replay a job trace through retention policies (dsstage's planner, LRU, job-end clean-up, "
+                    "an offline policy) on a simulated cluster and compare the bytes they stage.")
+    t = p.add_argument_group("trace")
+    t.add_argument("--trace", metavar="FILE", help="an SWF log (.swf or .swf.gz); default: a generated trace")
+    t.add_argument("--seed", type=int, default=1, help="seed of the generated trace and the dataset rule (1)")
+    t.add_argument("--jobs", type=int, default=3000, help="jobs of the generated trace (3000)")
+    t.add_argument("--load", type=float, default=0.9, help="offered load of the generated trace (0.9)")
+    t.add_argument("--datasets", type=int, default=40, help="datasets in the catalogue (40)")
+    t.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of dataset popularity (1.0)")
+    t.add_argument("--size-median", default="300GB", help="median dataset size (300GB)")
+    t.add_argument("--size-sigma", type=float, default=1.0, help="sigma of the lognormal sizes (1.0)")
+    t.add_argument("--size-min", default="50GB", help="smallest dataset (50GB)")
+    t.add_argument("--size-max", default="4TB", help="largest dataset (4TB)")
+    t.add_argument("--other-dataset", type=float, default=0.1, metavar="P",
+                   help="SWF: probability that a job reads another dataset than its user's (0.1)")
+    t.add_argument("--cores-per-node", type=int, default=2, help="SWF: processors per node (2)")
+    t.add_argument("--start", type=int, default=0, metavar="N", help="SWF: skip the first N job records")
+    t.add_argument("--limit", type=int, metavar="N", help="SWF: replay at most N jobs")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--nodes", type=int, help="nodes (16 for a generated trace; SWF: MaxProcs / --cores-per-node)")
+    c.add_argument("--capacity", default="0.33", metavar="SIZE|FRACTION",
+                   help="tier size per node: a size (3.5TB) or a fraction <= 1 of the working set, the bytes of "
+                        "the datasets the trace uses (0.33)")
+    c.add_argument("--bandwidth", default="2GB", metavar="SIZE",
+                   help="staging bandwidth per node, per second (2GB)")
+    c.add_argument("--backfill-depth", type=int, default=100, help="pending jobs the scheduler backfills (100)")
+    r = p.add_argument_group("policies")
+    r.add_argument("--policies", default=",".join(POLICIES), help=f"which, comma-separated ({','.join(POLICIES)})")
+    r.add_argument("--no-bound", action="store_true", help="do not compute the lower bound")
+    r.add_argument("--high", type=float, default=0.9, help="planner: high watermark (0.9)")
+    r.add_argument("--low", type=float, default=0.75, help="planner: low watermark (0.75)")
+    r.add_argument("--min-keep", type=float, default=rt.Policy().min_keep,
+                   help="planner: seconds a used copy is safe from eviction for space (600)")
+    r.add_argument("--snapshot-interval", type=float, default=30.0, metavar="SECONDS",
+                   help="planner: the demand snapshot is taken every SECONDS of simulated time; 0: fresh at "
+                        "every call (30, the poller's default)")
+    r.add_argument("--demand-max-age", type=float, default=300.0, metavar="SECONDS",
+                   help="planner: an older snapshot is stale and counts for nothing (300)")
+    r.add_argument("--plan-depth", type=int, default=100, metavar="N",
+                   help="planner: the first N pending jobs have an expected start and planned nodes in the "
+                        "snapshot, the others none (100, like Slurm's bf_max_job_test)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/simulation.md)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``dsstage simulate``; the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        report = run(args)
+    except DsstageError as exc:
+        print(f"dsstage simulate: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+    return 0
+
+
+class OptionError(DsstageError):
+    """An option of ``dsstage simulate`` is out of range."""
+
+    exit_code = 2
+
+
+def load_trace(args: argparse.Namespace) -> tr.Trace:
+    try:
+        sizes = tr.SizeModel(parse_size(args.size_median), args.size_sigma, parse_size(args.size_min),
+                             parse_size(args.size_max))
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    if args.datasets < 1:
+        raise OptionError("--datasets must be at least 1")
+    if args.trace:
+        return tr.read_swf(args.trace, nodes=args.nodes, cores_per_node=args.cores_per_node,
+                           datasets=args.datasets, zipf_s=args.zipf_s, seed=args.seed, other=args.other_dataset,
+                           start=args.start, limit=args.limit, sizes=sizes)
+    return tr.generate(jobs=args.jobs, nodes=args.nodes or 16, datasets=args.datasets, zipf_s=args.zipf_s,
+                       seed=args.seed, load=args.load, sizes=sizes)
+
+
+def capacity_of(text: str, working_set: int) -> tuple[int, float]:
+    """(bytes, fraction of the working set) from ``--capacity``: a bare number up to 1 is a
+    fraction, anything else a size."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if 0 < value <= 1:
+        return int(value * working_set), value
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise OptionError(f"--capacity: {exc}, or a fraction of the working set such as 0.33") from None
+    if size <= 0:
+        raise OptionError("--capacity must be positive")
+    return size, size / working_set if working_set else 0.0
+
+
+def make_policy(name: str, args: argparse.Namespace, sched: Schedule, capacity: int) -> Policy:
+    if name == "lru":
+        return Lru()
+    if name == "job-end":
+        return JobEnd()
+    if name == "offline":
+        return Offline(sched.runs)
+    return Planner(sched, capacity, high=args.high, low=args.low,
+                   policy=rt.Policy(min_keep=args.min_keep), interval=args.snapshot_interval,
+                   depth=args.plan_depth, max_age=args.demand_max_age)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Load, schedule, replay; the report as plain data (what ``--json`` prints)."""
+    t0 = time.perf_counter()
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise OptionError(f"unknown policy {', '.join(unknown) or '(none)'}: choose from {', '.join(POLICIES)}")
+    if not 0 < args.low < args.high <= 1:
+        raise OptionError("the watermarks must satisfy 0 < --low < --high <= 1")
+    try:
+        bandwidth = parse_size(args.bandwidth)
+    except ValueError as exc:
+        raise OptionError(f"--bandwidth: {exc}") from None
+    if bandwidth <= 0:
+        raise OptionError("--bandwidth must be positive")
+    trace = load_trace(args)
+    t_trace = time.perf_counter() - t0
+    working_set = trace.working_set()
+    capacity, fraction = capacity_of(args.capacity, working_set)
+    t1 = time.perf_counter()
+    sched = schedule(trace.jobs, trace.nodes, trace.slots_per_node, args.backfill_depth)
+    t_sched = time.perf_counter() - t1
+    ev = events(sched.runs)
+    results: dict[str, Result] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    for name in names:
+        policy = make_policy(name, args, sched, capacity)
+        results[name] = replay(sched, trace.sizes, capacity, bandwidth, policy, ev)
+        if isinstance(policy, Planner):
+            extra[name] = {
+                "plan_calls": policy.calls,
+                "planned_jobs": policy.planned_jobs,
+                "planned_nodes_right": (policy.planned_nodes_right / policy.planned_jobs
+                                        if policy.planned_jobs else None),
+            }
+    bound: Bound | None = None
+    t_bound = 0.0
+    if not args.no_bound:
+        t2 = time.perf_counter()
+        bound = lower_bound(sched, trace.sizes, capacity)
+        t_bound = time.perf_counter() - t2
+    return _report(args, trace, sched, capacity, fraction, working_set, bandwidth, results, extra, bound,
+                   {"trace": t_trace, "schedule": t_sched, "bound": t_bound, "total": time.perf_counter() - t0})
+
+
+def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity: int, fraction: float,
+            working_set: int, bandwidth: int, results: dict[str, Result], extra: dict[str, dict[str, Any]],
+            bound: Bound | None, seconds: dict[str, float]) -> dict[str, Any]:
+    policies: dict[str, Any] = {}
+    for name, r in results.items():
+        entry: dict[str, Any] = {
+            "bytes_staged": r.bytes_staged,
+            "bytes_staged_again": r.bytes_staged_again,
+            "bytes_compulsory": r.bytes_compulsory,
+            "requests": r.requests,
+            "hits": r.hits,
+            "hit_ratio": r.hit_ratio,
+            "stage_wait_total_s": r.wait_total,
+            "stage_wait_mean_s": r.wait_mean,
+            "stage_wait_max_s": r.wait_max,
+            "jobs_delayed": r.jobs_delayed,
+            "evictions": r.evictions,
+            "bytes_evicted": r.bytes_evicted,
+            "bypassed": r.bypassed,
+            "no_room": r.no_room,
+            "seconds": r.seconds,
+        }
+        if name == "offline":
+            entry.update(method="belady-farthest-next-use", bound_on_optimum="upper")
+        entry.update(extra.get(name, {}))
+        policies[name] = entry
+    goal: dict[str, Any] = {"planner_vs_lru_max": GOAL_VS_LRU, "planner_vs_offline_max": GOAL_VS_OFFLINE}
+    if "planner" in results:
+        again = results["planner"].bytes_staged_again
+        for other, key in (("lru", "planner_vs_lru"), ("offline", "planner_vs_offline")):
+            if other in results:
+                base = results[other].bytes_staged_again
+                goal[key] = again / base if base else None
+        if bound is not None:
+            goal["planner_vs_bound"] = again / bound.bytes_staged_again if bound.bytes_staged_again else None
+    return {
+        "trace": {
+            "source": trace.source,
+            "file": args.trace,
+            "seed": args.seed,
+            "jobs": len(trace.jobs),
+            "skipped": trace.skipped,
+            "datasets": len(trace.sizes),
+            "datasets_used": len({j.dataset for j in trace.jobs}),
+            "working_set_bytes": working_set,
+            "rules": trace.rules,
+        },
+        "cluster": {
+            "nodes": trace.nodes,
+            "slots_per_node": trace.slots_per_node,
+            "capacity_bytes": capacity,
+            "capacity_fraction": fraction,
+            "bandwidth_bytes_per_s": bandwidth,
+        },
+        "scheduler": {
+            "method": "FIFO with EASY backfill, cache-unaware; planned nodes from running jobs' time limits",
+            "backfill_depth": args.backfill_depth,
+            "backfilled": sched.backfilled,
+            "mean_queue_wait_s": sched.mean_wait(),
+            "max_queue": sched.max_queue,
+            "utilisation": sched.utilisation(),
+        },
+        "planner": {
+            "high": args.high, "low": args.low, "min_keep_s": args.min_keep,
+            "snapshot_interval_s": args.snapshot_interval, "demand_max_age_s": args.demand_max_age,
+            "plan_depth": args.plan_depth,
+        },
+        "policies": policies,
+        "offline_method": OFFLINE_METHOD,
+        "bound": None if bound is None else {
+            "method": BOUND_METHOD,
+            "bound_on_optimum": "lower",
+            "bytes_staged": bound.bytes_staged,
+            "bytes_staged_again": bound.bytes_staged_again,
+            "bytes_compulsory": bound.bytes_compulsory,
+            "gaps": bound.gaps,
+            "gap_bytes_kept": bound.gap_bytes_kept,
+        },
+        "goal": goal,
+        "seconds": seconds,
+    }
+
+
+def _tb(n: float) -> str:
+    return f"{n / 1e12:,.1f} TB"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def render(rep: dict[str, Any]) -> str:
+    """The report as text: the trace's rules, then one row per policy."""
+    tr_, cl, sc, pl = rep["trace"], rep["cluster"], rep["scheduler"], rep["planner"]
+    out = ["trace:"] + [f"  {line}" for line in tr_["rules"]]
+    out.append(f"  working set {_tb(tr_['working_set_bytes'])} ({tr_['datasets_used']} of {tr_['datasets']} "
+               f"datasets), {tr_['jobs']} jobs")
+    out.append(f"cluster: {cl['nodes']} nodes x {cl['slots_per_node']} slots; tier {_tb(cl['capacity_bytes'])} "
+               f"per node ({cl['capacity_fraction']:.2f} of the working set); staging "
+               f"{cl['bandwidth_bytes_per_s'] / 1e9:g} GB/s per node, one stage at a time")
+    out.append(f"scheduler: {sc['method']}; mean queue wait {sc['mean_queue_wait_s'] / 3600:.2f} h, "
+               f"longest queue {sc['max_queue']}, {sc['backfilled']} backfilled, utilisation {sc['utilisation']:.0%}")
+    out.append(f"planner: retention.plan, watermarks {pl['high']:.0%}/{pl['low']:.0%}, "
+               f"min_keep {pl['min_keep_s']:g} s, snapshot every {pl['snapshot_interval_s']:g} s, "
+               f"first {pl['plan_depth']} pending jobs planned")
+    out.append("")
+    head = ("policy", "staged", "staged again", "vs lru", "hit ratio", "wait total", "wait/job", "jobs delayed",
+            "evictions", "bypassed", "no room")
+    rows = []
+    lru = rep["policies"].get("lru", {}).get("bytes_staged_again")
+    for name, p in rep["policies"].items():
+        rows.append((name, _tb(p["bytes_staged"]), _tb(p["bytes_staged_again"]),
+                     _ratio(p["bytes_staged_again"] / lru) if lru else "-", f"{p['hit_ratio']:.3f}",
+                     f"{p['stage_wait_total_s'] / 3600:,.1f} h", f"{p['stage_wait_mean_s']:,.0f} s",
+                     str(p["jobs_delayed"]), str(p["evictions"]), str(p["bypassed"]), str(p["no_room"])))
+    b = rep["bound"]
+    if b is not None:
+        rows.append(("bound", _tb(b["bytes_staged"]), _tb(b["bytes_staged_again"]),
+                     _ratio(b["bytes_staged_again"] / lru) if lru else "-", "-", "-", "-", "-", "-", "-", "-"))
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+
+    def fmt(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    out.append(fmt(head))
+    out.extend(fmt(r) for r in rows)
+    out.append("")
+    if "offline" in rep["policies"]:
+        out.append(f"offline: {rep['offline_method']}")
+    if b is not None:
+        out.append(f"bound: {b['method']}")
+    g = rep["goal"]
+    if "planner_vs_lru" in g or "planner_vs_offline" in g:
+        parts = []
+        if g.get("planner_vs_lru") is not None:
+            met = "met" if g["planner_vs_lru"] <= GOAL_VS_LRU else "NOT met"
+            parts.append(f"{g['planner_vs_lru']:.2f}x lru's bytes staged again (goal <= {GOAL_VS_LRU}: {met})")
+        if g.get("planner_vs_offline") is not None:
+            met = "met" if g["planner_vs_offline"] <= GOAL_VS_OFFLINE else "NOT met"
+            parts.append(f"{g['planner_vs_offline']:.2f}x offline's (goal <= {GOAL_VS_OFFLINE}: {met})")
+        if g.get("planner_vs_bound") is not None:
+            parts.append(f"{g['planner_vs_bound']:.2f}x the lower bound")
+        out.append("planner: " + "; ".join(parts))
+    if "planner" in rep["policies"]:
+        p = rep["policies"]["planner"]
+        right = p.get("planned_nodes_right")
+        out.append(f"planner: {p.get('plan_calls', 0)} calls of retention.plan; "
+                   f"{p.get('planned_jobs', 0)} jobs had planned nodes before they started"
+                   + (f", {right:.0%} of their nodes as planned" if right is not None else ""))
+    s = rep["seconds"]
+    out.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in s.items() if k != "total")
+               + "; " + ", ".join(f"{n} {p['seconds']:.1f} s" for n, p in rep["policies"].items())
+               + f"; total {s['total']:.1f} s")
+    return "\n".join(out)

@@ -1,0 +1,132 @@
+"""Checks of this host against the configuration: slurm.conf's PrologEpilogTimeout against
+``prolog_budget``, the SchedulerParameters ``--prefer`` needs, the peers' secret, Slurm's
+commands. Each problem says what to change (``dsstage check-config``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dsstage.config.model import Config
+from dsstage.errors import ConfigError
+
+#: seconds kept free between prolog_budget and slurm.conf's PrologEpilogTimeout: the Prolog
+#: starts, decides and writes its results around the budget it spends
+PROLOG_MARGIN = 30.0
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+#: PrologEpilogTimeout values that make slurmd wait for the Prolog forever (22.05: unset is
+#: NO_VAL16, and a zero timeout is a blocking wait)
+_NO_TIMEOUT = (0, 65534)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something ``dsstage check-config`` reports: an ``error`` fails it, a ``note`` informs."""
+
+    level: str  # "error" | "note"
+    key: str
+    message: str
+
+
+_SLURM_PAIR = re.compile(r'([A-Za-z0-9_.]+)\s*=\s*(?:"([^"]*)"|(\S+))')
+_SLURM_NUMBER = re.compile(r"(0[xX][0-9a-fA-F]+)|(0[0-7]*)|([1-9][0-9]*)")
+
+
+def slurm_conf_path(environ: Mapping[str, str] = os.environ) -> str:
+    """Where Slurm's clients find slurm.conf: ``$SLURM_CONF``, else the default."""
+    return environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF
+
+
+def prolog_epilog_timeout(text: str) -> float | None:
+    """``PrologEpilogTimeout`` in slurm.conf ``text``, in seconds, as Slurm 22.05 reads it.
+
+    None: slurmd waits for the Prolog forever (the key absent, 0, or 65534). Keys are
+    case-insensitive, ``#`` starts a comment, the last setting wins. ``UNLIMITED`` and
+    ``INFINITE`` are stored as 65535, which slurmd takes as 65535 seconds. Raises
+    ValueError for a value Slurm itself would refuse. ``Include`` files are not read.
+    """
+    value = None
+    for line in text.replace("\\\n", "").splitlines():
+        line = re.sub(r"(?<!\\)#.*", "", line)
+        for m in _SLURM_PAIR.finditer(line):
+            if m.group(1).lower() == "prologepilogtimeout":
+                value = m.group(2) if m.group(2) is not None else m.group(3)
+    if value is None:
+        return None
+    if value.lower() in ("unlimited", "infinite"):
+        return 65535.0
+    number = _SLURM_NUMBER.fullmatch(value)  # strtoul(value, 0): hexadecimal, octal, decimal
+    if not number:
+        raise ValueError(f"PrologEpilogTimeout={value} is not a number of seconds")
+    seconds = int(value, 16 if number.group(1) else 8 if number.group(2) else 10)
+    if seconds > 65535:
+        raise ValueError(f"PrologEpilogTimeout={value} is greater than 65535")
+    return None if seconds in _NO_TIMEOUT else float(seconds)
+
+
+def budget_problem(budget: float, timeout: float | None, where: str) -> str | None:
+    """Why a Prolog that spends ``budget`` seconds would be killed by slurmd, or None."""
+    if timeout is None or budget + PROLOG_MARGIN < timeout:
+        return None
+    fix = f"raise PrologEpilogTimeout in {where} above {budget + PROLOG_MARGIN:g}"
+    if timeout - PROLOG_MARGIN > 1:
+        fix = f"lower prolog_budget below {timeout - PROLOG_MARGIN:g} or " + fix
+    return (f"{budget:g} s plus a safety margin of {PROLOG_MARGIN:g} s is not below PrologEpilogTimeout="
+            f"{timeout:g} in {where}: slurmd would kill a Prolog that used its budget and drain the node; {fix}")
+
+
+_IGNORE_PREFER = re.compile(r"(?im)^\s*SchedulerParameters\s*=\s*\S*\bignore_prefer_validation\b")
+
+
+def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, Any], list[Problem]]:
+    """The configuration against this host's Slurm: what was found, and the problems."""
+    path = slurm_conf or slurm_conf_path()
+    found: dict[str, Any] = {"slurm_conf": path, "read": False, "prolog_epilog_timeout": None}
+    problems: list[Problem] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError as exc:
+        problems.append(Problem("note", "prolog_budget", f"cannot read {path} ({exc.strerror}): prolog_budget "
+                                "is not checked against PrologEpilogTimeout; run check-config where slurm.conf "
+                                "is, or point SLURM_CONF at it"))
+        text = None
+    if text is not None:
+        try:
+            timeout = prolog_epilog_timeout(text)
+        except ValueError as exc:
+            problems.append(Problem("note", "prolog_budget", f"{path}: {exc}; prolog_budget is not checked"))
+        else:
+            found.update(read=True, prolog_epilog_timeout=timeout)
+            problem = budget_problem(conf.prolog_budget, timeout, path)
+            if problem:
+                problems.append(Problem("error", "prolog_budget", problem))
+            if conf.placement.prefer and not _IGNORE_PREFER.search(text):
+                problems.append(Problem("error", "placement.prefer", f"{path} has no SchedulerParameters="
+                                        "ignore_prefer_validation: Slurm refuses a job that prefers a feature no "
+                                        "node has yet, so jobs asking for a dataset that no node holds ready would "
+                                        "be refused at submit; add it, or set placement.prefer: false"))
+            if timeout is None and re.search(r"(?im)^\s*include\s", text):
+                problems.append(Problem("note", "prolog_budget", f"no PrologEpilogTimeout in {path}, and its "
+                                        "Include files are not read: check prolog_budget against any setting there"))
+    if conf.peers.enabled:
+        from dsstage.transfer.peerd import read_secret
+        ports = [conf.peers.port] + [int(h.rsplit(":", 1)[1]) for h in conf.peers.hosts.values() if ":" in h]
+        if max(ports) >= 1024:
+            problems.append(Problem("note", "peers.port", f"port {max(ports)} is not below 1024: while a node's daemon "
+                                    "is not running, any user there can listen on it and be asked by the other nodes' "
+                                    "root for data; use a port below 1024 outside a test cluster"))
+        try:
+            read_secret(conf.peers.secret_file)
+        except ConfigError as exc:
+            problems.append(Problem("error", "peers.secret_file", f"{exc}; until it is, this node stages from the "
+                                    "source alone and its daemon (dsstage peers serve) does not start"))
+    scontrol = conf.slurm_command("scontrol")
+    if not os.access(scontrol, os.X_OK):
+        problems.append(Problem("note", "slurm_bin", f"{scontrol} is not an executable on this host; on the "
+                                "compute nodes it must be: set slurm_bin to the directory of Slurm's commands"))
+    return found, problems

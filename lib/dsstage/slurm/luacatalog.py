@@ -1,0 +1,80 @@
+"""The catalog that slurmctld's job_submit.lua checks, generated from the YAML.
+
+The catalog is kept in one place (the YAML); ``dsstage export-catalog`` renders what the
+Lua needs (names, groups, and the uids those groups allow) so it is never maintained twice.
+
+slurmctld runs job_submit.lua for every submission and must never wait on dsstage: the Lua
+looks nobody up. Group membership is resolved here, outside slurmctld, into the uids that
+may use each restricted dataset; a timer running ``dsstage export-catalog`` keeps it
+current. The Prolog on the node checks groups again with the node's own lookups and is the
+authority; the submit-time check only turns a request that would fail away early.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import pwd
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import blake3
+
+from dsstage.config.catalog import VALUE_MAX, group_members
+from dsstage.config.model import Config
+from dsstage.errors import DsstageError
+from dsstage.fs.layout import NAME_MAX
+
+log = logging.getLogger("dsstage")
+
+
+def _lua_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def render(config: Config, *,
+           getgrnam: Callable[[str], Any] = grp.getgrnam,
+           getpwnam: Callable[[str], Any] = pwd.getpwnam,
+           getpwall: Callable[[], list[Any]] = pwd.getpwall,
+           now: Callable[[], float] = time.time, command: Sequence[str] = ()) -> str:
+    """Lua source returning ``{generated = T, datasets = {name = {groups = {...}, uids = {...}}}, ...}``;
+    ``command``: how burst_buffer.lua runs dsstage on the controller (argv).
+
+    Raises DsstageError when no group of any restricted dataset resolves (the directory
+    service is most likely down): an empty table would refuse every restricted request."""
+    all_groups = {g for ds in config.datasets.values() for g in ds.groups or ()}
+    passwd = list(getpwall()) if all_groups else []
+    body = ["return {", f"  value_max = {VALUE_MAX},", f"  name_max = {NAME_MAX},",
+            f"  generated = {int(now())},",
+            f"  placement = {{ prefer = {'true' if config.placement.prefer else 'false'}, "
+            f"prefix = {_lua_str(config.placement.prefix)} }},",
+            "  command = {" + ", ".join(_lua_str(a) for a in command) + "},",
+            "  datasets = {"]
+    missing: dict[str, list[str]] = {}
+    for name in sorted(config.datasets):
+        ds = config.datasets[name]
+        if ds.groups is None:
+            body.append(f"    [{_lua_str(name)}] = {{ groups = nil }},")
+            continue
+        members = group_members(ds.groups, passwd, getgrnam=getgrnam, getpwnam=getpwnam)
+        for group in members.missing_groups:
+            missing.setdefault(group, []).append(name)
+        if members.unknown_users:
+            log.warning("dataset %s: members %s of its groups are unknown to passwd; ignored",
+                        name, ", ".join(members.unknown_users))
+        groups = "{" + ", ".join(_lua_str(g) for g in ds.groups) + "}"
+        uids = "{" + ", ".join(f"[{uid}] = true" for uid in sorted(members.uids)) + "}"
+        body.append(f"    [{_lua_str(name)}] = {{ groups = {groups}, uids = {uids} }},")
+    if all_groups and set(missing) == all_groups:
+        raise DsstageError(f"no group of any restricted dataset resolves ({', '.join(sorted(missing))}): the "
+                           "directory service may be unreachable from this host, or the names misspelt; "
+                           "the catalog is left as it was")
+    for group, names in sorted(missing.items()):
+        log.warning("group %s (dataset %s) does not exist here: it lets nobody in at submit time; "
+                    "create the group or fix the configuration", group, ", ".join(names))
+    body += ["  },", "}", ""]
+    text = "\n".join(body)
+    stamp = blake3.blake3(text.encode()).hexdigest()[:16]
+    # the first line changes with the content: job_submit.lua re-reads the file when it does
+    return f"-- dsstage catalog {stamp}, generated from {config.origin}: edit that file, not this one\n" + text

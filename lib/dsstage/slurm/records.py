@@ -1,0 +1,168 @@
+"""What Slurm says about jobs and nodes, parsed into small records.
+
+Nothing here reads text a user controls: ``squeue -O`` is asked for fixed fields with a
+separator, the admin's free text (AdminComment) last; ``scontrol show job`` is not parsed, as a
+job name or comment can forge its fields. Parsers are tested on saved real output.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dsstage.hostlist import expand_nodes
+
+log = logging.getLogger(__name__)
+
+#: how an accepted --dataset request is recorded in the job's admin_comment (by job_submit.lua)
+TAG_RE = re.compile(r"(?:^|\s)dsstage=([a-z0-9._,-]+)")
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    user: str
+    state: str
+    datasets: tuple[str, ...]
+    nodes: str = ""  # allocated nodes as a Slurm hostlist ("n[1-2]"); "" while pending
+    partition: str = ""
+    reason: str = ""
+    batch: bool = True  # submitted with sbatch; salloc and srun allocations are not
+    requeue: bool = True  # Slurm may requeue it (not sbatch --no-requeue)
+    admin_comment: str = ""
+    priority: int = 0  # 0: held (by its user, an admin, or a requeue-hold)
+    #: epoch seconds: the expected start of a pending job (backfill's plan, or its --begin),
+    #: the start of a running one; None if Slurm has none (or the job is held)
+    start_time: float | None = None
+    sched_nodes: str = ""  # the nodes backfill planned for a pending job (hostlist); "" if none
+
+    def node_names(self, which: Literal["allocated", "scheduled"] = "allocated") -> list[str]:
+        """The names in ``nodes`` ("allocated") or ``sched_nodes`` ("scheduled"), expanded."""
+        if which not in ("allocated", "scheduled"):
+            raise ValueError(f"which must be 'allocated' or 'scheduled', not {which!r}")
+        return expand_nodes(self.nodes if which == "allocated" else self.sched_nodes)
+
+
+def datasets_of(admin_comment: str) -> tuple[str, ...]:
+    m = TAG_RE.search(admin_comment or "")
+    return tuple(n for n in m.group(1).split(",") if n) if m else ()
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node as Slurm knows it: its name, the address to reach it, its state."""
+
+    name: str
+    addr: str
+    state: str  # lower case, as sinfo %T prints it: idle, mixed, allocated, down*, drained, ...
+    features: tuple[str, ...] = ()  # its available features (sinfo %f)
+
+    @property
+    def down(self) -> str:
+        """Why its report cannot be current ("" if slurmctld hears from it): down, failed,
+        or not responding (sinfo's trailing ``*``)."""
+        if self.state.endswith("*"):
+            return f"{self.state.rstrip('*')}, not responding"
+        if self.state.startswith(("down", "fail", "unknown", "future", "power")):
+            return self.state
+        return ""
+
+
+def down_nodes(nodes: Mapping[str, Node]) -> dict[str, str]:
+    """Node name -> why Slurm does not hear from it (Node.down), for the nodes that are down."""
+    return {n.name: n.down for n in nodes.values() if n.down}
+
+
+#: ``sinfo -o`` of ``nodes``: name, address, state, available features
+NODE_FORMAT = "%N|%o|%T|%f"
+
+
+def parse_nodes(text: str) -> dict[str, Node]:
+    """``sinfo -h -N -o NODE_FORMAT`` output: one line per node and partition (the first
+    line of a node wins; Slurm prints the same for each). Other lines are skipped; lines
+    without the features field (older callers) are read with none."""
+    out: dict[str, Node] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) in (3, 4) and parts[0] and parts[0] not in out:
+            feats = parts[3] if len(parts) == 4 and parts[3] not in _NONE else ""
+            out[parts[0]] = Node(parts[0], parts[1] or parts[0], parts[2].lower(),
+                                 tuple(f for f in feats.split(",") if f))
+    return out
+
+
+#: job states of a job that a hold finds requeued already, or on its way out
+_ENDING = ("PENDING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD")
+#: job states in which a job may still run or use its node's data: what ``queue`` lists
+_ALIVE = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+          "RESIZING", "STOPPED", "SIGNALING", "STAGE_OUT", "SPECIAL_EXIT")
+#: ``squeue -O`` fields of a job for ``hold``: none that its user controls, the admin's free text last
+JOB_FORMAT = "JobID:|,BatchFlag:|,Requeue:|,State:|,admin_comment:|"
+#: ``squeue -O`` fields of every job for ``queue``: the same rule. (SchedNodes is 22.05's name
+#: for scontrol's SchedNodeList; ``-O`` has no help list in 22.05: ``man squeue``.)
+QUEUE_FORMAT = ("JobID:|,UserName:|,State:|,Partition:|,PriorityLong:|,StartTime:|,SchedNodes:|,NodeList:|,"
+                "BatchFlag:|,Requeue:|,admin_comment:|")
+#: what squeue prints in each field it may be asked for. The record of a job starts at a line
+#: that matches them all in order, so the fixed ones are strict; the admin's text comes last.
+_FIELD_PATTERNS = {"JobID": r"\d+", "BatchFlag": "[01]", "Requeue": "[01]", "State": "[A-Z_]+",
+                   "PriorityLong": r"\d*", "UserName": r"[^|\s]*", "Partition": r"[^|\s]*",
+                   "StartTime": r"[^|\s]*", "SchedNodes": r"[^|\s]*", "NodeList": r"[^|\s]*"}
+_LAST = "admin_comment"
+#: squeue's words for "none": an empty string field, a time it does not know
+_NONE = ("", "(null)", "N/A", "None", "Unknown")
+
+
+def _record_re(fmt: str) -> tuple[list[str], re.Pattern[str]]:
+    names = [part.split(":", 1)[0] for part in fmt.split(",")]
+    if names[-1] != _LAST or any(n not in _FIELD_PATTERNS for n in names[:-1]):
+        raise ValueError(f"squeue format {fmt!r}: known fields only, {_LAST} last")
+    return names, re.compile("^" + "".join(f"({_FIELD_PATTERNS[n]})\\|" for n in names[:-1]), re.M)
+
+
+def parse_job_records(text: str, fmt: str = JOB_FORMAT) -> dict[str, Job]:
+    """Jobs by id from ``squeue -h -O FMT`` output (JOB_FORMAT, QUEUE_FORMAT).
+
+    Only fixed fields are asked for because a user can put anything, line breaks included,
+    into a job's name, comment, working directory or output paths, and ``scontrol show job``
+    prints those as they are: its text can be forged (seen: a job name with a line break and
+    ``AdminComment=...`` in it). Here the only free text is AdminComment, which only admins
+    write; it is last, so it may hold ``|`` and line breaks. Slurm prints an empty one as
+    ``(null)``. ``squeue -j`` of an array's first task lists every task of the array.
+    StartTime is read as epoch seconds (``SLURM_TIME_FORMAT=%s``, see CliSlurm).
+    """
+    names, record = _record_re(fmt)
+    out: dict[str, Job] = {}
+    records = list(record.finditer(text))
+    for i, m in enumerate(records):
+        end = records[i + 1].start() if i + 1 < len(records) else len(text)
+        f = dict(zip(names, m.groups()))
+        f[_LAST] = text[m.end():end].removesuffix("\n").removesuffix("|")
+        out[f["JobID"]] = _job(
+            job_id=f["JobID"], user=f.get("UserName", ""), state=f["State"], partition=f.get("Partition", ""),
+            priority=f.get("PriorityLong"), start=_epoch(f.get("StartTime", "")),
+            sched_nodes=f.get("SchedNodes"), nodes=f.get("NodeList"), batch=f.get("BatchFlag", "1") == "1",
+            requeue=f.get("Requeue", "1") == "1", admin_comment=f[_LAST])
+    return out
+
+
+def _epoch(text: str) -> float | None:
+    return float(text) if text.isdigit() else None
+
+
+def _job(*, job_id: str, user: str | None, state: str, partition: str | None, priority: Any, start: float | None,
+         sched_nodes: str | None, nodes: str | None, batch: bool, requeue: bool, admin_comment: str | None) -> Job:
+    """A Job from what a backend read, with Slurm's words for "none" made empty.
+
+    A held pending job (priority 0) has no expected start, whatever Slurm shows (a requeued
+    one shows the time its requeue delay ends).
+    """
+    def text(v: str | None) -> str:
+        return "" if v is None or v in _NONE else v
+    prio = int(priority) if isinstance(priority, int) or (isinstance(priority, str) and priority.isdigit()) else 0
+    admin = "" if admin_comment in (None, "(null)") else str(admin_comment)
+    return Job(job_id=job_id, user=text(user), state=state, datasets=datasets_of(admin), nodes=text(nodes),
+               partition=text(partition), batch=batch, requeue=requeue, admin_comment=admin, priority=prio,
+               start_time=None if state == "PENDING" and prio == 0 else start, sched_nodes=text(sched_nodes))

@@ -1,0 +1,103 @@
+"""BLAKE3 hashing of files, in parallel.
+
+Files are opened below a directory descriptor without following a symbolic link at any
+component and without blocking (beneath.open_beneath), and only regular files are read,
+so what is hashed is what was listed inside the tree. Small files are read whole and
+hashed on a pool of threads (blake3 and file reads release the GIL); large files are
+memory-mapped and hashed by blake3's own thread pool, one after another once the small
+files are done, so that no more than the configured number of threads hash at once.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from collections.abc import Callable, Sequence
+
+import blake3
+
+from dsstage.fs import beneath
+from dsstage.fs.identity import Identity, acting_as
+from dsstage.transfer import parallel
+
+#: files at least this large are memory-mapped and hashed with several threads
+LARGE = 8 * 2**20
+
+
+def default_threads(configured: int = 0) -> int:
+    return configured if configured > 0 else max(2, os.cpu_count() or 2)
+
+
+def hash_fd(fd: int, threads: int = 0, large: bool = True) -> str | None:
+    """The BLAKE3 hex digest of an open regular file, from its start, with at most
+    ``threads`` threads (0: one per CPU); None for a file of LARGE bytes or more
+    unless ``large``."""
+    size = os.fstat(fd).st_size
+    if size >= LARGE and not large:
+        return None
+    if size < LARGE:
+        data = os.pread(fd, size + 1, 0)
+        while len(data) <= size:  # short reads happen on network filesystems
+            more = os.pread(fd, size + 1 - len(data), len(data))
+            if not more:
+                break
+            data += more
+        return blake3.blake3(data).hexdigest()
+    # read ahead the whole file: measured faster than b3sum on a cold cache
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    h = blake3.blake3(max_threads=threads if threads > 0 else blake3.blake3.AUTO)
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+        h.update(mm)
+    return h.hexdigest()
+
+
+def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int = 0,
+            large: bool = True) -> tuple[int, str | None] | None:
+    """(size, hash) of regular file ``rel`` below ``root_fd``; None if it is missing, not a
+    regular file, behind a symbolic link or unreadable. The hash is None for a large file
+    unless ``large`` (hash_fd)."""
+    try:
+        with acting_as(reader):
+            fd = beneath.open_beneath(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return st.st_size, hash_fd(fd, threads, large)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
+              progress: Callable[[int], None] | None = None,
+              reader: Identity | None = None, max_parallel: int = 0) -> list[tuple[int, str] | None]:
+    """(size, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be read).
+
+    Small files are read and hashed ``threads`` at once (0: one per CPU), or, given
+    ``max_parallel`` (a source that may be a network filesystem), as many as measurably
+    pay up to that (parallel.Limiter.for_source). ``progress`` is called with the number
+    of files finished since its last call.
+    """
+    workers = default_threads(threads)
+
+    def small(rel: str) -> tuple[int, str | None] | None:
+        got = hash_at(root_fd, rel, reader, large=False)
+        if progress and (got is None or got[1] is not None):
+            progress(1)
+        return got
+
+    gate = parallel.Limiter.for_source(workers, max_parallel, "hashing")
+    results = parallel.run(rels, small, gate, size=lambda got: got[0] if got is not None and got[1] is not None else 0)
+    # large files one at a time, each on blake3's threads (reading ahead, memory-mapped)
+    for i, got in enumerate(results):
+        if got is not None and got[1] is None:
+            results[i] = hash_at(root_fd, rels[i], reader, threads)
+            if progress:
+                progress(1)
+    return [None if r is None or r[1] is None else (r[0], r[1]) for r in results]

@@ -1,0 +1,341 @@
+"""Fan-out between the nodes of one job: the shared filesystem serves a dataset about once.
+
+When every node of a multi-node job stages the same dataset version at the same moment,
+each node reading the whole dataset makes the shared filesystem serve N times its bytes
+just as everyone starts. With ``peers.enabled``, the nodes of the job split the dataset's
+files into as many shares as there are nodes (the same split on every node: the manifest
+and the job's node list decide it), and each node
+
+- copies its own share from the source, as a stage always does, and meanwhile
+- fetches every other share from the node whose share it is, over that node's read-only
+  rsync daemon (``dsstage peers serve``), as the files land there: a file appears in a
+  peer's staging area under its final name only once it is whole (and, from the verifying
+  copier, verified), and once published the copy is served from the tier's datasets.
+
+Every file that arrives from a peer is hashed against the manifest on this node, as any
+file from the source: a peer is trusted with nothing. A peer that serves a file that does
+not match (it is named in the log, with the file), that stops answering or dies mid-
+transfer (rsync fails, or its --timeout passes), or that adds nothing for ``peers.wait``
+seconds, is given up: what is left of its share is asked once of each other peer, which
+may hold it by then, and the rest comes from the source. So a peer can cost time, never a
+wrong byte, and a stage never fails because of a peer.
+
+The daemons authenticate the peers with a shared secret (``peers.secret_file``, root's
+only, the same on every node), so users on a node, who cannot read it, cannot read
+datasets through them, restricted ones included; they serve only the tiers' ``staging``
+and ``datasets`` directories, read-only. A site that forbids node-to-node traffic leaves
+``peers.enabled`` off (the default), and every node reads from the source alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from dsstage import proc
+from dsstage.config.manifest import Entry, Mismatch
+from dsstage.config.model import Peers
+from dsstage.errors import CommandError, ConfigError, OutOfTime
+from dsstage.fs import layout
+from dsstage.transfer.peerd import USER, address, read_secret
+from dsstage.transfer.rsync import NO_SPACE, PARTIAL, TransferStats, plan_streams
+
+log = logging.getLogger(__name__)
+
+#: seconds between two asks of a peer that had nothing new, doubling while it has nothing
+#: (each ask sends the list of what is still missing, which the peer looks up) up to MAX_POLL
+POLL = 0.5
+MAX_POLL = 4.0
+#: where the rsync client keeps an interrupted file, as for the source (swept at the end)
+PARTIAL_DIR = ".dsstage-partial"
+
+
+@dataclass(frozen=True)
+class Group:
+    """The nodes that stage together (a job's), this node among them, and how to reach them."""
+
+    nodes: tuple[str, ...]
+    me: str
+    conf: Peers
+    secret: str = field(repr=False)
+
+    def others(self) -> list[str]:
+        """The other nodes, starting after this one: every node asks its peers in another
+        order, so that they do not all ask the first node first."""
+        i = self.nodes.index(self.me)
+        return list(self.nodes[i + 1:] + self.nodes[:i])
+
+    def url(self, node: str, module: str, rel: str) -> str:
+        return f"rsync://{USER}@{address(self.conf, node)}/{module}/{rel.strip('/')}/"
+
+
+
+
+def plan(conf: Peers, nodes: Sequence[str], me: str) -> tuple[tuple[str, ...] | None, str]:
+    """The group to stage with, or None and why not (pure)."""
+    if not conf.enabled:
+        return None, "peers.enabled is off"
+    group = tuple(sorted(set(nodes)))
+    if len(group) < 2:
+        return None, "the job has one node"
+    if me not in group:
+        return None, f"this node ({me}) is not in the job's node list; set SLURMD_NODENAME to its Slurm name"
+    return group, f"staging with {len(group) - 1} peer(s)"
+
+
+def group_for(conf: Peers, nodelist: str, me: str) -> Group | None:
+    """The group of a job's node list (a Slurm hostlist), or None (logged when it is not
+    for an ordinary reason such as a one-node job or peers off)."""
+    if not conf.enabled or not nodelist:
+        return None
+    from dsstage.hostlist import expand_nodes
+    try:
+        nodes, why = plan(conf, expand_nodes(nodelist), me)
+    except ValueError as exc:
+        log.warning("peers: %s; staging from the source alone", exc)
+        return None
+    if nodes is None:
+        if len(set(expand_nodes(nodelist))) > 1:
+            log.warning("peers: %s; staging from the source alone", why)
+        return None
+    try:
+        secret = read_secret(conf.secret_file)
+    except ConfigError as exc:
+        log.warning("peers: %s; staging from the source alone", exc)
+        return None
+    return Group(nodes=nodes, me=me, conf=conf, secret=secret)
+
+
+def shares(entries: Sequence[Entry], nodes: Sequence[str]) -> dict[str, list[Entry]]:
+    """Each node's share of ``entries``: about equal bytes, the same on every node (pure)."""
+    lists = plan_streams(entries, len(nodes))
+    out: dict[str, list[Entry]] = {n: [] for n in nodes}
+    for node, lst in zip(nodes, lists):
+        out[node] = lst
+    return out
+
+
+@dataclass
+class Outcome:
+    """What a cooperative stage moved, and from where."""
+
+    source: TransferStats = field(default_factory=TransferStats)
+    peers: dict[str, TransferStats] = field(default_factory=dict)
+    bad: list[Mismatch] = field(default_factory=list)  # from the source: fetched again by the caller
+    given_up: dict[str, str] = field(default_factory=dict)  # peer -> why
+
+    @property
+    def from_peers(self) -> TransferStats:
+        total = TransferStats()
+        for s in self.peers.values():
+            total.add(s)
+        return total
+
+
+#: callbacks the stager gives: which entries are present, hash-check some, remove some,
+#: copy some from the source
+Present = Callable[[Sequence[Entry]], list[Entry]]
+Check = Callable[[Sequence[Entry]], list[Mismatch]]
+Remove = Callable[[Sequence[Mismatch]], None]
+FromSource = Callable[[Sequence[Entry]], tuple[TransferStats, list[Mismatch]]]
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a version is on a peer: its staging area, or (once published) its copy."""
+
+    name: str
+    digest: str
+    tier: str
+
+    def places(self) -> list[tuple[str, str]]:
+        vid = layout.version_id(self.digest)
+        return [(f"{self.tier}-staging", layout.staging_name(self.name, self.digest)),
+                (f"{self.tier}-datasets", f"{self.name}/{vid}")]
+
+
+class _Round:
+    """One rsync run against one peer for some entries: what it said."""
+
+    def __init__(self, rc: int | None, stderr: str) -> None:
+        self.rc, self.stderr = rc, stderr
+
+    @property
+    def missing_base(self) -> bool:
+        return "change_dir" in self.stderr and "No such file or directory" in self.stderr
+
+    def failure(self) -> str:
+        """Why the peer cannot serve, or "" (some files or the whole version not there (yet)
+        is no failure)."""
+        if self.rc in (0, *PARTIAL) or (self.rc == 3 and self.missing_base):
+            return ""
+        tail = " | ".join(self.stderr.strip().splitlines()[-2:]) or "no answer"
+        if "auth failed" in self.stderr:
+            return f"its daemon refused the secret ({tail}): peers.secret_file must be the same on every node"
+        return f"rsync exit {self.rc}: {tail}"
+
+
+def fetch_round(group: Group, node: str, module: str, rel: str, dest_path: str, entries: Sequence[Entry],
+                deadline: float | None) -> _Round:
+    """Ask ``node`` for ``entries`` once, into ``dest_path`` (no -l: a link is never made).
+    The list goes on rsync's standard input: no file of it in a directory users can fill.
+    At most the largest entry's size is accepted for any file."""
+    timeout = group.conf.timeout
+    largest = max((e.size for e in entries), default=0)
+    argv = ["rsync", "-t", "--from0", "--files-from=-", "--no-perms", "--chmod=u+rw", f"--max-size={largest + 1}",
+            f"--partial-dir={PARTIAL_DIR}", f"--timeout={int(timeout)}", f"--contimeout={int(timeout)}",
+            group.url(node, module, rel), dest_path.rstrip("/") + "/"]
+    limit = 6 * 3600.0
+    if deadline is not None:
+        limit = max(1.0, deadline - time.monotonic())
+    try:
+        res = proc.run(argv, timeout=limit, check=False, die_with_parent=True,
+                       env=dict(os.environ, RSYNC_PASSWORD=group.secret),
+                       stdin=b"\0".join(os.fsencode(e.path) for e in entries) + b"\0")
+    except CommandError as exc:
+        return _Round(None, str(exc))
+    return _Round(res.returncode, res.stderr)
+
+
+def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,
+              present: Present, check: Check, remove: Remove, from_source: FromSource,
+              deadline: float | None = None, progress: Callable[[int], None] | None = None,
+              clock: Callable[[], float] = time.monotonic) -> Outcome:
+    """Fill ``dest_path`` with ``entries`` (the whole manifest, in the same order on every
+    node): this node's share from the source, the others' from the peers (see the module
+    doc). Returns what came from where; files from the source that did not match are in
+    ``bad`` (not written), for the caller to fetch again."""
+    split = shares(entries, group.nodes)
+    out = Outcome()
+    lock = threading.Lock()
+    stop = threading.Event()
+    failed: set[str] = set()
+
+    def late() -> None:
+        if stop.is_set():
+            raise OutOfTime("the stage stopped")
+        if deadline is not None and clock() > deadline:
+            raise OutOfTime("the transfer used up the time budget; what arrived is kept and the next stage resumes")
+
+    def source(todo: Sequence[Entry]) -> None:
+        if not todo:
+            return
+        stats, bad = from_source(todo)
+        with lock:
+            out.source.add(stats)
+            out.bad += bad
+
+    def take(node: str, module: str, rel: str, todo: list[Entry]) -> tuple[list[Entry], _Round]:
+        """One round from ``node``: the entries still missing, and what rsync said. Files
+        that arrived are checked; any that does not match is removed and gives the peer up."""
+        rnd = fetch_round(group, node, module, rel, dest_path, todo, deadline)
+        # past the deadline, what arrived is left unhashed: the next stage checks it (resumed)
+        late()
+        arrived = present(todo)
+        if arrived:
+            bad = check(arrived)
+            if bad:
+                remove(bad)
+                more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+                shown = "; ".join(m.describe() for m in bad[:3]) + more
+                log.warning("peer %s served %d file(s) of %s that do not match its manifest: %s; removed, "
+                            "they come from elsewhere", node, len(bad), where.name, shown)
+                with lock:
+                    failed.add(node)
+                    out.given_up.setdefault(node, f"served {len(bad)} file(s) that do not match the manifest: {shown}")
+            bad_paths = {m.path for m in bad}
+            arrived = [e for e in arrived if e.path not in bad_paths]
+            good = arrived
+            with lock:
+                got = out.peers.setdefault(node, TransferStats())
+                got.files += len(good)
+                got.bytes += sum(e.size for e in good)
+            if progress:
+                progress(sum(e.size for e in good))
+        came = {e.path for e in arrived}  # a removed mismatch is still to come, from elsewhere
+        return [e for e in todo if e.path not in came], rnd
+
+    def from_peer(node: str) -> None:
+        todo = _without(split[node], present(split[node]))
+        places = where.places()
+        at = 0
+        last = clock()
+        why = ""
+        idle = POLL
+        while todo:
+            late()
+            module, rel = places[at]
+            before = len(todo)
+            todo, rnd = take(node, module, rel, todo)
+            failure = rnd.failure()
+            if failure and NO_SPACE in rnd.stderr:
+                failure += " (if the tier is full, the copy from the source says so)"
+            with lock:
+                if node in failed:
+                    why = out.given_up[node]
+            if why:
+                break
+            if failure:
+                why = failure
+                break
+            if rnd.missing_base:
+                at = (at + 1) % len(places)  # not staging (yet, or any more): published?
+            if len(todo) < before:
+                last, idle = clock(), POLL
+                continue
+            if clock() - last > group.conf.wait:
+                why = f"it added nothing for {group.conf.wait:g}s"
+                break
+            stop.wait(idle)
+            idle = min(MAX_POLL, idle * 2)
+        if not todo:
+            return
+        with lock:
+            failed.add(node)
+            out.given_up.setdefault(node, why)
+        log.warning("peer %s: %s; %d file(s) of its share of %s come from the other peers or the source",
+                    node, why, len(todo), where.name)
+        for other in group.others():
+            with lock:
+                if other in failed or other == node:
+                    continue
+            if not todo:
+                break
+            late()
+            for module, rel in places:
+                todo, rnd = take(other, module, rel, todo)
+                if rnd.failure() or not rnd.missing_base or not todo:
+                    break
+        late()
+        source(todo)
+
+    mine = split[group.me]
+    peers = group.others()
+    pool = ThreadPoolExecutor(max_workers=max(1, min(group.conf.parallel, len(peers))), thread_name_prefix="peer")
+    try:
+        futures = [pool.submit(from_peer, node) for node in peers]
+        try:
+            source(_without(mine, present(mine)))
+        except BaseException:
+            stop.set()
+            raise
+        for f in futures:
+            f.result()
+    finally:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+    got = out.from_peers
+    log.info("%s: %d file(s) (%d bytes) from peers%s, %d file(s) (%d bytes) from the source", where.name,
+             got.files, got.bytes, f" ({', '.join(sorted(out.peers))})" if out.peers else "",
+             out.source.files, out.source.bytes)
+    return out
+
+
+def _without(entries: Sequence[Entry], drop: Sequence[Entry]) -> list[Entry]:
+    gone = {e.path for e in drop}
+    return [e for e in entries if e.path not in gone]
