@@ -18,16 +18,16 @@ from dsstage.slurm import records
 
 
 def test_expand_hostlists():
-    assert fleet.expand("n[1-3,5],gpu01") == ["gpu01", "n1", "n2", "n3", "n5"]
-    assert fleet.expand(" c[08-10] ") == ["c08", "c09", "c10"]
-    assert fleet.expand("n1,n1") == ["n1"]
+    assert fleet.parse_nodes_arg("n[1-3,5],gpu01") == ["gpu01", "n1", "n2", "n3", "n5"]
+    assert fleet.parse_nodes_arg(" c[08-10] ") == ["c08", "c09", "c10"]
+    assert fleet.parse_nodes_arg("n1,n1") == ["n1"]
 
 
 @pytest.mark.parametrize("bad", ["", "  ", "n[1-", "n[3-1]", "@gpus", "n[1-4]!n2", "n1&n2", "n;reboot",
                                  "n[1-200000]", "-oProxyCommand=x"])
 def test_expand_refuses_what_is_no_node_list(bad):
     with pytest.raises(DsstageError) as exc:
-        fleet.expand(bad)
+        fleet.parse_nodes_arg(bad)
     assert "node" in str(exc.value)
 
 

@@ -17,7 +17,7 @@ from dsstage.errors import (
 )
 from dsstage.fs import runfiles
 from dsstage.hooks import job as hooks
-from dsstage.hooks.job import JobContext, Outcome
+from dsstage.hooks.job import JobContext, Verdict
 from dsstage.slurm.fake import FakeSlurm
 from dsstage.slurm.records import Job
 
@@ -54,8 +54,8 @@ def test_hold_policy_and_remote_sources_never_fall_back():
 
 
 def test_job_action_and_task_lines():
-    local = Outcome("coco", "local", "/l/n1/datasets/coco/abc", "staged")
-    fb = Outcome("imagenet-22k", "fallback", "/data/in", "could not stage\nit")
+    local = Verdict("coco", "local", "/l/n1/datasets/coco/abc", "staged")
+    fb = Verdict("imagenet-22k", "fallback", "/data/in", "could not stage\nit")
     assert hooks.job_action([local, fb]) == "run"
     assert hooks.task_lines([local, fb]) == [
         "export DSSTAGE_PATH_COCO=/l/n1/datasets/coco/abc",
@@ -63,11 +63,11 @@ def test_job_action_and_task_lines():
         "export DSSTAGE_DATASET_DIR=/l/n1/datasets/coco/abc",
         "print dsstage: warning: could not stage it",
     ]
-    held = Outcome("strict", "hold", None, "source down")
+    held = Verdict("strict", "hold", None, "source down")
     assert hooks.job_action([local, held]) == "hold"
     lines = hooks.task_lines([local, held])
     assert runfiles.HOLD_MARK in lines and "print dsstage: error: source down" in lines
-    assert hooks.job_action([held, Outcome("x", "drain", None, "disk")]) == "drain"
+    assert hooks.job_action([held, Verdict("x", "drain", None, "disk")]) == "drain"
 
 
 def env_for(job="42", request="coco", node="n1"):

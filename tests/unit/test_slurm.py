@@ -99,13 +99,13 @@ def test_scontrol_show_job_can_be_forged_by_the_user():
     ("keeps x-dsstage=1 and ünïcode", "keeps x-dsstage=1 and ünïcode"),
 ])
 def test_hold_reason_is_one_clean_line(text, expected):
-    assert slurm_hold.hold_reason(text) == expected
+    assert slurm_hold.clean_reason(text) == expected
 
 
 def test_hold_reason_is_bounded():
-    long = slurm_hold.hold_reason("word " * 1000)
+    long = slurm_hold.clean_reason("word " * 1000)
     assert len(long) == slurm_hold.MAX_REASON and long.endswith("...")
-    assert slurm_hold.hold_reason("abcdef", limit=5) == "ab..."
+    assert slurm_hold.clean_reason("abcdef", limit=5) == "ab..."
 
 
 def test_hold_message_says_what_was_done():

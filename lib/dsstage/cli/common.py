@@ -74,7 +74,7 @@ class ProgressLines:
 def run_on_nodes(args: argparse.Namespace, conf: model.Config, what: str, argv: list[str]) -> int:
     """Run ``dsstage <argv> --json`` on ``--nodes`` over SSH, with a bar per node and a summary."""
     fleet = fleet_module(args)
-    targets = fleet.addresses(fleet.expand(args.nodes), conf.slurm_bin)
+    targets = fleet.addresses(fleet.parse_nodes_arg(args.nodes), conf.slurm_bin)
     remote = [*argv, "--json", *(["--progress-json"] if what == "warm" else [])]
     with fleet_view.progress_view(list(targets), what, not args.json) as (on_progress, on_done):
         answers = cluster_ssh.run(conf.fleet, targets, lambda _node: remote, on_progress=on_progress, on_done=on_done)
@@ -113,7 +113,7 @@ def live_reports(args: argparse.Namespace, conf: model.Config, nodes: str | None
     """``dsstage report --json`` on every node (``nodes``, else every node Slurm knows)."""
     fleet = fleet_module(args)
     if nodes:
-        names = fleet.expand(nodes)
+        names = fleet.parse_nodes_arg(nodes)
     elif client is not None:
         names = sorted(client.nodes())
     else:

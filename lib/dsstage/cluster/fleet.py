@@ -67,7 +67,7 @@ def check_node(name: str) -> str:
     return name
 
 
-def expand(nodes_expr: str) -> list[str]:
+def parse_nodes_arg(nodes_expr: str) -> list[str]:
     """The node names of a Slurm hostlist (``n[1-3],gpu01``), sorted, each once.
 
     Raises DsstageError for an empty or malformed list, NodeSet's own operators and groups

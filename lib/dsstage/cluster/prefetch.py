@@ -157,7 +157,7 @@ def _dur(seconds: float) -> str:
 # -- the service -----------------------------------------------------------------------------
 
 @dataclass
-class Outcome:
+class PrefetchResult:
     candidate: Candidate
     action: str  # staged | cached | skipped | yielded | abandoned | failed
     reason: str
@@ -202,9 +202,9 @@ class Prefetcher:
                 continue
         return out
 
-    def round(self) -> list[Outcome]:
+    def round(self) -> list[PrefetchResult]:
         """One round: prefetch every candidate in turn, re-reading the plan after each."""
-        done: list[Outcome] = []
+        done: list[PrefetchResult] = []
         tried: set[str] = set()
         while True:
             cands, skips, dem = self.candidates()
@@ -221,7 +221,7 @@ class Prefetcher:
             out = self.prefetch(c)
             done.append(out)
 
-    def prefetch(self, c: Candidate) -> Outcome:
+    def prefetch(self, c: Candidate) -> PrefetchResult:
         """Stage ``c`` in a low-priority child; stop it if a Prolog asks the lock back or
         the plan changes. The outcome goes to the log and the node report."""
         from dsstage.node.lock import clear_yield, yield_request
@@ -233,14 +233,14 @@ class Prefetcher:
         child = subprocess.Popen(self.child_argv(c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True, cwd="/")
         checked = time.monotonic()
-        out: Outcome | None = None
+        out: PrefetchResult | None = None
         while child.poll() is None:
             time.sleep(POLL)
             asked = yield_request(lock)
             if asked is not None:
                 _stop(child)
                 clear_yield(lock)
-                out = Outcome(c, "yielded", f"job {asked.get('job_id') or '?'} needs it now: its Prolog stages the "
+                out = PrefetchResult(c, "yielded", f"job {asked.get('job_id') or '?'} needs it now: its Prolog stages the "
                               "rest at full speed")
                 break
             if time.monotonic() - checked >= self.conf.prefetch.interval:
@@ -249,7 +249,7 @@ class Prefetcher:
                 if why:
                     _stop(child)
                     removed = eviction.discard_staging(self.store, c.dataset)
-                    out = Outcome(c, "abandoned", why + ("; its staging area was removed" if removed else ""))
+                    out = PrefetchResult(c, "abandoned", why + ("; its staging area was removed" if removed else ""))
                     break
         stdout, stderr = child.communicate()
         if out is None:
@@ -271,7 +271,7 @@ class Prefetcher:
                 ["-n", "7"] if self.conf.prefetch.io_class != "idle" else []), "-t", *argv]
         return argv
 
-    def record(self, out: Outcome) -> None:
+    def record(self, out: PrefetchResult) -> None:
         c = out.candidate
         event = {"dataset": c.dataset, "job_id": c.job_id, "start": c.start, "action": out.action,
                  "reason": out.reason, "bytes": out.bytes, "seconds": round(out.seconds, 3), "time": self.clock()}
@@ -317,18 +317,18 @@ def _stop(child: subprocess.Popen[str]) -> None:
             continue
 
 
-def _child_outcome(c: Candidate, code: int | None, stdout: str, stderr: str) -> Outcome:
+def _child_outcome(c: Candidate, code: int | None, stdout: str, stderr: str) -> PrefetchResult:
     try:
         result = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else {}
     except ValueError:
         result = {}
     if code == STAGED and result:
-        return Outcome(c, str(result.get("action", "staged")), str(result.get("reason", "")),
+        return PrefetchResult(c, str(result.get("action", "staged")), str(result.get("reason", "")),
                        int(result.get("bytes") or 0))
     if code == SKIPPED:
-        return Outcome(c, "skipped", str(result.get("reason") or "busy"))
+        return PrefetchResult(c, "skipped", str(result.get("reason") or "busy"))
     tail = " | ".join((stderr or "").strip().splitlines()[-2:])
-    return Outcome(c, "failed", str(result.get("reason") or f"the prefetch process exited {code}: {tail}"))
+    return PrefetchResult(c, "failed", str(result.get("reason") or f"the prefetch process exited {code}: {tail}"))
 
 
 # -- the child: one stage, at low priority ---------------------------------------------------

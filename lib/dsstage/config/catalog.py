@@ -13,6 +13,7 @@ from typing import Any
 from dsstage.config.model import Config, Dataset
 from dsstage.config.names import check_name
 from dsstage.errors import AccessDenied, UnknownDataset
+from dsstage.fs.groups import group_names
 
 #: the longest --dataset value accepted (the same bound is in the generated Lua catalog)
 VALUE_MAX = 1024
@@ -36,14 +37,7 @@ class User:
                 pw = pwd.getpwnam(str(who))
         except KeyError:
             raise AccessDenied(f"unknown user {who!r}: this node's passwd database does not know it") from None
-        gids = os.getgrouplist(pw.pw_name, pw.pw_gid)
-        names = set()
-        for gid in gids:
-            try:
-                names.add(grp.getgrgid(gid).gr_name)
-            except KeyError:
-                continue
-        return cls(name=pw.pw_name, uid=pw.pw_uid, groups=frozenset(names))
+        return cls(name=pw.pw_name, uid=pw.pw_uid, groups=frozenset(group_names(pw.pw_name, pw.pw_gid)))
 
 
 def parse_request(value: str) -> list[str]:

@@ -130,13 +130,3 @@ def lease_record(dataset: str, digest: str, job_id: str, user: str, node: str, *
             "taken": taken, "host": host, "pid": pid}
 
 
-def group_names(user: str, gid: int) -> set[str]:
-    """Every group name of ``user`` (primary ``gid`` included)."""
-    import grp
-    names = set()
-    for g in os.getgrouplist(user, gid):
-        try:
-            names.add(grp.getgrgid(g).gr_name)
-        except KeyError:
-            continue
-    return names

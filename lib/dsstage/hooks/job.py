@@ -62,7 +62,7 @@ class JobContext:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Verdict:
     """What a job gets for one dataset, and why."""
 
     dataset: str
@@ -73,24 +73,24 @@ class Outcome:
 
 # -- decisions (pure) -----------------------------------------------------------------
 
-def on_failure(name: str, ds: Dataset | None, error: DsstageError) -> Outcome:
+def on_failure(name: str, ds: Dataset | None, error: DsstageError) -> Verdict:
     """What to do for a dataset that could not be staged."""
     if error.blame == "node":
-        return Outcome(name, "drain", None, f"the local store of this node is broken: {error}")
+        return Verdict(name, "drain", None, f"the local store of this node is broken: {error}")
     if ds is None or isinstance(error, (UnknownDataset, AccessDenied)) or error.blame in ("config", "user"):
         # never fall back here: the user may not read the source, or there is none
-        return Outcome(name, "hold", None, str(error))
+        return Verdict(name, "hold", None, str(error))
     # "source" and "site": the source, the shared state, a full tier, an unsafe store path,
     # the time budget: never this node's fault, so never a drain
     if ds.on_failure == "fallback":
         if ds.source.kind == "local":
-            return Outcome(name, "fallback", ds.source.path,
+            return Verdict(name, "fallback", ds.source.path,
                            f"could not stage {name!r} ({error}); reading {ds.source.path} directly, which is slower")
-        return Outcome(name, "hold", None, f"{error} (no fallback: the source {ds.source.raw} is not mounted here)")
-    return Outcome(name, "hold", None, str(error))
+        return Verdict(name, "hold", None, f"{error} (no fallback: the source {ds.source.raw} is not mounted here)")
+    return Verdict(name, "hold", None, str(error))
 
 
-def job_action(outcomes: Sequence[Outcome]) -> str:
+def job_action(outcomes: Sequence[Verdict]) -> str:
     """"drain" if the node is broken, else "hold" if any dataset must hold the job, else "run"."""
     actions = {o.action for o in outcomes}
     if "drain" in actions:
@@ -98,7 +98,7 @@ def job_action(outcomes: Sequence[Outcome]) -> str:
     return "hold" if "hold" in actions else "run"
 
 
-def task_lines(outcomes: Sequence[Outcome]) -> list[str]:
+def task_lines(outcomes: Sequence[Verdict]) -> list[str]:
     """TaskProlog output: the variables a task needs, and warnings for its output."""
     lines = runfiles.export_lines([(o.dataset, o.path) for o in outcomes if o.path])
     for o in outcomes:
@@ -110,7 +110,7 @@ def task_lines(outcomes: Sequence[Outcome]) -> list[str]:
     return lines
 
 
-def hold_reason(outcomes: Sequence[Outcome]) -> str:
+def why_held(outcomes: Sequence[Verdict]) -> str:
     """The one-line reason Slurm shows for a held job (slurm.hold bounds and cleans it)."""
     bad = [o for o in outcomes if o.action == "hold"]
     return _one_line("; ".join(_one_line(o.reason) for o in bad))
@@ -122,14 +122,14 @@ def _one_line(text: str) -> str:
 
 # -- the Prolog -------------------------------------------------------------------------
 
-def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | None = None) -> list[Outcome]:
-    """Stage every requested dataset on this node; one Outcome per dataset. ``deadline``
+def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | None = None) -> list[Verdict]:
+    """Stage every requested dataset on this node; one Verdict per dataset. ``deadline``
     (time.monotonic()) is when staging must stop so that the Prolog can still decide."""
     try:
         names = cat.parse_request(ctx.request or "")
         user = cat.User.lookup(ctx.uid if ctx.uid >= 0 else ctx.user)
     except DsstageError as exc:
-        return [Outcome(ctx.request or "", "hold", None, str(exc))]
+        return [Verdict(ctx.request or "", "hold", None, str(exc))]
     outcomes = []
     for name in names:
         ds = conf.datasets.get(name)
@@ -146,14 +146,14 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
                      f"{result.peer_files} files, {result.peer_bytes} bytes from peers)")
         log.info("job %s: %s %s at %s in %.2fs%s", ctx.job_id, name, result.action, result.path, result.seconds,
                  moved)
-        outcomes.append(Outcome(name, "local", result.path, result.action))
+        outcomes.append(Verdict(name, "local", result.path, result.action))
         label = {"dataset": name}
         store.count([("misses", label, 1), ("staged_bytes", label, result.transferred_bytes),
                      ("staged_seconds", label, result.seconds)] if result.action == "staged" else [("hits", label, 1)])
     return outcomes
 
 
-def failure_events(name: str, outcome: Outcome, exc: DsstageError) -> list[tuple[str, dict[str, str], float]]:
+def failure_events(name: str, outcome: Verdict, exc: DsstageError) -> list[tuple[str, dict[str, str], float]]:
     """What a failed stage adds to the metrics: the fallback or hold, and a failed verification."""
     label = {"dataset": name}
     events: list[tuple[str, dict[str, str], float]] = []
@@ -177,7 +177,7 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
     try:
         conf = load_config()
     except DsstageError as exc:
-        outcomes = [Outcome(ctx.request or BB_REQUEST, "hold", None, f"dsstage is misconfigured on {ctx.node}: {exc}")]
+        outcomes = [Verdict(ctx.request or BB_REQUEST, "hold", None, f"dsstage is misconfigured on {ctx.node}: {exc}")]
         slurm = slurm or _slurm()
         return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm)
     slurm = slurm or _slurm(conf.slurm_bin)
@@ -185,7 +185,7 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
         try:
             recorded = bb_request(ctx, conf, env)
         except (OSError, DsstageError) as exc:
-            outcomes = [Outcome(BB_REQUEST, "hold", None, f"cannot read the job's #BB_LUA request: {exc}")]
+            outcomes = [Verdict(BB_REQUEST, "hold", None, f"cannot read the job's #BB_LUA request: {exc}")]
             return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm)
         ctx = replace(ctx, request=",".join(r for r in (ctx.request, recorded) if r) or None)  # repeats go later
         if not ctx.request:
@@ -210,7 +210,7 @@ def bb_request(ctx: JobContext, conf: Config, env: Mapping[str, str]) -> str | N
     return request
 
 
-def decide(ctx: JobContext, outcomes: list[Outcome], *, run_dir: str, slurm: SlurmClient,
+def decide(ctx: JobContext, outcomes: list[Verdict], *, run_dir: str, slurm: SlurmClient,
            store: Store | None = None) -> int:
     """Carry out the job's decision: the TaskProlog's file, the hold, the exit code."""
     try:
@@ -220,15 +220,15 @@ def decide(ctx: JobContext, outcomes: list[Outcome], *, run_dir: str, slurm: Slu
         blame = "the run directory is unsafe" if isinstance(exc, UnsafeStore) else "the run directory is broken"
         log.error("job %s: cannot write the TaskProlog's file in %s (%s): %s", ctx.job_id, run_dir, blame, exc)
         if isinstance(exc, UnsafeStore) or not isinstance(exc, (OSError, StoreError)):
-            outcomes = [*outcomes, Outcome(ctx.request or "", "hold", None, f"{blame} on {ctx.node}: {exc}")]
+            outcomes = [*outcomes, Verdict(ctx.request or "", "hold", None, f"{blame} on {ctx.node}: {exc}")]
         else:
-            outcomes = [*outcomes, Outcome(ctx.request or "", "drain", None, f"{blame} on {ctx.node}: {exc}")]
+            outcomes = [*outcomes, Verdict(ctx.request or "", "drain", None, f"{blame} on {ctx.node}: {exc}")]
     action = job_action(outcomes)
     if store is not None:
         inventory.refresh(store)
     if action == "hold":  # for a drain Slurm requeues and holds the job itself
         try:
-            done = slurm.hold(ctx.job_id, hold_reason(outcomes))
+            done = slurm.hold(ctx.job_id, why_held(outcomes))
             log.info("job %s: %s", ctx.job_id, done)
         except DsstageError as exc:
             # the task file's hold mark still stops the job's tasks (see dsstage-taskprolog)
@@ -360,7 +360,7 @@ def on_bug(env: Mapping[str, str], run_dir: str, exc: BaseException) -> int:
         return 0
     reason = f"dsstage failed unexpectedly on {ctx.node} ({type(exc).__name__}: {exc}); an admin should check its log"
     try:
-        decide(ctx, [Outcome(ctx.request or BB_REQUEST, "hold", None, reason)], run_dir=run_dir, slurm=_slurm())
+        decide(ctx, [Verdict(ctx.request or BB_REQUEST, "hold", None, reason)], run_dir=run_dir, slurm=_slurm())
     except Exception:  # noqa: BLE001 - the last resort: logged, the node stays up
         log.exception("job %s: could not hold the job either", ctx.job_id)
     return 0

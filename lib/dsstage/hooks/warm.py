@@ -20,6 +20,7 @@ from typing import Any
 
 from dsstage.errors import DsstageError
 from dsstage.fs import layout, runfiles, safe
+from dsstage.fs.groups import group_names
 from dsstage.fs.layout import Layout
 from dsstage.fs.safe import RootDir
 from dsstage.hooks import bbrequest, joblog
@@ -79,7 +80,7 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
         if not ds or ds.get("verify") != "quick":
             return None
         if ds.get("groups") is not None and uid != 0:
-            groups = layout.group_names(user, gid) if groups is None else groups
+            groups = group_names(user, gid) if groups is None else groups
             if not groups & set(ds["groups"]):
                 return None
         try:

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class FillReport:
+class FillStats:
     transferred: TransferStats = field(default_factory=TransferStats)
     linked_files: int = 0
     linked_bytes: int = 0
@@ -116,7 +116,7 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
          older: Sequence[tuple[int, Manifest]] = (), *, deadline: float | None = None,
          reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None,
          progress: Callable[[str, int, int], None] | None = None,
-         group: peers.Group | None = None, tier: str = "") -> FillReport:
+         group: peers.Group | None = None, tier: str = "") -> FillStats:
     """Make the staging area ``dest_fd`` (at ``dest_path``) hold exactly ``manifest``; raise
     VerifyError if the source cannot, OutOfTime when ``deadline`` passes (work is kept).
     ``linked`` receives what was hard-linked from each older version. ``progress(phase,
@@ -131,7 +131,7 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
     def verifying(total: int) -> Callable[[int], None] | None:
         return (lambda delta: progress("verifying", delta, total)) if progress else None
 
-    report = FillReport()
+    report = FillStats()
     with Tree(dest_fd, create=True) as dest:
         resumed = [e for e in manifest.entries if copier.present(dest, e.path)]
         reused = link_reuse(dest, manifest.entries, older)

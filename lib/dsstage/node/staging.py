@@ -12,7 +12,8 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dsstage.config import catalog as cat
@@ -29,10 +30,22 @@ from dsstage.node.store import Prefetching, StageResult, Store, local_errors, op
 from dsstage.transfer import peers
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
-    from dsstage.node.stager import FillReport
+    from dsstage.node.stager import FillStats
 
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Who a stage is for: the user, the job, and what the stage may spend."""
+
+    user: cat.User
+    job_id: str
+    pid: int = 0
+    deadline: float | None = None  # time.monotonic() by which the stage must stop (OutOfTime)
+    prefetch: Prefetching | None = None  # the stage is a prefetch for a pending job
+    nodes: str = ""  # the job's nodes (a Slurm hostlist), for the peers
 
 
 def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,
@@ -40,6 +53,11 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
           progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None,
           nodes: str = "") -> StageResult:
     """Make the current version of ``name`` ready on this node and lease it to ``job_id``.
+
+    The steps: ``authorize`` (the user, the job id, the current version), ``reuse`` (a ready
+    copy, quick-verified, leased without a lock), then under the dataset lock ``make_ready``
+    (a full verification, or ``fill``: make room, copy into a staging area, publish), and the
+    lease.
 
     Before a transfer starts (holding the lock) the node report is rebuilt, so that it
     shows the dataset as staging, and ``on_staging`` is called; the transfer notes its
@@ -54,10 +72,8 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     ``nodes``: the job's nodes (a Slurm hostlist); with ``peers.enabled`` and more than
     one, this node copies its share from the source and the rest from them."""
     started = time.monotonic()
-    ds = store.dataset(name)
-    cat.authorize(ds, user)
-    check_job_id(job_id)
-    digest = store.current(name)
+    job = Job(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes)
+    ds, digest = authorize(store, name, job)
     layout = store.layout(ds.tier)
     result = StageResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), tier=ds.tier,
                          node=store.node, action="cached", job_id=job_id)
@@ -65,51 +81,89 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
                   taken=store.clock(), host=socket.gethostname(), pid=pid)
     with open_tier(layout) as tier:
         book = LeaseBook(tier)
-        with local_errors(f"staging {name!r} into {layout.root}"):
-            store.apply_access(tier, ds)
-            if not full and ds.verify == "quick" and store.ready_state(tier, name, digest).ready:
-                book.take(lease)
-                if store.ready_state(tier, name, digest).ready:  # see "Leases and eviction" above
-                    result.seconds = time.monotonic() - started
-                    return result
-                book.release(name, job_id)
-        from dsstage.node.lock import DatasetLock, ask_to_yield
-        wait = 0.0 if prefetch else store.config.lock_timeout
-        if deadline is not None:
-            wait = max(0.0, min(wait, deadline - time.monotonic()))
-        if not prefetch:
-            ask_to_yield(layout.lock(name), job_id)
-        with DatasetLock(layout.lock(name), timeout=wait, job_id=job_id, what=f"dataset {name!r} on {store.node}",
-                         action="prefetch" if prefetch else "stage"):
+        if not full and reuse(store, tier, ds, digest, book, lease):
+            result.seconds = time.monotonic() - started
+            return result
+        with dataset_lock(store, layout, name, job):
             with local_errors(f"staging {name!r} into {layout.root}"):
-                store.apply_access(tier, ds)
-                state = store.ready_state(tier, name, digest)
-                if state.ready and (full or ds.verify == "full"):
-                    vr = verifying.verify_locked(store, tier, ds, digest)
-                    result.action = "repaired" if vr.repaired or vr.removed_extras else "cached"
-                elif not state.ready:
-                    log.info("staging %s version %s on %s: %s", name, version_id(digest), store.node, state.reason)
-                    inventory.refresh(store)
-                    if on_staging:
-                        on_staging()
-                    report = _fill(store, tier, ds, digest, deadline, job_id, progress, prefetch,
-                                                nodes)
-                    result.action = "staged"
-                    result.transferred_files = report.transferred.files
-                    result.transferred_bytes = report.transferred.bytes
-                    result.linked_files = report.linked_files
-                    result.peer_files = report.from_peers.files
-                    result.peer_bytes = report.from_peers.bytes
+                make_ready(store, tier, ds, digest, job, result, full=full, on_staging=on_staging,
+                           progress=progress)
                 book.take(lease)
     result.seconds = time.monotonic() - started
     return result
 
 
-def _fill(store: Store, tier: RootDir, ds: Dataset, digest: str, deadline: float | None,
-                  job_id: str = "", progress: Callable[[str, int, int], None] | None = None,
-                  prefetch: Prefetching | None = None, nodes: str = "") -> FillReport:
+def authorize(store: Store, name: str, job: Job) -> tuple[Dataset, str]:
+    """The dataset, if ``job.user`` may use it and the job id is valid, and its current version."""
+    ds = store.dataset(name)
+    cat.authorize(ds, job.user)
+    check_job_id(job.job_id)
+    return ds, store.current(name)
+
+
+def reuse(store: Store, tier: RootDir, ds: Dataset, digest: str, book: LeaseBook, lease: Lease) -> bool:
+    """Lease a ready copy without the dataset lock (quick verification only); True if leased.
+
+    The lease is written first and the ready mark checked again after it: either this sees the
+    mark gone (an eviction was under way) and gives the lease back, or the evictor sees the
+    lease (see "Leases and eviction" in dsstage.node.store)."""
+    name = ds.name
+    with local_errors(f"staging {name!r} into {tier.root}"):
+        store.apply_access(tier, ds)
+        if ds.verify != "quick" or not store.ready_state(tier, name, digest).ready:
+            return False
+        book.take(lease)
+        if store.ready_state(tier, name, digest).ready:
+            return True
+        book.release(name, lease.job_id)
+    return False
+
+
+def dataset_lock(store: Store, layout: Layout, name: str, job: Job) -> AbstractContextManager[object]:
+    """The dataset's lock, waited for up to ``lock_timeout`` or the job's deadline; a job's stage
+    first asks a prefetch holding it to yield, a prefetch waits for nobody."""
+    from dsstage.node.lock import DatasetLock, ask_to_yield
+    wait = 0.0 if job.prefetch else store.config.lock_timeout
+    if job.deadline is not None:
+        wait = max(0.0, min(wait, job.deadline - time.monotonic()))
+    if not job.prefetch:
+        ask_to_yield(layout.lock(name), job.job_id)
+    return DatasetLock(layout.lock(name), timeout=wait, job_id=job.job_id, what=f"dataset {name!r} on {store.node}",
+                       action="prefetch" if job.prefetch else "stage")
+
+
+def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: Job, result: StageResult, *,
+               full: bool = False, on_staging: Callable[[], None] | None = None,
+               progress: Callable[[str, int, int], None] | None = None) -> None:
+    """Holding the dataset lock: verify a ready copy fully where asked, or fill and publish a new
+    one; ``result`` says which and what moved."""
+    name = ds.name
+    store.apply_access(tier, ds)
+    state = store.ready_state(tier, name, digest)
+    if state.ready and (full or ds.verify == "full"):
+        vr = verifying.verify_locked(store, tier, ds, digest)
+        result.action = "repaired" if vr.repaired or vr.removed_extras else "cached"
+    elif not state.ready:
+        log.info("staging %s version %s on %s: %s", name, version_id(digest), store.node, state.reason)
+        inventory.refresh(store)
+        if on_staging:
+            on_staging()
+        stats = fill(store, tier, ds, digest, job, progress)
+        result.action = "staged"
+        result.transferred_files = stats.transferred.files
+        result.transferred_bytes = stats.transferred.bytes
+        result.linked_files = stats.linked_files
+        result.peer_files = stats.from_peers.files
+        result.peer_bytes = stats.from_peers.bytes
+
+
+def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: Job,
+         progress: Callable[[str, int, int], None] | None = None) -> FillStats:
+    """Make room for what older versions cannot lend, copy the version into its staging area
+    within a space reservation, and publish it (the caller holds the dataset lock)."""
     from dsstage.node import stager
     name = ds.name
+    prefetch = job.prefetch
     manifest = store.load_manifest(name, digest)
     staging = fs_layout.staging_name(name, digest)
     record = space.stage_record(staging)
@@ -120,7 +174,7 @@ def _fill(store: Store, tier: RootDir, ds: Dataset, digest: str, deadline: float
     needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
     tier_conf = store.config.tiers[ds.tier]
     eviction.make_room(store, tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
-                    resumed=record, job_id=job_id)
+                       resumed=record, job_id=job.job_id)
     transfer = store.config.transfer
     if prefetch and prefetch.bwlimit:
         # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
@@ -129,20 +183,20 @@ def _fill(store: Store, tier: RootDir, ds: Dataset, digest: str, deadline: float
     with space.reservation(tier, tier_conf.name, tier_conf.capacity, record, needed,
                            f"dataset {name!r}", store.node):
         sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
-        report = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, transfer,
-                             [(fd, m) for fd, m in older], deadline=deadline, reader=store.reader(),
-                             linked=linked, progress=node_report.ProgressNote(
-                                 store.run_dir, store.node, tier_conf.name, name, version_id(digest), job_id,
-                                 interval=store.config.report.interval,
-                                 publish_to=node_report.publish_target(store.config), also=progress),
-                             group=peers.group_for(store.config.peers, nodes, store.node), tier=tier_conf.name)
+        stats = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, transfer,
+                            [(fd, m) for fd, m in older], deadline=job.deadline, reader=store.reader(),
+                            linked=linked, progress=node_report.ProgressNote(
+                                store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
+                                interval=store.config.report.interval,
+                                publish_to=node_report.publish_target(store.config), also=progress),
+                            group=peers.group_for(store.config.peers, job.nodes, store.node), tier=tier_conf.name)
         versions = [version_id(m.digest) for _fd, m in older]
         publish.publish(tier, name, digest, {
             "files": manifest.files, "bytes": manifest.total_bytes, "staged_at": store.clock(),
             "node": store.node, "linked": {versions[i]: b for i, (_f, b) in linked.items()},
             **({"prefetched_for": prefetch.job_id, "expected_start": prefetch.start} if prefetch else {})})
     background.flush_later(Layout(tier.root), name, digest)
-    return report
+    return stats
 
 
 def _older_versions(store: Store, tier: RootDir, name: str, digest: str) -> list[tuple[int, Manifest]]:

@@ -95,7 +95,7 @@ class Snapshot:
                 for r in rows.get(state, ()):
                     out.append(Want(job_id=str(r.get("job_id", "")), state=state, partition=str(r.get("partition", "")),
                                     priority=_int(r.get("priority")), start=_float(r.get("start")),
-                                    nodes=tuple(expand(str(r.get("nodes") or ""))), user=str(r.get("user", ""))))
+                                    nodes=tuple(expand_nodes(str(r.get("nodes") or ""))), user=str(r.get("user", ""))))
         return Demand(wants=wants, age=age, uses=uses)
 
 
@@ -115,10 +115,6 @@ def count_starts(uses: Mapping[str, float], since: float, now: float,
         for name in set(datasets):
             out[name] = out.get(name, 0.0) + 1.0
     return {name: round(n, 4) for name, n in out.items() if n >= _NEGLIGIBLE}
-
-
-def expand(hostlist: str) -> list[str]:
-    return expand_nodes(hostlist) if hostlist else []
 
 
 def _int(value: Any) -> int:

@@ -21,8 +21,8 @@ from dsstage.slurm.hold import (
     GONE,
     HELD,
     NOT_REQUEUED,
+    clean_reason,
     hold_message,
-    hold_reason,
     merge_admin_comment,
 )
 from dsstage.slurm.records import (
@@ -128,7 +128,7 @@ class CliSlurm:
         not keep its nodes idle. Raises CommandError if Slurm cannot be asked, or refuses;
         the TaskProlog still keeps the job's tasks from starting.
         """
-        reason = hold_reason(reason)
+        reason = clean_reason(reason)
         job = self._job(job_id)
         if job is None or job.state not in _ALIVE:
             return GONE

@@ -14,8 +14,8 @@ from dsstage.slurm.hold import (
     GONE,
     HELD,
     NOT_REQUEUED,
+    clean_reason,
     hold_message,
-    hold_reason,
     merge_admin_comment,
 )
 from dsstage.slurm.records import _ALIVE, _ENDING, Job, Node
@@ -65,7 +65,7 @@ class FakeSlurm:
         return job_id in self.jobs
 
     def hold(self, job_id: str, reason: str) -> str:
-        reason = hold_reason(reason)
+        reason = clean_reason(reason)
         job = self.jobs.get(job_id) or Job(job_id, "", "RUNNING", ())
         if job.state not in _ALIVE:
             return GONE

@@ -27,7 +27,7 @@ _OWN_PART = re.compile(r"(?:^|\s+)dsstage (?:held|cancelled|stopped) this job: .
 _TAG_LOOKALIKE = re.compile(r"(?<!\S)dsstage=")
 
 
-def hold_reason(text: str, limit: int = MAX_REASON) -> str:
+def clean_reason(text: str, limit: int = MAX_REASON) -> str:
     """``text`` as one line of at most ``limit`` characters that Slurm and a terminal can take.
 
     Whitespace runs become one space; control, format and unassigned characters (escape

@@ -121,7 +121,7 @@ def shares(entries: Sequence[Entry], nodes: Sequence[str]) -> dict[str, list[Ent
 
 
 @dataclass
-class Outcome:
+class PeerTransfer:
     """What a cooperative stage moved, and from where."""
 
     source: TransferStats = field(default_factory=TransferStats)
@@ -205,13 +205,13 @@ def fetch_round(group: Group, node: str, module: str, rel: str, dest_path: str, 
 def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,
               present: Present, check: Check, remove: Remove, from_source: FromSource,
               deadline: float | None = None, progress: Callable[[int], None] | None = None,
-              clock: Callable[[], float] = time.monotonic) -> Outcome:
+              clock: Callable[[], float] = time.monotonic) -> PeerTransfer:
     """Fill ``dest_path`` with ``entries`` (the whole manifest, in the same order on every
     node): this node's share from the source, the others' from the peers (see the module
     doc). Returns what came from where; files from the source that did not match are in
     ``bad`` (not written), for the caller to fetch again."""
     split = shares(entries, group.nodes)
-    out = Outcome()
+    out = PeerTransfer()
     lock = threading.Lock()
     stop = threading.Event()
     failed: set[str] = set()
