@@ -112,7 +112,7 @@ def test_peers_section_defaults_and_errors():
     (None, "timed out", "rsync exit None", False),
 ])
 def test_what_a_round_against_a_peer_means(rc, stderr, failure, missing):
-    r = peers._Round(rc, stderr)
+    r = peers.Round(rc, stderr)
     assert (failure in r.failure()) if failure else r.failure() == ""
     assert r.missing_base is missing
 
@@ -129,3 +129,28 @@ def test_check_config_names_a_missing_secret_only_when_peers_are_on(tmp_path):
     high = load.from_dict(base(slurm_bin=str(tmp_path), peers={"enabled": True, "hosts": {"n1": "h:8873"}}))
     assert [p.level for p in check_host(high, str(slurm_conf))[1] if p.key == "peers.port"] == ["note"]
     assert not [p for p in check_host(on, str(slurm_conf))[1] if p.key == "peers.port"]
+
+
+MISSING = 'rsync: [sender] change_dir "/ds.abc/" (in nvme-staging) failed: No such file or directory (2)'
+
+
+@pytest.mark.parametrize("rnd,progressed,idle_for,expected", [
+    (peers.Round(5, "@ERROR: auth failed on module nvme-staging"), True, 0.0, ("give up", False)),
+    (peers.Round(0, ""), True, 0.0, ("again", False)),
+    (peers.Round(3, MISSING), True, 0.0, ("again", True)),  # published meanwhile: the other place next
+    (peers.Round(3, MISSING), False, 1.0, ("wait", True)),
+    (peers.Round(23, ""), False, 1.0, ("wait", False)),
+    (peers.Round(23, ""), False, 121.0, ("give up", False)),
+])
+def test_after_a_round_against_a_peer(rnd, progressed, idle_for, expected):
+    step = peers.after_round(rnd, progressed=progressed, idle_for=idle_for, wait=120.0, poll=0.5)
+    assert (step.action, step.move) == expected and step.reason
+    assert step.delay == (0.5 if step.action == "wait" else 0.0)
+    if step.action == "give up" and rnd.rc == 23:
+        assert step.reason == "it added nothing for 120s"
+
+
+def test_fallbacks_skip_the_given_up_and_the_peer_itself():
+    g = peers.Group(conf=model.Peers(enabled=True), nodes=("n1", "n2", "n3", "n4"), me="n1", secret="s" * 32)
+    assert peers.fallbacks(g, "n2", {"n2", "n4"}) == ["n3"]
+    assert peers.fallbacks(g, "n3", set()) == ["n2", "n4"]

@@ -159,11 +159,12 @@ class Where:
                 (f"{self.tier}-datasets", f"{self.name}/{vid}")]
 
 
-class _Round:
+@dataclass(frozen=True)
+class Round:
     """One rsync run against one peer for some entries: what it said."""
 
-    def __init__(self, rc: int | None, stderr: str) -> None:
-        self.rc, self.stderr = rc, stderr
+    rc: int | None
+    stderr: str
 
     @property
     def missing_base(self) -> bool:
@@ -177,11 +178,13 @@ class _Round:
         tail = " | ".join(self.stderr.strip().splitlines()[-2:]) or "no answer"
         if "auth failed" in self.stderr:
             return f"its daemon refused the secret ({tail}): peers.secret_file must be the same on every node"
+        if NO_SPACE in self.stderr:
+            return f"rsync exit {self.rc}: {tail} (if the tier is full, the copy from the source says so)"
         return f"rsync exit {self.rc}: {tail}"
 
 
 def fetch_round(group: Group, node: str, module: str, rel: str, dest_path: str, entries: Sequence[Entry],
-                deadline: float | None) -> _Round:
+                deadline: float | None) -> Round:
     """Ask ``node`` for ``entries`` once, into ``dest_path`` (no -l: a link is never made).
     The list goes on rsync's standard input: no file of it in a directory users can fill.
     At most the largest entry's size is accepted for any file."""
@@ -198,8 +201,173 @@ def fetch_round(group: Group, node: str, module: str, rel: str, dest_path: str, 
                        env=dict(os.environ, RSYNC_PASSWORD=group.secret),
                        stdin=b"\0".join(os.fsencode(e.path) for e in entries) + b"\0")
     except CommandError as exc:
-        return _Round(None, str(exc))
-    return _Round(res.returncode, res.stderr)
+        return Round(None, str(exc))
+    return Round(res.returncode, res.stderr)
+
+
+# -- the plan: what to do after each round against a peer (pure) -------------------------------
+
+@dataclass(frozen=True)
+class Step:
+    """What a peer's fetch does next, and why."""
+
+    action: str  # "again" | "wait" | "give up"
+    reason: str = ""
+    delay: float = 0.0  # seconds, for "wait"
+    move: bool = False  # ask the other place next (staging, or the published copy)
+
+
+def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, poll: float) -> Step:
+    """The next step of fetching a share from one peer, after a round that left files to come.
+
+    A failure gives the peer up; a version not in the place asked (not staging yet, or already
+    published) moves to the other place; a round that brought files goes again at once; a peer
+    that brought nothing for ``wait`` seconds is given up; otherwise wait ``poll`` seconds."""
+    failure = rnd.failure()
+    if failure:
+        return Step("give up", failure)
+    move = rnd.missing_base
+    if progressed:
+        return Step("again", "it brought files", move=move)
+    if idle_for > wait:
+        return Step("give up", f"it added nothing for {wait:g}s")
+    return Step("wait", "nothing new yet", delay=poll, move=move)
+
+
+def fallbacks(group: Group, node: str, failed: set[str]) -> list[str]:
+    """Whom to ask for what is left of ``node``'s share once it is given up: every other peer
+    not given up, in the group's order (this node last fetches the rest from the source)."""
+    return [o for o in group.others() if o != node and o not in failed]
+
+
+# -- the runner ----------------------------------------------------------------------------------
+
+class _Cooperation:
+    """One cooperative fill: this node's share from the source, each peer's share from it (one
+    thread per peer), with what came from where kept under one lock."""
+
+    def __init__(self, group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,
+                 present: Present, check: Check, remove: Remove, from_source: FromSource,
+                 deadline: float | None, progress: Callable[[int], None] | None,
+                 clock: Callable[[], float]) -> None:
+        self.group, self.where, self.dest_path = group, where, dest_path
+        self.split = shares(entries, group.nodes)
+        self.present, self.check, self.remove, self.from_source = present, check, remove, from_source
+        self.deadline, self.progress, self.clock = deadline, progress, clock
+        self.out = PeerTransfer()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.failed: set[str] = set()
+
+    def late(self) -> None:
+        if self.stop.is_set():
+            raise OutOfTime("the stage stopped")
+        if self.deadline is not None and self.clock() > self.deadline:
+            raise OutOfTime("the transfer used up the time budget; what arrived is kept and the next stage resumes")
+
+    def source(self, todo: Sequence[Entry]) -> None:
+        if not todo:
+            return
+        stats, bad = self.from_source(todo)
+        with self.lock:
+            self.out.source.add(stats)
+            self.out.bad += bad
+
+    def give_up(self, node: str, why: str) -> None:
+        with self.lock:
+            self.failed.add(node)
+            self.out.given_up.setdefault(node, why)
+
+    def take(self, node: str, module: str, rel: str, todo: list[Entry]) -> tuple[list[Entry], Round]:
+        """One round from ``node``: the entries still missing, and what rsync said. Files
+        that arrived are checked; any that does not match is removed and gives the peer up."""
+        rnd = fetch_round(self.group, node, module, rel, self.dest_path, todo, self.deadline)
+        # past the deadline, what arrived is left unhashed: the next stage checks it (resumed)
+        self.late()
+        arrived = self.present(todo)
+        if arrived:
+            bad = self.check(arrived)
+            if bad:
+                self.remove(bad)
+                more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+                shown = "; ".join(m.describe() for m in bad[:3]) + more
+                log.warning("peer %s served %d file(s) of %s that do not match its manifest: %s; removed, "
+                            "they come from elsewhere", node, len(bad), self.where.name, shown)
+                self.give_up(node, f"served {len(bad)} file(s) that do not match the manifest: {shown}")
+                bad_paths = {m.path for m in bad}
+                arrived = [e for e in arrived if e.path not in bad_paths]
+            with self.lock:
+                got = self.out.peers.setdefault(node, TransferStats())
+                got.files += len(arrived)
+                got.bytes += sum(e.size for e in arrived)
+            if self.progress:
+                self.progress(sum(e.size for e in arrived))
+        came = {e.path for e in arrived}  # a removed mismatch is still to come, from elsewhere
+        return [e for e in todo if e.path not in came], rnd
+
+    def from_peer(self, node: str) -> None:
+        """Fetch ``node``'s share from it, step by step (``after_round``); what it does not
+        give comes from the other peers, then from the source."""
+        todo = _without(self.split[node], self.present(self.split[node]))
+        places = self.where.places()
+        at, last, idle = 0, self.clock(), POLL
+        why = ""
+        while todo and not why:
+            self.late()
+            module, rel = places[at]
+            before = len(todo)
+            todo, rnd = self.take(node, module, rel, todo)
+            with self.lock:
+                why = self.out.given_up.get(node, "") if node in self.failed else ""
+            if why or not todo:
+                break
+            step = after_round(rnd, progressed=len(todo) < before, idle_for=self.clock() - last,
+                               wait=self.group.conf.wait, poll=idle)
+            if step.move:
+                at = (at + 1) % len(places)
+            if step.action == "give up":
+                why = step.reason
+            elif step.action == "again":
+                last, idle = self.clock(), POLL
+            else:
+                self.stop.wait(step.delay)
+                idle = min(MAX_POLL, idle * 2)
+        if not todo:
+            return
+        self.give_up(node, why)
+        log.warning("peer %s: %s; %d file(s) of its share of %s come from the other peers or the source",
+                    node, why, len(todo), self.where.name)
+        with self.lock:
+            others = fallbacks(self.group, node, self.failed)
+        for other in others:
+            if not todo:
+                break
+            self.late()
+            for module, rel in places:
+                todo, rnd = self.take(other, module, rel, todo)
+                if rnd.failure() or not rnd.missing_base or not todo:
+                    break
+        self.late()
+        self.source(todo)
+
+    def run(self) -> PeerTransfer:
+        mine = self.split[self.group.me]
+        peers = self.group.others()
+        pool = ThreadPoolExecutor(max_workers=max(1, min(self.group.conf.parallel, len(peers))),
+                                  thread_name_prefix="peer")
+        try:
+            futures = [pool.submit(self.from_peer, node) for node in peers]
+            try:
+                self.source(_without(mine, self.present(mine)))
+            except BaseException:
+                self.stop.set()
+                raise
+            for f in futures:
+                f.result()
+        finally:
+            self.stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+        return self.out
 
 
 def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,
@@ -210,125 +378,8 @@ def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entr
     node): this node's share from the source, the others' from the peers (see the module
     doc). Returns what came from where; files from the source that did not match are in
     ``bad`` (not written), for the caller to fetch again."""
-    split = shares(entries, group.nodes)
-    out = PeerTransfer()
-    lock = threading.Lock()
-    stop = threading.Event()
-    failed: set[str] = set()
-
-    def late() -> None:
-        if stop.is_set():
-            raise OutOfTime("the stage stopped")
-        if deadline is not None and clock() > deadline:
-            raise OutOfTime("the transfer used up the time budget; what arrived is kept and the next stage resumes")
-
-    def source(todo: Sequence[Entry]) -> None:
-        if not todo:
-            return
-        stats, bad = from_source(todo)
-        with lock:
-            out.source.add(stats)
-            out.bad += bad
-
-    def take(node: str, module: str, rel: str, todo: list[Entry]) -> tuple[list[Entry], _Round]:
-        """One round from ``node``: the entries still missing, and what rsync said. Files
-        that arrived are checked; any that does not match is removed and gives the peer up."""
-        rnd = fetch_round(group, node, module, rel, dest_path, todo, deadline)
-        # past the deadline, what arrived is left unhashed: the next stage checks it (resumed)
-        late()
-        arrived = present(todo)
-        if arrived:
-            bad = check(arrived)
-            if bad:
-                remove(bad)
-                more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-                shown = "; ".join(m.describe() for m in bad[:3]) + more
-                log.warning("peer %s served %d file(s) of %s that do not match its manifest: %s; removed, "
-                            "they come from elsewhere", node, len(bad), where.name, shown)
-                with lock:
-                    failed.add(node)
-                    out.given_up.setdefault(node, f"served {len(bad)} file(s) that do not match the manifest: {shown}")
-            bad_paths = {m.path for m in bad}
-            arrived = [e for e in arrived if e.path not in bad_paths]
-            good = arrived
-            with lock:
-                got = out.peers.setdefault(node, TransferStats())
-                got.files += len(good)
-                got.bytes += sum(e.size for e in good)
-            if progress:
-                progress(sum(e.size for e in good))
-        came = {e.path for e in arrived}  # a removed mismatch is still to come, from elsewhere
-        return [e for e in todo if e.path not in came], rnd
-
-    def from_peer(node: str) -> None:
-        todo = _without(split[node], present(split[node]))
-        places = where.places()
-        at = 0
-        last = clock()
-        why = ""
-        idle = POLL
-        while todo:
-            late()
-            module, rel = places[at]
-            before = len(todo)
-            todo, rnd = take(node, module, rel, todo)
-            failure = rnd.failure()
-            if failure and NO_SPACE in rnd.stderr:
-                failure += " (if the tier is full, the copy from the source says so)"
-            with lock:
-                if node in failed:
-                    why = out.given_up[node]
-            if why:
-                break
-            if failure:
-                why = failure
-                break
-            if rnd.missing_base:
-                at = (at + 1) % len(places)  # not staging (yet, or any more): published?
-            if len(todo) < before:
-                last, idle = clock(), POLL
-                continue
-            if clock() - last > group.conf.wait:
-                why = f"it added nothing for {group.conf.wait:g}s"
-                break
-            stop.wait(idle)
-            idle = min(MAX_POLL, idle * 2)
-        if not todo:
-            return
-        with lock:
-            failed.add(node)
-            out.given_up.setdefault(node, why)
-        log.warning("peer %s: %s; %d file(s) of its share of %s come from the other peers or the source",
-                    node, why, len(todo), where.name)
-        for other in group.others():
-            with lock:
-                if other in failed or other == node:
-                    continue
-            if not todo:
-                break
-            late()
-            for module, rel in places:
-                todo, rnd = take(other, module, rel, todo)
-                if rnd.failure() or not rnd.missing_base or not todo:
-                    break
-        late()
-        source(todo)
-
-    mine = split[group.me]
-    peers = group.others()
-    pool = ThreadPoolExecutor(max_workers=max(1, min(group.conf.parallel, len(peers))), thread_name_prefix="peer")
-    try:
-        futures = [pool.submit(from_peer, node) for node in peers]
-        try:
-            source(_without(mine, present(mine)))
-        except BaseException:
-            stop.set()
-            raise
-        for f in futures:
-            f.result()
-    finally:
-        stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+    out = _Cooperation(group, where, dest_path, entries, present=present, check=check, remove=remove,
+                       from_source=from_source, deadline=deadline, progress=progress, clock=clock).run()
     got = out.from_peers
     log.info("%s: %d file(s) (%d bytes) from peers%s, %d file(s) (%d bytes) from the source", where.name,
              got.files, got.bytes, f" ({', '.join(sorted(out.peers))})" if out.peers else "",
