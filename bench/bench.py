@@ -422,7 +422,8 @@ class Bench:
                         list(pool.map(lambda d: self.sh("rsync", "-a", str(mnt / d), f"{dest}/"), tops))
 
                 def rebuild() -> None:
-                    (Path(config_manifest.Catalog(str(self.dir / "state")).dir(name)) / config_manifest.CURRENT).unlink(missing_ok=True)
+                    catalog = config_manifest.Catalog(str(self.dir / "state"))
+                    (Path(catalog.dir(name)) / config_manifest.CURRENT).unlink(missing_ok=True)
                     self.ds("manifest", "build", name)
 
                 cold()
@@ -605,7 +606,8 @@ class Bench:
             self.say(f"writing a manifest of {entries} entries")
             es = [config_manifest.Entry(f"train/n{i % 1000:08d}/img_{i:08d}.JPEG", 110_000, 1_700_000_000_000_000_000,
                            blake3.blake3(i.to_bytes(8, "little")).hexdigest()) for i in range(entries)]
-            config_manifest.write(config_manifest.Manifest("big", config_manifest.compute_digest(es), es, 0, 0.0), str(big))
+            digest = config_manifest.compute_digest(es)
+            config_manifest.write(config_manifest.Manifest("big", digest, es, 0, 0.0), str(big))
         t_load = self.time_median(lambda: config_manifest.read(str(big)))
 
         def plain() -> None:

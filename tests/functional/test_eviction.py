@@ -172,7 +172,8 @@ def test_prolog_that_cannot_make_room_says_what_holds_the_space(env: Env):
 
 def test_stale_leases_are_reclaimed_from_the_snapshot_never_a_live_one(env: Env, caplog):
     store = env.store()
-    staging.stage(env.store(clock=lambda: time.time() - 600), "x", user=user(), job_id="101")  # killed without an Epilog
+    old = env.store(clock=lambda: time.time() - 600)
+    staging.stage(old, "x", user=user(), job_id="101")  # killed without an Epilog
     staging.stage(store, "x", user=user(), job_id="102")  # running here
     staging.stage(store, "x", user=user(), job_id="103")  # running on another node too (multi-node job)
     snapshot(env, Job("102", "u", "RUNNING", ("x",), nodes=env.node), Job("103", "u", "RUNNING", ("x",), nodes="n9"))

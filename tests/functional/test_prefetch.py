@@ -168,7 +168,8 @@ def job_stage_while_prefetching(env: Env, capacity: int, name: str, *, job: str,
     data["tiers"]["nvme"].update(capacity=capacity, high_watermark="100%")
     env.config_path.write_text(yaml.safe_dump(data))
     snapshot(env, pending(prefetched_for or job, "big"))
-    return while_prefetching(env, "big", lambda: staging.stage(env.store(), name, user=User.lookup(os.getuid()), job_id=job))
+    return while_prefetching(env, "big",
+                             lambda: staging.stage(env.store(), name, user=User.lookup(os.getuid()), job_id=job))
 
 
 def test_a_stage_resuming_an_interrupted_one_counts_its_space_once(env: Env) -> None:

@@ -2,7 +2,7 @@
 
 ``dsstage prefetch`` runs on each compute node (dsstage-prefetch.service, or ``--once``
 from a timer). Every ``prefetch.interval`` it reads the demand snapshot (the poller's,
-see demand.py) and picks, with ``select`` (pure), the datasets that pending jobs need on
+see dsstage.policy.demand) and picks, with ``select`` (pure), the datasets that pending jobs need on
 this node: jobs whose backfill plan (``SchedNodeList``) names this node and that are
 expected to start within ``prefetch.horizon``, earliest first, one per dataset, and only
 datasets not ready here already. It stages them one at a time, like ``dsstage warm``
@@ -240,8 +240,8 @@ class Prefetcher:
             if asked is not None:
                 _stop(child)
                 clear_yield(lock)
-                out = PrefetchResult(c, "yielded", f"job {asked.get('job_id') or '?'} needs it now: its Prolog stages the "
-                              "rest at full speed")
+                out = PrefetchResult(c, "yielded", f"job {asked.get('job_id') or '?'} needs it now: its Prolog "
+                                     "stages the rest at full speed")
                 break
             if time.monotonic() - checked >= self.conf.prefetch.interval:
                 checked = time.monotonic()
@@ -261,7 +261,8 @@ class Prefetcher:
         return out
 
     def child_argv(self, c: Candidate) -> list[str]:
-        argv = [self.python, "-I", "-m", "dsstage.cluster.prefetch", "child", "--node", self.node, "--dataset", c.dataset,
+        argv = [self.python, "-I", "-m", "dsstage.cluster.prefetch", "child", "--node", self.node,
+                "--dataset", c.dataset,
                 "--job", c.job_id, "--user", c.user, "--start", repr(c.start)]
         if self.config_path:
             argv += ["--config", self.config_path]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsstage.cluster import reports as cluster_reports
+from dsstage.cluster import reports as reports_of
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError
 from dsstage.hostlist import expand_nodes
@@ -56,7 +56,7 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
     are stale, and the queue's demand (unless ``slurm`` is None)."""
     now = clock()
     st = Status(time=now, unreachable=dict(unreachable or {}))
-    raw = cluster_reports.read_all(config.state_dir) if reports is None else [cluster_reports.normalize(r) for r in reports]
+    raw = reports_of.read_all(config.state_dir) if reports is None else [reports_of.normalize(r) for r in reports]
     down: dict[str, str] = {}
     if slurm is not None:
         try:
@@ -64,7 +64,7 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
         except DsstageError as exc:
             st.down_error = str(exc)
     for r in raw:
-        r["stale"] = cluster_reports.stale_reason(r, now, config.report.max_age, down) or None
+        r["stale"] = reports_of.stale_reason(r, now, config.report.max_age, down) or None
         st.nodes.append(r)
     if slurm is None:
         return st

@@ -1,14 +1,14 @@
 """The warm path of the Prolog: a job whose datasets are all ready on the node.
 
 A Prolog for datasets that are already cached must cost little: this module and
-``nodefs`` import only the standard library's lightest modules (Python's import of
+``dsstage.fs`` import only the standard library's lightest modules (Python's import of
 logging, dataclasses, yaml and the staging code costs more than the whole warm path).
 ``python -I -m dsstage.hooks prolog`` tries this first: it handles a job whose datasets are all ready,
 quick-verified and allowed for the user, using the configuration cache the full Prolog
 leaves in the run directory; anything else (a cache miss, a copy that is not ready, a
 restricted dataset the user may not use, any error) falls through to the full Prolog in
-``dsstage.hooks``, which decides and explains. The store protocol both follow is in
-``nodefs``, so the two paths cannot drift apart.
+``dsstage.hooks.job``, which decides and explains. The store protocol both follow is in
+``dsstage.fs``, so the two paths cannot drift apart.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
                              layout.lease_record(name, digest, job_id, user, node, taken=time.time(), host=host),
                              fsync=False)
     if any(layout.not_ready(tier, name, digest) is not None for name, digest, tier in picked):
-        # lost a race with an eviction (see store.py): give the leases back, take the full path
+        # lost a race with an eviction (see dsstage.node.store): give the leases back, take the full path
         for name, _digest, tier in picked:
             safe.unlink_at(tier.has_dir("leases", name), f"{job_id}.json")
         return None

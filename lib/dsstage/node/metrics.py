@@ -158,7 +158,7 @@ def _reason_ok(key: Any) -> bool:
 
 
 def _node_parts(node: str) -> tuple[str]:
-    """The node's directory in the run directory, as nodefs lays out the task files."""
+    """The node's directory in the run directory, as dsstage.fs.runfiles lays out the task files."""
     name = node or "node"
     if not layout.job_id_ok(name):
         raise ValueError(f"node name {node!r} is not valid")

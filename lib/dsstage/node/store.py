@@ -14,8 +14,10 @@ Layout of a tier on a node (``<root>`` is the tier's path with ``{node}`` filled
 
 ``<version>`` is the first 16 hex digits of the manifest's root digest. How a staging
 area becomes a ready copy is ``publish.py``; how root reaches all of this without
-following anything a user planted is ``safe.py``; who may read a copy is ``access.py``;
-space is ``space.py``; detached work is ``background.py``.
+following anything a user planted is ``dsstage.fs``; who may read a copy is ``access.py``;
+space is ``space.py``; detached work is ``background.py``. Staging is
+``staging.py``, retention applied ``eviction.py``, verification ``verifying.py``: each a
+module of functions over this store, which itself never writes the node report or asks Slurm.
 
 Leases and eviction. The warm path (a ready copy, quick verification) takes no lock and
 imports nothing of the staging machinery, to keep a Prolog for a cached dataset cheap:

@@ -1,8 +1,9 @@
-"""What the queue wants: the demand snapshot, and the poller that writes it.
+"""What the queue wants: the demand snapshot, as the poller (dsstage.cluster.poller) writes it and
+the nodes read it.
 
 ``dsstage demand-poller`` runs on the controller or a login node (a systemd service, or
 ``--once`` from cron). Every ``retention.poll_interval`` seconds it asks Slurm once for the
-active jobs (one ``squeue`` with fixed fields, see slurm.py) and writes
+active jobs (one ``squeue`` with fixed fields, see dsstage.slurm.client) and writes
 ``<state_dir>/demand.json`` atomically::
 
     {"format": 1, "time": 1763800000.0, "host": "ctl01", "backend": "squeue",
@@ -24,7 +25,7 @@ counted once, in the first snapshot that shows it running: the poller reads its 
 snapshot, and a job id in that one's ``running`` was counted then. A job that starts and
 ends between two rounds is not seen, and the starts while the poller is down are lost
 (the counts only rank datasets, so a uniform loss changes nothing). The planner ranks
-copies nothing in the queue wants by these counts (see retention.py).
+copies nothing in the queue wants by these counts (see dsstage.policy.retention).
 
 Prologs and Epilogs only read this file; they never ask Slurm about demand. A snapshot
 older than ``retention.demand_max_age`` is stale: the Epilog then keeps what it cannot
@@ -83,7 +84,7 @@ class Snapshot:
     def demand(self, now: float, max_age: float) -> Demand:
         """The planner's view: every dataset's wants, stale if too old or missing; the
         counts of job starts decayed to ``now``, also from a stale snapshot (they are
-        history, not the queue: see retention.py)."""
+        history, not the queue: see dsstage.policy.retention)."""
         age = self.age(now)
         uses = decay(self.uses, self.time, now) if self.time else {}
         if self.stale(now, max_age):

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dsstage.policy import demand as policy_demand
+from dsstage.policy import demand as dm
 from dsstage.policy import retention as rt
 from dsstage.policy.sim.sched import Nodes, Run, Schedule, project
 
@@ -365,13 +365,13 @@ class Planner(Policy):
             self._demand = (self._frozen[0], self._build(*self._frozen))
         taken, wants = self._demand
         age = now - taken
-        return rt.Demand(wants, stale=age > self.max_age, age=age, uses=policy_demand.decay(self.uses, self.uses_time, now))
+        return rt.Demand(wants, stale=age > self.max_age, age=age, uses=dm.decay(self.uses, self.uses_time, now))
 
     def _count(self, tick: float) -> None:
         """The snapshot's counts of job starts at ``tick``, from the previous snapshot's."""
         running = set(self.running)
         started = [(self.runs[i].job.dataset,) for i in sorted(running - self.counted)]
-        self.uses = policy_demand.count_starts(self.uses, self.uses_time, tick, started)
+        self.uses = dm.count_starts(self.uses, self.uses_time, tick, started)
         self.uses_time, self.counted = tick, running
 
     def _build(self, tick: float, free: Nodes, queue: list[int], running: list[int]) -> dict[str, list[rt.Want]]:
