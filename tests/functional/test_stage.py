@@ -397,3 +397,37 @@ def test_a_copy_is_trusted_after_a_restart_only_once_flushed(env: Env):
     assert again["action"] == "staged" and again["path"] == first["path"]
     assert again["transferred_files"] == 1  # only the damaged file was fetched again
     assert (Path(again["path"]) / "f2").read_bytes() == (src / "f2").read_bytes()
+
+
+def test_the_steps_of_a_stage_each_on_its_own(env: Env):
+    """authorize, reuse, dataset_lock and make_ready, called one by one as stage() calls them."""
+    from dsstage.config.catalog import User
+    from dsstage.errors import AccessDenied
+    from dsstage.node import staging
+    from dsstage.node.lease import Lease, LeaseBook
+    from dsstage.node.store import StageResult, open_tier
+
+    env.add("coco", {"a.jpg": b"a" * 1000, "sub/b.jpg": b"b" * 2000})
+    env.add("secret", {"x": b"x"}, groups=["nobody-has-this-group"])
+    env.cli("manifest", "build", "coco")
+    env.cli("manifest", "build", "secret")
+    store = env.store()
+    root = User.lookup(0)
+    plain = User(name="someone", uid=4242, groups=frozenset({"users"}))
+    with pytest.raises(AccessDenied):
+        staging.authorize(store, "secret", staging.Job(user=plain, job_id="7"))
+    ds, digest = staging.authorize(store, "coco", staging.Job(user=root, job_id="7"))
+    layout = store.layout(ds.tier)
+    lease = Lease(dataset="coco", digest=digest, job_id="7", user="root", node=store.node, taken=time.time())
+    with open_tier(layout) as tier:
+        book = LeaseBook(tier)
+        assert staging.reuse(store, tier, ds, digest, book, lease) is False  # nothing ready: no lease left
+        assert not (env.tier_root() / "leases" / "coco" / "7.json").exists()
+        job = staging.Job(user=root, job_id="7")
+        result = StageResult(dataset="coco", digest=digest, path=layout.version_dir("coco", digest), tier=ds.tier,
+                             node=store.node, action="cached", job_id="7")
+        with staging.dataset_lock(store, layout, "coco", job):
+            staging.make_ready(store, tier, ds, digest, job, result)
+        assert result.action == "staged" and result.transferred_bytes == 3000
+        assert staging.reuse(store, tier, ds, digest, book, lease) is True  # ready now: leased without the lock
+        assert (env.tier_root() / "leases" / "coco" / "7.json").exists()
