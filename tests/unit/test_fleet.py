@@ -265,6 +265,8 @@ def test_progress_view_on_a_terminal(monkeypatch):
     """The callbacks survive every kind of progress, unknown nodes and both outcomes."""
     from rich.console import Console
     out = io.StringIO()
+    # its own terminal, whatever the caller's: rich turns live output off where TERM is dumb or unset
+    monkeypatch.setenv("TERM", "xterm-256color")
     monkeypatch.setattr(fleet_view.sys.stderr, "isatty", lambda: True, raising=False)
     monkeypatch.setattr("dsstage.ui.err_console", lambda: Console(file=out, force_terminal=True, width=120))
     with fleet_view.progress_view(["n1", "n2"], "warm x") as (on_progress, on_done):
