@@ -81,6 +81,29 @@ def test_eio_reading_the_source_falls_back_or_holds_never_drains(env: Env, coco:
     assert "I/O" in slurm.held["43"] and runfiles.HOLD_MARK in task_lines(run, env, "43")
 
 
+def test_eio_reading_the_local_copy_is_the_nodes_fault(env: Env, coco: Path, tmp_path, monkeypatch):
+    """A failing NVMe under a ready copy is a broken local store (StoreError: the Prolog drains),
+    never a mismatch blamed on the source ("run manifest build") that is fetched again."""
+    from dsstage.config.catalog import User
+    from dsstage.errors import StoreError
+    from dsstage.node import verifying
+    from dsstage.transfer import hashing
+    store = env.store()
+    path = staging.stage(store, "coco", user=User.lookup(0), job_id="1").path
+    real = os.pread
+
+    def eio(fd: int, n: int, offset: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(path):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, n, offset)
+    monkeypatch.setattr(hashing.os, "pread", eio)
+    with pytest.raises(StoreError, match="Input/output error") as err:
+        verifying.verify(store, "coco", full=True)
+    assert err.value.blame == "node"
+    monkeypatch.setattr(hashing.os, "pread", real)
+    assert verifying.verify(store, "coco", full=True).ok  # nothing was removed or fetched again meanwhile
+
+
 def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: Env, tmp_path):
     src = env.add("big", {f"f{i:03d}": os.urandom(20_000) for i in range(200)})
     env.cli("manifest", "build", "big")

@@ -10,6 +10,7 @@ files are done, so that no more than the configured number of threads hash at on
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import stat
@@ -53,22 +54,32 @@ def hash_fd(fd: int, threads: int = 0, large: bool = True) -> str | None:
     return h.hexdigest()
 
 
+#: errors that mean the disk itself fails, not that a file is absent or unreadable
+DISK_ERRORS = frozenset({errno.EIO, errno.EUCLEAN})
+
+
 def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int = 0,
-            large: bool = True) -> tuple[int, str | None] | None:
+            large: bool = True, disk_errors: bool = False) -> tuple[int, str | None] | None:
     """(size, hash) of regular file ``rel`` below ``root_fd``; None if it is missing, not a
     regular file, behind a symbolic link or unreadable. The hash is None for a large file
-    unless ``large`` (hash_fd)."""
+    unless ``large`` (hash_fd). With ``disk_errors`` (a tree on this node's own disk), an
+    error of the disk itself (DISK_ERRORS) is raised, not taken for a missing file: a failing
+    NVMe is the node's fault, never the source's."""
     try:
         with acting_as(reader):
             fd = beneath.open_beneath(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+    except OSError as exc:
+        if disk_errors and exc.errno in DISK_ERRORS:
+            raise
         return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None
         return st.st_size, hash_fd(fd, threads, large)
-    except OSError:
+    except OSError as exc:
+        if disk_errors and exc.errno in DISK_ERRORS:
+            raise
         return None
     finally:
         os.close(fd)
@@ -76,8 +87,10 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int
 
 def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
               progress: Callable[[int], None] | None = None,
-              reader: Identity | None = None, max_parallel: int = 0) -> list[tuple[int, str] | None]:
-    """(size, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be read).
+              reader: Identity | None = None, max_parallel: int = 0,
+              disk_errors: bool = False) -> list[tuple[int, str] | None]:
+    """(size, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be read;
+    ``disk_errors``: see hash_at).
 
     Small files are read and hashed ``threads`` at once (0: one per CPU), or, given
     ``max_parallel`` (a source that may be a network filesystem), as many as measurably
@@ -87,7 +100,7 @@ def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
     workers = default_threads(threads)
 
     def small(rel: str) -> tuple[int, str | None] | None:
-        got = hash_at(root_fd, rel, reader, large=False)
+        got = hash_at(root_fd, rel, reader, large=False, disk_errors=disk_errors)
         if progress and (got is None or got[1] is not None):
             progress(1)
         return got
@@ -97,7 +110,7 @@ def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
     # large files one at a time, each on blake3's threads (reading ahead, memory-mapped)
     for i, got in enumerate(results):
         if got is not None and got[1] is None:
-            results[i] = hash_at(root_fd, rels[i], reader, threads)
+            results[i] = hash_at(root_fd, rels[i], reader, threads, disk_errors=disk_errors)
             if progress:
                 progress(1)
     return [None if r is None or r[1] is None else (r[0], r[1]) for r in results]
