@@ -1,7 +1,8 @@
 """The one way dsstage runs external commands (rsync, squeue, scontrol).
 
-Every command runs in its own session, is bounded by a timeout, and on timeout its whole
-process group is killed, so that no rsync or ssh outlives the Prolog that started it.
+Every command runs in its own session with ``LC_ALL=C``, is bounded by a timeout, and on
+timeout its whole process group is killed, so that no rsync or ssh outlives the Prolog that
+started it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def run(argv: Sequence[str], *, timeout: float | None = None, check: bool = True
         argv = [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env) if env else None,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c_locale(env),
                                 cwd=cwd, start_new_session=True)
     except OSError as exc:
         raise CommandError(argv, None, "", str(exc), message=f"cannot run {argv[0]}: {exc.strerror}") from exc
@@ -56,6 +57,15 @@ def run(argv: Sequence[str], *, timeout: float | None = None, check: bool = True
     if check and proc.returncode != 0:
         raise CommandError(argv, proc.returncode, result.stdout, result.stderr)
     return result
+
+
+def c_locale(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with ``LC_ALL=C``: a command's messages, numbers and
+    sorting are the same on every node whatever locale the site or the user set, so what dsstage
+    reads of them does not depend on it."""
+    out = dict(os.environ if env is None else env)
+    out["LC_ALL"] = "C"
+    return out
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsstage import proc
 from dsstage.config import load
 from dsstage.config.model import Config
 from dsstage.node import eviction, inventory, report, staging
@@ -231,7 +232,7 @@ class Prefetcher:
         log.info("prefetch on %s: staging %s for %s", self.node, c.dataset, c.reason)
         started = time.monotonic()
         child = subprocess.Popen(self.child_argv(c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True, cwd="/")
+                                 start_new_session=True, cwd="/", env=proc.c_locale())
         checked = time.monotonic()
         out: PrefetchResult | None = None
         while child.poll() is None:

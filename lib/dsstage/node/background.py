@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+from dsstage import proc
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.layout import Layout
@@ -25,7 +26,7 @@ _IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "ppc64le": 273, "s390x": 282}
 def _detach(*args: str) -> None:
     subprocess.Popen([sys.executable, "-I", "-m", "dsstage.node.background", *args], cwd="/",
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+                     start_new_session=True, env=proc.c_locale())
 
 
 def flush_later(layout: Layout, name: str, digest: str) -> None:
