@@ -567,3 +567,36 @@ def test_manifest_build_reads_the_source_as_source_user(env: Env, reader: Accoun
         assert "private.bin" not in listed, "root read for the manifest a file the source user may not read"
     else:
         assert "private.bin" in one_error_line(res)
+
+
+def test_a_run_directory_a_user_made_first_never_hosts_the_root_peer_daemon(env: Env, playground: Path,
+                                                                          attacker: Account, tmp_path: Path):
+    """DSSTAGE_RUN_DIR on a tmpfs after a reboot: a user creates it before dsstage does. Had the
+    daemon put its rsyncd.conf there, the user could later rename peers-<node> and write their
+    own, which rsync re-reads at every connection (it served /etc/shadow to nobody). The daemon
+    refuses the directory, naming it, and never starts."""
+    import sys
+
+    from servers import free_port
+    run = playground / "run"
+    attacker.run("mkdir", "-m", "0755", str(run))
+    secret = tmp_path / "peers.secret"
+    secret.write_text("s3cret-for-tests-" + "x" * 24 + "\n")
+    secret.chmod(0o600)
+    port = free_port()
+    env.extra["peers"] = {"enabled": True, "secret_file": str(secret), "hosts": {"n1": f"127.0.0.1:{port}"},
+                          "allow": ["127.0.0.1"]}
+    env.write()
+    proc = subprocess.Popen([sys.executable, "-m", "dsstage", "--node", "n1", "peers", "serve"],
+                            env=dict(env.env(), DSSTAGE_RUN_DIR=str(run)), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        pytest.fail(f"the peer daemon started in {run}, a directory {ATTACKER} owns")
+    assert proc.returncode != 0
+    line = one_error_line(subprocess.CompletedProcess([], proc.returncode, out, err))
+    assert str(run) in line and "a user could steer it" in line
+    assert os.listdir(run) == []  # nothing of root's was put there

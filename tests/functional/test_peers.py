@@ -239,3 +239,58 @@ def test_what_a_stage_cut_short_left_from_a_peer_is_hashed_again(cluster):
     finally:
         daemon.stop()
     assert r.action == "staged" and verified(env, "n2"), r  # type: ignore[attr-defined]
+
+
+# -- who may reach a daemon, and how many at once -------------------------------------------------
+
+def rsync_list(peer_port: int, secret: str, source_address: str = "") -> subprocess.CompletedProcess[str]:
+    """A real rsync client asking a daemon for a module's listing, from ``source_address``."""
+    argv = ["rsync", "--list-only", "--contimeout=10", "--timeout=10",
+            *([f"--address={source_address}"] if source_address else []),
+            f"rsync://{peers.USER}@127.0.0.1:{peer_port}/nvme-datasets/"]
+    return subprocess.run(argv, env=dict(os.environ, RSYNC_PASSWORD=secret, LC_ALL="C"), capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.fixture
+def one_daemon(env: Env, tmp_path: Path):
+    """n1's daemon from `dsstage peers serve`, its tier made, at most one connection at once."""
+    secret = tmp_path / "peers.secret"
+    secret.write_text("s3cret-for-tests-" + "x" * 24 + "\n")
+    secret.chmod(0o600)
+    daemons = Peers(env)
+    env.extra["peers"] = {"enabled": True, "secret_file": str(secret), "max_connections": 1,
+                          "hosts": {n: f"127.0.0.1:{p}" for n, p in daemons.ports.items()}}
+    env.add("shared", {"a": b"a"})
+    (env.tier_root("n1") / "datasets").mkdir(parents=True)
+    try:
+        daemons.start("n1")
+        yield daemons.ports["n1"], secret.read_text().strip()
+    finally:
+        daemons.stop()
+
+
+def test_a_daemon_answers_only_the_nodes_addresses(one_daemon):
+    port, secret = one_daemon
+    assert rsync_list(port, secret).returncode == 0
+    stranger = rsync_list(port, secret, source_address="127.0.0.9")  # anyone else who reaches the port
+    # refused; newer rsync daemons say the module is unknown to a denied host, older ones "access denied"
+    assert stranger.returncode == 5 and ("access denied" in stranger.stderr or "Unknown module" in stranger.stderr)
+
+
+def test_a_daemon_serves_at_most_max_connections_at_once(one_daemon):
+    import socket
+    port, secret = one_daemon
+    held = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        assert held.recv(64).startswith(b"@RSYNCD:")
+        held.sendall(b"@RSYNCD: 31.0\nnvme-datasets\n")
+        assert b"AUTHREQD" in held.recv(256)  # the module's slot is taken; its answer never comes
+        busy = rsync_list(port, secret)
+        assert busy.returncode != 0 and "max connections (1) reached" in busy.stderr
+    finally:
+        held.close()
+    deadline = time.monotonic() + 10
+    while (res := rsync_list(port, secret)).returncode != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the daemon's child for the closed connection exits
+    assert res.returncode == 0, res.stderr

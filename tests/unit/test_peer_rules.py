@@ -52,13 +52,44 @@ def test_others_start_after_this_node():
 
 def test_the_daemon_serves_only_the_tiers_data_read_only_to_the_secret():
     c = load.from_dict(base(peers={"enabled": True}))
-    text = peerd.daemon_config(c, "n7", "/run/x/secrets")
-    for line in ("read only = yes", "list = no", "auth users = dsstage:ro", "secrets file = /run/x/secrets",
+    text = peerd.daemon_config(c, "n7", "/run/x/secrets", ["10.0.0.7", "10.1.0.0/16"], "/run/x/rsyncd.lock")
+    for line in ("hosts allow = 10.0.0.7 10.1.0.0/16", "hosts deny = *", "max connections = 64",
+                 "lock file = /run/x/rsyncd.lock", "read only = yes", "list = no", "auth users = dsstage:ro",
+                 "secrets file = /run/x/secrets",
                  "strict modes = yes", "use chroot = yes", "[nvme-staging]", "path = /local/nvme/n7/staging",
                  "[nvme-datasets]", "path = /local/nvme/n7/datasets", "[ram-staging]",
                  "path = /dev/shm/dsstage/datasets"):
         assert line in text.splitlines(), line
     assert "leases" not in text and "locks" not in text
+    with pytest.raises(ConfigError, match="would accept anyone: set peers.allow"):
+        peerd.daemon_config(c, "n7", "/run/x/secrets", [])
+
+
+def test_whom_a_daemon_allows_and_where_it_binds(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("x" * 32 + "\n")
+    secret.chmod(0o600)
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    slurm_addrs = {"n1": "10.0.0.1", "n2": "10.0.0.2", "n7": "10.0.0.7"}
+    conf = model.Peers(enabled=True, hosts={"n2": "192.168.9.2:900"})
+    assert peerd.allowed(conf, slurm_addrs) == ["10.0.0.1", "10.0.0.7", "192.168.9.2"]
+    assert peerd.allowed(model.Peers(allow=("10.0.0.0/8",)), slurm_addrs) == ["10.0.0.0/8"]
+    if os.geteuid() != 0:
+        return  # the work directory must be root's
+    c = load.from_dict(base(peers={"enabled": True, "secret_file": str(secret)}))
+    argv = peerd.serve_argv(c, "n7", str(work), slurm_addrs)
+    assert "--address=10.0.0.7" in argv and "--port=873" in argv  # its own address, not every interface
+    assert "hosts allow = 10.0.0.1 10.0.0.2 10.0.0.7" in (work / "rsyncd.conf").read_text()
+    assert oct((work / "secrets").stat().st_mode & 0o777) == "0o600"
+
+
+def test_peers_allow_and_max_connections_are_checked():
+    p = load.from_dict(base(peers={"allow": ["10.1.0.0/16", "gpu01"], "max_connections": 8})).peers
+    assert (p.allow, p.max_connections) == (("10.1.0.0/16", "gpu01"), 8)
+    assert "peers.allow: must be a list" in error(base(peers={"allow": "10.0.0.0/8"}))
+    assert "peers.allow: must be a list" in error(base(peers={"allow": ["a b"]}))
+    assert "peers.max_connections: " in error(base(peers={"max_connections": 0}))
 
 
 def test_the_secret_must_be_roots_alone(tmp_path):

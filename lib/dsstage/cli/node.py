@@ -60,7 +60,18 @@ def cmd_peers_serve(args: argparse.Namespace) -> int:
     if not conf.peers.enabled:
         raise load.ConfigError(f"{conf.origin}: peers.enabled is off: set it to true on every node to share stages")
     logging.getLogger().setLevel(logging.INFO)
-    peerd.serve(conf, args.node or node_name(), os.environ.get("DSSTAGE_RUN_DIR") or runfiles.RUN_DIR)
+    node = args.node or node_name()
+    addresses: dict[str, str] = {}
+    if not conf.peers.allow or node not in conf.peers.hosts:
+        # whom to allow and where to bind: the nodes' addresses, asked of Slurm once at start
+        from dsstage.cluster import fleet
+        from dsstage.errors import CommandError
+        from dsstage.slurm.client import CliSlurm
+        try:
+            addresses = fleet.node_addresses(CliSlurm(conf.slurm_bin, timeout=fleet.SINFO_TIMEOUT).nodes())
+        except CommandError as exc:
+            log.warning("cannot ask Slurm for the nodes' addresses (%s): only peers.allow and peers.hosts count", exc)
+    peerd.serve(conf, node, os.environ.get("DSSTAGE_RUN_DIR") or runfiles.RUN_DIR, addresses)
     return 1  # not reached: serve becomes rsync
 
 

@@ -54,9 +54,12 @@ _METRICS_KEYS = ("textfile",)
 _PREFETCH_KEYS = ("horizon", "interval", "bwlimit", "io_class")
 _PLACEMENT_KEYS = ("features", "prefer", "prefix")
 _BURST_BUFFER_KEYS = ("user",)
-_PEERS_KEYS = ("enabled", "port", "hosts", "secret_file", "wait", "timeout", "parallel")
+_PEERS_KEYS = ("enabled", "port", "hosts", "secret_file", "wait", "timeout", "parallel", "allow",
+               "max_connections")
 #: how a peer is reached: a host name or address, and optionally a port
 PEER_HOST_RE = re.compile(r"[A-Za-z0-9_.-]+(:[0-9]{1,5})?")
+#: an address, address/prefix or host name in peers.allow (rsync's "hosts allow")
+PEER_ALLOW_RE = re.compile(r"[A-Za-z0-9_.:-]+(/[0-9]{1,3})?")
 IO_CLASSES = ("idle", "best-effort")
 #: a node feature: what Slurm's constraint syntax takes as one name
 FEATURE_PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,15}")
@@ -318,7 +321,15 @@ class _Validator:
         parallel = self.number(spec.get("parallel", d.parallel), "peers.parallel", minimum=1)
         if parallel != int(parallel) or parallel > 256:
             self.fail("peers.parallel", f"{parallel:g} is not a whole number from 1 to 256")
-        return Peers(enabled=enabled, port=int(port), hosts=dict(hosts),
+        allow = spec.get("allow") or []
+        if isinstance(allow, str) or not isinstance(allow, list) or \
+                not all(isinstance(a, str) and PEER_ALLOW_RE.fullmatch(a) for a in allow):
+            self.fail("peers.allow", "must be a list of addresses, address/prefix (10.1.0.0/16) or host names")
+        conns = self.number(spec.get("max_connections", d.max_connections), "peers.max_connections", minimum=1)
+        if conns != int(conns) or conns > 4096:
+            self.fail("peers.max_connections", f"{conns:g} is not a whole number from 1 to 4096")
+        return Peers(enabled=enabled, port=int(port), hosts=dict(hosts), allow=tuple(allow),
+                     max_connections=int(conns),
                      secret_file=self.abs_path(spec.get("secret_file", d.secret_file), "peers.secret_file"),
                      wait=self.duration(spec.get("wait", d.wait), "peers.wait"),
                      timeout=max(1.0, self.duration(spec.get("timeout", d.timeout), "peers.timeout")),

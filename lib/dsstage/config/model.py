@@ -126,6 +126,10 @@ class Peers:
     wait: float = 120.0  # seconds a peer may add nothing before its share comes from the source
     timeout: float = 60.0  # seconds a peer's transfer may stall (rsync --timeout)
     parallel: int = 8  # peers fetched from at once
+    #: who may connect to a node's daemon (addresses, address/prefix, host names); empty: the
+    #: nodes' own addresses (peers.hosts, else Slurm's NodeAddr), asked when the daemon starts
+    allow: tuple[str, ...] = ()
+    max_connections: int = 64  # connections one daemon serves at once; more are told to try later
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Mapping, Sequence
 
 from dsstage.config.model import Config, Peers
 from dsstage.errors import ConfigError
@@ -56,12 +57,20 @@ def modules(config: Config, node: str) -> dict[str, str]:
     return out
 
 
-def daemon_config(config: Config, node: str, secrets_file: str) -> str:
-    """rsyncd.conf for ``node``: read-only, authenticated, only the tiers' data (pure)."""
+def daemon_config(config: Config, node: str, secrets_file: str, allow: Sequence[str] = (),
+                  lock_file: str = "") -> str:
+    """rsyncd.conf for ``node``: read-only, authenticated, only the tiers' data, only for the
+    ``allow``ed addresses (the nodes'), at most ``peers.max_connections`` at once (pure)."""
+    if not allow:
+        raise ConfigError("the peer daemon would accept anyone: set peers.allow (the nodes' addresses, or "
+                          "their network as address/prefix), or peers.hosts")
     lines = [f"# dsstage peers serve: node {node}, from {config.origin}",
              "use chroot = yes", "read only = yes", "write only = no", "list = no",
              # the staging areas are root's only (0700); nothing is written
              "uid = root", "gid = root", "reverse lookup = no",
+             f"hosts allow = {' '.join(allow)}", "hosts deny = *",
+             f"max connections = {config.peers.max_connections}",
+             *([f"lock file = {lock_file}"] if lock_file else []),
              f"auth users = {USER}:ro", f"secrets file = {secrets_file}", "strict modes = yes",
              f"timeout = {int(config.peers.timeout)}",
              "refuse options = delete* remove-source-files", ""]
@@ -70,52 +79,48 @@ def daemon_config(config: Config, node: str, secrets_file: str) -> str:
     return "\n".join(lines)
 
 
-def serve_argv(config: Config, node: str, workdir: str) -> list[str]:
-    """Write the daemon's configuration and secrets into ``workdir`` (root's, private) and
-    return the rsync command that serves them in the foreground."""
+def allowed(conf: Peers, addresses: Mapping[str, str]) -> list[str]:
+    """Who may connect: ``peers.allow`` where set, else every node's address (``peers.hosts``
+    first, then ``addresses``: Slurm's NodeAddr by node name)."""
+    if conf.allow:
+        return list(conf.allow)
+    found = {**addresses, **{n: address(conf, n).rpartition(":")[0] for n in conf.hosts}}
+    return sorted(set(found.values()))
+
+
+def serve_argv(config: Config, node: str, workdir: str, addresses: Mapping[str, str] | None = None) -> list[str]:
+    """Write the daemon's configuration and secrets into ``workdir`` (root's alone, reached
+    without following a link: fs.safe.RootDir) and return the rsync command that serves them
+    in the foreground, bound to this node's address. ``addresses``: node name -> address,
+    as Slurm knows them (whom to allow where peers.allow is empty, where to bind)."""
+    addresses = dict(addresses or {})
     secret = read_secret(config.peers.secret_file)
-    secrets = os.path.join(workdir, "secrets")
-    conf = os.path.join(workdir, "rsyncd.conf")
-    _write_private(secrets, f"{USER}:{secret}\n")
-    _write_private(conf, daemon_config(config, node, secrets))
+    with safe.RootDir(workdir, create=False) as work:
+        os.fchmod(work.fd, 0o700)
+        safe.write_at(work.fd, "secrets", f"{USER}:{secret}\n", mode=0o600)
+        conf = daemon_config(config, node, os.path.join(workdir, "secrets"), allowed(config.peers, addresses),
+                             os.path.join(workdir, "rsyncd.lock"))
+        safe.write_at(work.fd, "rsyncd.conf", conf, mode=0o600)
     host, _, port = address(config.peers, node).rpartition(":")
-    argv = ["rsync", "--daemon", "--no-detach", f"--config={conf}", f"--port={port}", "--log-file=/dev/stderr"]
-    if node in config.peers.hosts:
-        argv.append(f"--address={host}")  # the address the site gave for this node
+    bind = host if node in config.peers.hosts else addresses.get(node, "")
+    argv = ["rsync", "--daemon", "--no-detach", f"--config={os.path.join(workdir, 'rsyncd.conf')}", f"--port={port}",
+            "--log-file=/dev/stderr"]
+    if bind:
+        argv.append(f"--address={bind}")  # this node's own address, not every interface
     return argv
 
 
-def _write_private(path: str, text: str) -> None:
-    """Write ``path`` (in a directory only root can write) as root's alone, replacing it whole."""
-    tmp = os.path.join(os.path.dirname(path), safe.temp_name())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        safe.write_all(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def private_dir(path: str) -> str:
-    """``path``, a directory only root can enter, created if missing; refused if it is
-    anything else (a link, another owner, open to others)."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise ConfigError(f"{path}: must be a directory of root's that nobody else can enter; remove it and "
-                          "start again")
-    return path
-
-
-def serve(config: Config, node: str, run_dir: str) -> None:
+def serve(config: Config, node: str, run_dir: str, addresses: Mapping[str, str] | None = None) -> None:
     """Become this node's daemon (exec rsync in the foreground): its configuration and the
-    secrets file are written to ``<run_dir>/peers-<node>``, root's alone."""
-    os.makedirs(run_dir, mode=0o755, exist_ok=True)
-    workdir = private_dir(os.path.join(run_dir, f"peers-{node}"))
-    argv = serve_argv(config, node, workdir)
+    secrets file are written to ``<run_dir>/peers-<node>``, root's alone.
+
+    The run directory and every directory above it must be root's and writable by nobody else
+    (or sticky, as /tmp): rsync re-reads its configuration at every connection, so a directory a
+    user could rename would let them serve anything as root. Anything else is refused
+    (UnsafeStore, naming the path), never followed."""
+    with safe.RootDir(run_dir) as run:
+        run.dir(f"peers-{node}", mode=0o700)
+    argv = serve_argv(config, node, os.path.join(run_dir, f"peers-{node}"), addresses)
     log.info("serving %s to peers on %s", ", ".join(modules(config, node)), address(config.peers, node))
     for h in logging.getLogger().handlers:
         h.flush()
