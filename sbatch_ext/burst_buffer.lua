@@ -110,6 +110,8 @@ function slurm_bb_paths(job_id, job_script, path_file, uid, gid)
 		local f = io.open(path_file, "w")
 		if f then
 			f:write("DSSTAGE_BB_DATASETS=" .. table.concat(names, ",") .. "\n")
+			-- whose request it is: a job this one submits inherits the variables, not the request
+			f:write("DSSTAGE_BB_JOB=" .. tostring(job_id) .. "\n")
 			f:close()
 		end
 	end

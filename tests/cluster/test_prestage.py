@@ -184,3 +184,26 @@ def test_a_burst_buffer_directive_is_validated_and_staged(cluster, jobs):
     assert not record.exists(), "teardown left the job's #BB_LUA record"
     stat = cluster.run("scontrol", "show", "bbstat", "dataset", "bbd").stdout
     assert "bbd" in stat, stat
+
+
+def test_a_burst_buffer_job_on_a_node_that_cannot_see_its_request_fails_with_what_to_set(cluster, jobs):
+    """/etc/default/dsstage without DSSTAGE_BB_REQUESTS: the Prolog cannot find a #BB_LUA job's
+    request, so it stages nothing. The job must not run without its data: its TaskProlog stops
+    it with a line that says what the admins must set."""
+    cluster.add_dataset("bbm", files("bbm", n=3))
+    defaults = cluster.etc / "defaults"
+    kept = defaults.read_text()
+    assert "DSSTAGE_BB_REQUESTS=" in kept
+    defaults.write_text("".join(line for line in kept.splitlines(keepends=True)
+                                if not line.startswith("DSSTAGE_BB_REQUESTS=")))
+    try:
+        job = jobs.submit("#BB_LUA dataset=bbm\necho RAN\n", user="daemon")
+        info = cluster.wait(job)
+    finally:
+        defaults.write_text(kept)
+    assert info["JobState"] == "FAILED", info
+    out = cluster.output(job)
+    assert "RAN" not in out, out
+    assert ("dsstage: error: this job asked for bbm with #BB_LUA but no Prolog staged it on "
+            f"{info['NodeList']}: the admins must set DSSTAGE_BB_REQUESTS in {defaults}") in out, out
+

@@ -192,6 +192,24 @@ def test_taskprolog_prints_the_task_file_and_stops_a_held_job(installed, tmp_pat
     assert (res.returncode, res.stdout) == (0, "")
 
 
+def test_taskprolog_stops_a_burst_buffer_job_whose_prolog_staged_nothing(installed, tmp_path):
+    """A #BB_LUA dataset= job's own request (burst_buffer.lua sets both variables) with no task
+    file: this node's Prolog never saw it (no DSSTAGE_BB_REQUESTS): no task, and a line that
+    says what the admins must set. A job it submitted inherits the variables, not the request."""
+    res = taskprolog(installed, DSSTAGE_BB_DATASETS="coco,imagenet", DSSTAGE_BB_JOB="42")
+    assert res.returncode == 1
+    assert res.stdout == ("print dsstage: error: this job asked for coco,imagenet with #BB_LUA but no Prolog staged "
+                          f"it on n1: the admins must set DSSTAGE_BB_REQUESTS in {tmp_path}/etc/defaults (the bb "
+                          "directory of dsstage's state_dir); no task started\n")
+    child = taskprolog(installed, DSSTAGE_BB_DATASETS="coco", DSSTAGE_BB_JOB="41")
+    assert (child.returncode, child.stdout) == (0, "")
+    forged = taskprolog(installed, DSSTAGE_BB_DATASETS="coco\nexport LD_PRELOAD=/tmp/x.so", DSSTAGE_BB_JOB="42")
+    assert forged.returncode == 1 and forged.stdout.count("\n") == 1 and "LD_PRELOAD" not in forged.stdout
+    task_file(tmp_path, "42", "export DSSTAGE_DATASET_DIR=/data/x\n")  # the Prolog did stage it
+    res = taskprolog(installed, DSSTAGE_BB_DATASETS="coco", DSSTAGE_BB_JOB="42")
+    assert (res.returncode, res.stdout) == (0, "export DSSTAGE_DATASET_DIR=/data/x\n")
+
+
 def test_taskprolog_ignores_run_dir_and_defaults_from_the_jobs_environment(installed, tmp_path):
     task_file(tmp_path, "42", HELD)
     evil = tmp_path / "evil"
