@@ -104,6 +104,36 @@ def test_eio_reading_the_local_copy_is_the_nodes_fault(env: Env, coco: Path, tmp
     assert verifying.verify(store, "coco", full=True).ok  # nothing was removed or fetched again meanwhile
 
 
+def test_a_tier_without_posix_acls_holds_a_several_group_dataset_never_drains(env: Env, tmp_path, monkeypatch):
+    """A dataset restricted to several groups needs a POSIX ACL on its tier. A filesystem
+    without them is a configuration problem: check-config says so where the tier is, and a
+    Prolog that meets it holds the job with the reason; the node stays up."""
+    import grp
+
+    from dsstage.cli.admin import tier_problems
+    groups = sorted(g.gr_name for g in grp.getgrall())[:2]
+    env.add("shared", {"x": b"x" * 100}, groups=groups, on_failure="hold")
+    env.cli("manifest", "build", "shared")
+    (env.tier_root()).mkdir(parents=True)
+    assert tier_problems(env.config(), env.node) == []  # this test's disk has POSIX ACLs
+    real = os.setxattr
+
+    def no_acl(path, name, value, *a, **k):
+        if name == "system.posix_acl_access":
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        return real(path, name, value, *a, **k)
+    monkeypatch.setattr(os, "setxattr", no_acl)
+    [problem] = tier_problems(env.config(), env.node)
+    assert (problem.level, problem.key) == ("error", "tiers.nvme")
+    assert "without POSIX ACLs" in problem.message and "shared name several groups" in problem.message
+    from dsstage.cli import main as cli
+    assert cli.main(["--config", str(env.config_path), "--node", env.node, "check-config"]) == 78  # EX_CONFIG
+    run, slurm = tmp_path / "run", FakeSlurm()
+    assert prolog(env, run, slurm, request="shared") == 0  # never a drain
+    assert "no POSIX ACLs" in slurm.held["42"] and "mount -o acl" in slurm.held["42"]
+    assert runfiles.HOLD_MARK in task_lines(run, env)
+
+
 def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: Env, tmp_path):
     src = env.add("big", {f"f{i:03d}": os.urandom(20_000) for i in range(200)})
     env.cli("manifest", "build", "big")

@@ -12,10 +12,12 @@ from typing import Any
 
 from dsstage.cli.common import emit, load_config, reader_of
 from dsstage.config import catalog as cat
-from dsstage.config import load
+from dsstage.config import load, model
 from dsstage.config import manifest as config_manifest
 from dsstage.errors import DsstageError
 from dsstage.fs.safe import write_atomic
+from dsstage.node import access
+from dsstage.node.store import node_name
 from dsstage.slurm import conf as slurm_conf
 from dsstage.transfer import build as transfer_build
 from dsstage.units import human
@@ -26,6 +28,7 @@ log = logging.getLogger("dsstage")
 def cmd_check_config(args: argparse.Namespace) -> int:
     conf = load_config(args)
     slurm, problems = slurm_conf.check_host(conf)
+    problems += tier_problems(conf, args.node or node_name())
     errors = [p for p in problems if p.level == "error"]
     data = {"config": conf.origin, "ok": not errors, "state_dir": conf.state_dir, "on_failure": conf.on_failure,
             "slurm_bin": conf.slurm_bin, "prolog_budget": conf.prolog_budget, "source_user": conf.source_user,
@@ -59,6 +62,29 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for p in errors:
         print(f"dsstage: error: {conf.origin}: {p.key}: {p.message}", file=sys.stderr)
     return load.ConfigError.exit_code if errors else 0
+
+
+def tier_problems(conf: model.Config, node: str) -> list[slurm_conf.Problem]:
+    """The tiers of this host that cannot hold what the catalog puts on them: a dataset with
+    several groups needs POSIX ACLs. A tier that does not exist here is not checked."""
+    out = []
+    for tier in conf.tiers.values():
+        several = sorted(d.name for d in conf.datasets.values() if d.tier == tier.name and len(d.groups or ()) > 1)
+        if not several:
+            continue
+        root = tier.root(node)
+        try:
+            why = access.acl_problem(root)
+        except FileNotFoundError:
+            out.append(slurm_conf.Problem("note", f"tiers.{tier.name}", f"{root} does not exist on this host: "
+                                          "run check-config on a compute node to check its POSIX ACLs"))
+            continue
+        except (OSError, DsstageError) as exc:
+            why = f"{root}: cannot check POSIX ACLs ({exc})"
+        if why:
+            out.append(slurm_conf.Problem("error", f"tiers.{tier.name}",
+                                          f"{why}; {', '.join(several)} name several groups"))
+    return out
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

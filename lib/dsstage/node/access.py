@@ -8,13 +8,14 @@ planted link is never followed.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
 
 from dsstage.config.model import Dataset
 from dsstage.errors import ConfigError, StoreError
-from dsstage.fs.safe import RootDir
+from dsstage.fs.safe import O_DIR, RootDir
 
 # POSIX ACL in the xattr format of linux/posix_acl_xattr.h: version 2, then
 # (tag u16, perm u16, id u32) entries sorted by tag and id.
@@ -65,13 +66,47 @@ def acl_blob(gids: list[int]) -> bytes:
     return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", t, p, i) for t, p, i in entries)
 
 
+#: a filesystem without POSIX ACLs says so with these: a configuration problem, not a broken disk
+_NO_ACL = (errno.EOPNOTSUPP, errno.ENOTSUP)
+
+
 def set_group_acl(fd: int, gids: list[int], shown: str) -> None:
-    """Give each of ``gids`` read and search access to the directory ``fd``, and nobody else."""
+    """Give each of ``gids`` read and search access to the directory ``fd``, and nobody else.
+
+    A filesystem that has no POSIX ACLs is a configuration problem (ConfigError: the job is
+    held with the reason, the node stays up); any other failure is the node's (StoreError)."""
     try:
         os.setxattr(fd, _ACL, acl_blob(gids))
     except OSError as exc:
-        raise StoreError(f"cannot restrict {shown} to several groups: the filesystem refused a POSIX ACL "
-                         f"({exc.strerror}); mount it with ACL support or give the dataset a single group") from None
+        if exc.errno in _NO_ACL:
+            raise ConfigError(f"cannot restrict {shown} to several groups: its filesystem has no POSIX ACLs "
+                              f"({exc.strerror}); mount it with ACL support (mount -o acl) or give the dataset "
+                              "a single group") from None
+        raise StoreError(f"cannot restrict {shown} to several groups: setting its POSIX ACL failed "
+                         f"({exc.strerror}); check the local disk of this node") from None
+
+
+def acl_problem(root: str) -> str | None:
+    """Why the tier at ``root`` cannot hold a dataset restricted to several groups (its
+    filesystem refuses POSIX ACLs), or None if it can; tried on a fresh directory of root's that
+    is removed again. Raises FileNotFoundError where the tier does not exist on this host."""
+    name = f".dsstage-acl-{os.getpid()}"
+    with RootDir(root, create=False) as tier:
+        os.mkdir(name, 0o700, dir_fd=tier.fd)
+        try:
+            fd = os.open(name, O_DIR, dir_fd=tier.fd)
+            try:
+                os.setxattr(fd, _ACL, acl_blob([0]))
+            except OSError as exc:
+                if exc.errno in _NO_ACL:
+                    return (f"{root} is on a filesystem without POSIX ACLs ({exc.strerror}): mount it with ACL "
+                            "support (mount -o acl) or give each dataset on this tier a single group")
+                raise
+            finally:
+                os.close(fd)
+        finally:
+            os.rmdir(name, dir_fd=tier.fd)
+    return None
 
 
 def remove_acl(fd: int) -> None:
