@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dsstage.hooks import bbrequest
+from dsstage.hooks import bbrequest, jobrecord
 from dsstage.node import report
 from guides import TOP, Runs, check_coverage, check_parses, check_runs, fenced, inline_commands, prose
 
@@ -80,7 +80,7 @@ COVERAGE: dict[str, list[Runs]] = {
     "make -C sbatch_ext install-hooks": [
         Runs("tests/unit/test_hook_scripts.py", "installed", ('"-C", str(TOP / "sbatch_ext"), "install-hooks"',)),
         Runs(DEVCLUSTER, None, ('make -s -C "$DSSTAGE_TOP/sbatch_ext" install install-hooks',))],
-    "install -d -o dsstage -g dsstage -m 0755 /shared/dsstage/nodes": [
+    "install -d -o dsstage -g dsstage -m 0755 /shared/dsstage/nodes /shared/dsstage/jobs": [
         Runs(HERE, "test_the_report_directory_as_the_guide_makes_it_takes_reports_as_report_user",
              ('shown("install -d ")',))],
     "mkdir -m 0755 <state_dir>/bb; chown slurm <state_dir>/bb": [
@@ -331,6 +331,10 @@ def test_the_report_directory_as_the_guide_makes_it_takes_reports_as_report_user
     subprocess.run(argv, check=True)
     assert report.publish(str(shared), "n1", {"node": "n1"}, "nobody")
     assert os.stat(report.published_path(str(shared), "n1")).st_uid == nobody.pw_uid
+    # a multi-node job's record, written and trusted as report.user
+    assert jobrecord.pin(str(shared), "7", "n[1-2]", "n1", {"d": "a" * 64}, "nobody") == {"d": "a" * 64}
+    assert jobrecord.pin(str(shared), "7", "n[1-2]", "n2", {"d": "b" * 64}, "nobody") == {"d": "a" * 64}
+    assert os.stat(shared / "jobs" / "7.json").st_uid == nobody.pw_uid
 
 
 @root_only

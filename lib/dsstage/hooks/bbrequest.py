@@ -23,19 +23,16 @@ Prolog uses it.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 from collections.abc import Mapping, Sequence
 
-from dsstage.errors import ConfigError, StateError, UnsafeStore
-from dsstage.fs import safe
+from dsstage.errors import ConfigError, StateError
+from dsstage.fs import safe, shared
 
 DIR = "bb"
 #: the hook scripts' variable naming the directory (from the defaults file)
 ENV = "DSSTAGE_BB_REQUESTS"
-_MAX = 64 * 1024
 
 
 def directory(state_dir: str) -> str:
@@ -64,57 +61,20 @@ def flagged(env: Mapping[str, str]) -> bool:
     return bool(where) and _job_ok(job_id) and os.path.lexists(os.path.join(where, job_id))
 
 
-def _problem(st: os.stat_result, writers: Sequence[int], what: str) -> str | None:
-    if st.st_uid not in writers:
-        return f"{what} belongs to uid {st.st_uid}, not root or burst_buffer.user"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
-def _refuse(path: str, problem: str) -> UnsafeStore:
-    return UnsafeStore(f"{path}: {problem}: dsstage will not take a job's datasets from it as root; make "
-                       f"{os.path.dirname(path)} writable only by root or burst_buffer.user (Slurm's SlurmUser)")
-
-
 def read(state_dir: str, job_id: str, writer_uid: int | None = None) -> str | None:
     """The datasets (``a,b``) job ``job_id`` asked for by burst-buffer directive, or None if
     it has no record. Raises UnsafeStore for a record or directory others could have
-    written, StateError for a damaged record: the site's to fix, never the node's."""
+    written (dsstage.fs.shared), StateError for a damaged record: the site's to fix, never
+    the node's."""
     if not _job_ok(job_id):
         raise StateError(f"{job_id!r} is not a job id")
     writers = (0,) if writer_uid in (None, 0) else (0, writer_uid)
     where = directory(state_dir)
-    try:
-        dfd = os.open(where, safe.O_DIR)
-    except FileNotFoundError:
+    data = shared.read(where, job_id, writers)
+    if data is None:
         return None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise _refuse(where, "is a symbolic link or not a directory") from None
-        raise
     try:
-        problem = _problem(os.fstat(dfd), writers, "the directory")
-        if problem:
-            raise _refuse(where, problem)
-        try:
-            fd = os.open(job_id, safe.O_READ, dir_fd=dfd)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise _refuse(os.path.join(where, job_id), f"cannot be opened safely ({exc.strerror})") from None
-        try:
-            st = os.fstat(fd)
-            problem = "is not a regular file" if not stat.S_ISREG(st.st_mode) else _problem(st, writers, "it")
-            if problem:
-                raise _refuse(os.path.join(where, job_id), problem)
-            data = os.read(fd, _MAX + 1)
-        finally:
-            os.close(fd)
-    finally:
-        os.close(dfd)
-    try:
-        record = json.loads(data) if len(data) <= _MAX else None
+        record = json.loads(data) if len(data) <= shared.MAX else None
     except ValueError:
         record = None
     if not isinstance(record, dict) or record.get("job") != job_id or not isinstance(record.get("datasets"), str):

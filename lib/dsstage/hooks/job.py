@@ -27,7 +27,8 @@ from dsstage.config import load
 from dsstage.config.model import Config, Dataset
 from dsstage.errors import AccessDenied, DsstageError, StoreError, UnknownDataset, UnsafeStore, VerifyError
 from dsstage.fs import runfiles
-from dsstage.hooks import bbrequest, joblog
+from dsstage.hooks import bbrequest, joblog, jobrecord
+from dsstage.hostlist import expand_nodes
 from dsstage.node import eviction, inventory, staging
 from dsstage.node.store import Store
 
@@ -51,6 +52,16 @@ class JobContext:
     node: str
     request: str | None
     nodes: str = ""  # the job's nodes, a Slurm hostlist
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether the job runs on more than one node (its decisions are then the job's)."""
+        if not self.nodes:
+            return False
+        try:
+            return len(expand_nodes(self.nodes)) > 1
+        except ValueError:
+            return False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> JobContext:
@@ -130,11 +141,13 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
         user = cat.User.lookup(ctx.uid if ctx.uid >= 0 else ctx.user)
     except DsstageError as exc:
         return [Verdict(ctx.request or "", "hold", None, str(exc))]
+    versions = pinned_versions(ctx, conf, store, names)
     outcomes = []
     for name in names:
         ds = conf.datasets.get(name)
         try:
-            result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes)
+            result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes,
+                                   digest=versions.get(name))
         except DsstageError as exc:
             log.warning("job %s: %s: %s", ctx.job_id, name, exc)
             outcomes.append(on_failure(name, ds, exc))
@@ -151,6 +164,25 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
         store.count([("misses", label, 1), ("staged_bytes", label, result.transferred_bytes),
                      ("staged_seconds", label, result.seconds)] if result.action == "staged" else [("hits", label, 1)])
     return outcomes
+
+
+def pinned_versions(ctx: JobContext, conf: Config, store: Store, names: Sequence[str]) -> dict[str, str]:
+    """For a job on several nodes, the version of each dataset all of them stage: the first
+    node's reading of CURRENT (dsstage.hooks.jobrecord); {} for a one-node job. Where the
+    record cannot be made or read, each node stages its own reading (as before) and says so."""
+    if not ctx.multi_node:
+        return {}
+    chosen = {}
+    for name in names:
+        try:
+            chosen[name] = store.current(name)
+        except DsstageError:
+            continue  # its stage meets the same error and reports it
+    try:
+        return jobrecord.pin(conf.state_dir, ctx.job_id, ctx.nodes, ctx.node, chosen, conf.report.user)
+    except DsstageError as exc:
+        log.warning("job %s: the job's nodes may stage different versions: %s", ctx.job_id, exc)
+        return chosen
 
 
 def failure_events(name: str, outcome: Verdict, exc: DsstageError) -> list[tuple[str, dict[str, str], float]]:
@@ -226,7 +258,9 @@ def decide(ctx: JobContext, outcomes: list[Verdict], *, run_dir: str, slurm: Slu
     action = job_action(outcomes)
     if store is not None:
         inventory.refresh(store)
-    if action == "hold":  # for a drain Slurm requeues and holds the job itself
+    if action == "hold" and not holds_it(ctx, store):
+        pass  # another node of the job tells Slurm; this node's hold mark stops its tasks
+    elif action == "hold":  # for a drain Slurm requeues and holds the job itself
         try:
             done = slurm.hold(ctx.job_id, why_held(outcomes))
             log.info("job %s: %s", ctx.job_id, done)
@@ -238,6 +272,24 @@ def decide(ctx: JobContext, outcomes: list[Verdict], *, run_dir: str, slurm: Slu
                   "; ".join(o.reason for o in outcomes if o.action == "drain"))
         return 1
     return 0
+
+
+def holds_it(ctx: JobContext, store: Store | None) -> bool:
+    """Whether this node is the one of its job that asks Slurm to hold it: always for a
+    one-node job; for more, the first to claim it (dsstage.hooks.jobrecord), or any node
+    where the claim cannot be made (a job held twice beats a job not held)."""
+    if not ctx.multi_node or store is None:
+        return True
+    conf = store.config
+    try:
+        won, by = jobrecord.claim_hold(conf.state_dir, ctx.job_id, ctx.node, conf.report.user)
+    except (OSError, DsstageError) as exc:
+        log.warning("job %s: cannot tell the job's other nodes that this one holds it (%s): holding it here",
+                    ctx.job_id, exc)
+        return True
+    if not won:
+        log.info("job %s: held by node %s of the job; not asking Slurm again from %s", ctx.job_id, by, ctx.node)
+    return won
 
 
 def epilog(env: Mapping[str, str], *, run_dir: str,
@@ -255,6 +307,8 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
         log.error("job %s: cannot release leases, configuration broken: %s", ctx.job_id, exc)
         return 0
     store = Store(conf, ctx.node or None, run_dir=run_dir)
+    if ctx.multi_node:
+        jobrecord.forget(conf.state_dir, ctx.job_id, conf.report.user)
     try:
         released = store.release_job(ctx.job_id)
         log.info("job %s: released %s", ctx.job_id, ", ".join(x.dataset for x in released) or "nothing")

@@ -9,6 +9,7 @@ shows the dataset as staging; the store itself never writes the report.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 from dsstage.config import catalog as cat
 from dsstage.config.manifest import Manifest
 from dsstage.config.model import Dataset
-from dsstage.errors import DsstageError
+from dsstage.errors import DsstageError, StateError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs.layout import Layout, version_id
 from dsstage.fs.safe import RootDir
@@ -51,8 +52,9 @@ class Job:
 def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,
           on_staging: Callable[[], None] | None = None, deadline: float | None = None,
           progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None,
-          nodes: str = "") -> StageResult:
-    """Make the current version of ``name`` ready on this node and lease it to ``job_id``.
+          nodes: str = "", digest: str | None = None) -> StageResult:
+    """Make the current version of ``name`` (or the version ``digest``: the one the job's
+    nodes agreed on) ready on this node and lease it to ``job_id``.
 
     The steps: ``authorize`` (the user, the job id, the current version), ``reuse`` (a ready
     copy, quick-verified, leased without a lock), then under the dataset lock ``make_ready``
@@ -73,7 +75,7 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     one, this node copies its share from the source and the rest from them."""
     started = time.monotonic()
     job = Job(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes)
-    ds, digest = authorize(store, name, job)
+    ds, digest = authorize(store, name, job, digest)
     layout = store.layout(ds.tier)
     result = StageResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), tier=ds.tier,
                          node=store.node, action="cached", job_id=job_id)
@@ -93,12 +95,19 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     return result
 
 
-def authorize(store: Store, name: str, job: Job) -> tuple[Dataset, str]:
-    """The dataset, if ``job.user`` may use it and the job id is valid, and its current version."""
+def authorize(store: Store, name: str, job: Job, digest: str | None = None) -> tuple[Dataset, str]:
+    """The dataset, if ``job.user`` may use it and the job id is valid, and the version to stage:
+    ``digest`` if given (its manifest must exist), else the current one."""
     ds = store.dataset(name)
     cat.authorize(ds, job.user)
     check_job_id(job.job_id)
-    return ds, store.current(name)
+    if digest is None:
+        return ds, store.current(name)
+    path = store.manifests.path(name, digest)
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest) or not os.path.exists(path):
+        raise StateError(f"version {digest[:16]} of {name!r}, which this job's nodes agreed on, has no manifest "
+                         f"({path}); was it pruned? requeue the job to stage the current version")
+    return ds, digest
 
 
 def reuse(store: Store, tier: RootDir, ds: Dataset, digest: str, book: LeaseBook, lease: Lease) -> bool:

@@ -1,0 +1,117 @@
+"""Records in the shared state directory that root acts on.
+
+Such a record is written by root or by one named writer (SlurmUser for ``#BB_LUA`` requests,
+``report.user`` where NFS squashes root), and it is trusted only if nobody else could have
+written it: its directory and the file belong to root or that writer, neither is writable by
+group or others, and neither is a symbolic link. ``create_once`` makes a record only if there
+is none yet (a fresh temporary file, then link(2), which is atomic on NFS too), so of the nodes
+of one job exactly one wins.
+
+Imports only the standard library and dsstage.fs.safe: the warm Prolog may use it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Sequence
+
+from dsstage.errors import UnsafeStore
+from dsstage.fs import safe
+
+#: the largest record read
+MAX = 64 * 1024
+
+
+def problem(st: os.stat_result, writers: Sequence[int], what: str) -> str | None:
+    """Why ``st`` (of a record or its directory) is not to be trusted, or None."""
+    if st.st_uid not in writers:
+        return f"{what} belongs to uid {st.st_uid}, not root or the configured writer"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def refuse(path: str, why: str) -> UnsafeStore:
+    return UnsafeStore(f"{path}: {why}: dsstage will not act on it as root; make {os.path.dirname(path)} "
+                       "writable only by root or the configured writer")
+
+
+def _open_dir(where: str, writers: Sequence[int]) -> int | None:
+    try:
+        dfd = os.open(where, safe.O_DIR)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise refuse(where, "is a symbolic link or not a directory") from None
+        raise
+    why = problem(os.fstat(dfd), writers, "the directory")
+    if why:
+        os.close(dfd)
+        raise refuse(where, why)
+    return dfd
+
+
+def read(where: str, name: str, writers: Sequence[int]) -> bytes | None:
+    """The bytes of record ``name`` in directory ``where``, or None if there is none. Raises
+    UnsafeStore for a record or directory others could have written."""
+    dfd = _open_dir(where, writers)
+    if dfd is None:
+        return None
+    try:
+        try:
+            fd = os.open(name, safe.O_READ, dir_fd=dfd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise refuse(os.path.join(where, name), f"cannot be opened safely ({exc.strerror})") from None
+        try:
+            st = os.fstat(fd)
+            why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else problem(st, writers, "it")
+            if why:
+                raise refuse(os.path.join(where, name), why)
+            return os.read(fd, MAX + 1)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def create_once(where: str, name: str, data: bytes, writers: Sequence[int]) -> bool:
+    """Make record ``name`` in ``where`` (created, mode 0755, if missing) holding ``data``,
+    unless it exists already; True if this call made it. The caller acts as the writer."""
+    try:
+        os.mkdir(where, 0o755)
+    except FileExistsError:
+        pass
+    dfd = _open_dir(where, writers)
+    if dfd is None:
+        raise FileNotFoundError(errno.ENOENT, "removed while in use", where)
+    try:
+        tmp = safe.temp_name()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            try:
+                safe.write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            safe.unlink_at(dfd, tmp)
+    finally:
+        os.close(dfd)
+
+
+def remove(where: str, name: str) -> bool:
+    """Remove record ``name``; False if there was none."""
+    try:
+        os.unlink(os.path.join(where, name))
+    except FileNotFoundError:
+        return False
+    return True

@@ -1,0 +1,139 @@
+"""What the nodes of one job decide once, for all of them, in ``<state_dir>/jobs``.
+
+A job on many nodes runs one Prolog per node, each on its own. Two decisions must be the
+job's, not each node's:
+
+* **the version of each dataset** (``pin``): every node reads ``CURRENT`` on its own, so a
+  ``manifest build`` landing while a 64-node job starts would give its ranks different data.
+  The first node to get there records the versions it chose (``<job id>.json``); every
+  other node takes them from there.
+* **who tells Slurm** (``claim_hold``): a failing 500-node job must not ask slurmctld 1,500
+  times. The first node to claim ``<job id>.hold`` holds the job; the others keep their tasks
+  from starting (the TaskProlog's hold mark) and say who holds it.
+
+Both are made with ``fs.shared.create_once`` (link(2): exactly one node wins, NFS included),
+written by root or, where NFS squashes root, by ``report.user``, and trusted only if nobody
+else could have written them. The Epilog removes them, so a requeued job chooses afresh.
+A one-node job needs neither and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from dsstage.errors import DsstageError, StateError
+from dsstage.fs import shared
+
+log = logging.getLogger(__name__)
+
+DIR = "jobs"
+FORMAT = 1
+
+
+def directory(state_dir: str) -> str:
+    return os.path.join(state_dir, DIR)
+
+
+def _job_ok(job_id: str) -> bool:
+    return bool(job_id) and len(job_id) <= 64 and all(c.isdigit() or c in "_+" for c in job_id)
+
+
+@contextmanager
+def _as_writer(user: str | None) -> Iterator[None]:
+    """Act as ``report.user`` where set (root_squash), else as root."""
+    if not user:
+        yield
+        return
+    from dsstage.fs import identity
+    with identity.acting_as(identity.lookup(user, "report.user")):
+        yield
+
+
+def _writers(user: str | None) -> tuple[int, ...]:
+    if not user:
+        return (0,)
+    import pwd
+    try:
+        return (0, pwd.getpwnam(user).pw_uid)
+    except KeyError:
+        return (0,)
+
+
+def pin(state_dir: str, job_id: str, nodes: str, node: str, chosen: Mapping[str, str],
+        user: str | None = None) -> dict[str, str]:
+    """The versions (dataset -> digest) every node of job ``job_id`` stages: ``chosen`` (this
+    node's reading of ``CURRENT``) if this node is the first to record them, else the first
+    node's. A record for other nodes (a job id Slurm reused) is not taken. Raises StateError
+    or UnsafeStore when the state directory fails or cannot be trusted."""
+    if not _job_ok(job_id):
+        raise StateError(f"{job_id!r} is not a job id")
+    where = directory(state_dir)
+    data = json.dumps({"format": FORMAT, "job": job_id, "nodes": nodes, "by": node, "time": time.time(),
+                       "versions": dict(chosen)}, sort_keys=True).encode() + b"\n"
+    try:
+        with _as_writer(user):
+            won = shared.create_once(where, f"{job_id}.json", data, _writers(user))
+        raw = data if won else shared.read(where, f"{job_id}.json", _writers(user))
+    except OSError as exc:
+        raise StateError(f"the shared state directory {state_dir} failed recording job {job_id}'s versions "
+                         f"({exc.strerror or exc})") from None
+    record = _parse(raw)
+    if record is None or record.get("job") != job_id:
+        raise StateError(f"{os.path.join(where, job_id + '.json')} is not a dsstage job record for job {job_id}")
+    if record.get("nodes") != nodes:
+        log.warning("job %s: %s names other nodes (%s): a job id used again; this node keeps its own versions",
+                    job_id, os.path.join(where, f"{job_id}.json"), record.get("nodes"))
+        return dict(chosen)
+    versions = record.get("versions")
+    if not isinstance(versions, dict):
+        raise StateError(f"{os.path.join(where, job_id + '.json')} is damaged: no versions")
+    out = dict(chosen)
+    out.update({str(k): str(v) for k, v in versions.items() if k in chosen})
+    if not won and out != dict(chosen):
+        log.info("job %s: the versions node %s chose for the job's nodes: %s", job_id, record.get("by"),
+                 ", ".join(f"{k} {v[:16]}" for k, v in sorted(out.items())))
+    return out
+
+
+def claim_hold(state_dir: str, job_id: str, node: str, user: str | None = None) -> tuple[bool, str]:
+    """(True, node) if this node is the first of its job to hold it, and so the one that
+    asks Slurm; (False, the node that is) otherwise. Raises OSError where the state directory
+    fails: the caller then asks Slurm itself (a job held twice beats a job not held)."""
+    if not _job_ok(job_id):
+        raise StateError(f"{job_id!r} is not a job id")
+    where = directory(state_dir)
+    with _as_writer(user):
+        won = shared.create_once(where, f"{job_id}.hold", json.dumps({"job": job_id, "by": node}).encode(),
+                                 _writers(user))
+    if won:
+        return True, node
+    record = _parse(shared.read(where, f"{job_id}.hold", _writers(user))) or {}
+    return False, str(record.get("by") or "another node")
+
+
+def forget(state_dir: str, job_id: str, user: str | None = None) -> None:
+    """Remove the job's records (the Epilog, on every node: whoever comes first)."""
+    if not _job_ok(job_id):
+        return
+    where = directory(state_dir)
+    try:
+        with _as_writer(user):
+            for suffix in (".json", ".hold"):
+                shared.remove(where, job_id + suffix)
+    except (OSError, DsstageError) as exc:  # a record left behind is only clutter: the Epilog goes on
+        log.warning("job %s: cannot remove its records in %s: %s", job_id, where, exc)
+
+
+def _parse(raw: bytes | None) -> dict | None:
+    if raw is None or len(raw) > shared.MAX:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
