@@ -10,6 +10,7 @@ from dsstage.config.manifest import Entry
 from dsstage.errors import ConfigError
 from dsstage.slurm.conf import check_host
 from dsstage.transfer import peerd, peers
+from dsstage.transfer.rsync import TransferStats
 from test_config import base, error
 
 
@@ -178,10 +179,43 @@ def test_after_a_round_against_a_peer(rnd, progressed, idle_for, expected):
     assert (step.action, step.move) == expected and step.reason
     assert step.delay == (0.5 if step.action == "wait" else 0.0)
     if step.action == "give up" and rnd.rc == 23:
-        assert step.reason == "it added nothing for 120s"
+        assert step.reason == "no peer of the job added anything for 120s"
 
 
 def test_fallbacks_skip_the_given_up_and_the_peer_itself():
     g = peers.Group(conf=model.Peers(enabled=True), nodes=("n1", "n2", "n3", "n4"), me="n1", secret="s" * 32)
     assert peers.fallbacks(g, "n2", {"n2", "n4"}) == ["n3"]
     assert peers.fallbacks(g, "n3", set()) == ["n2", "n4"]
+
+
+def test_peers_that_lack_the_version_cost_the_job_one_wait_and_linear_rounds(monkeypatch):
+    """16 peers, none of which has the version (their Prologs failed), fetched one at a time:
+    the job waits about peers.wait once, not once per peer, and asks O(N) rounds, not O(N^2)."""
+    import threading
+    now = [0.0]
+    lock = threading.Lock()
+
+    def clock() -> float:
+        with lock:
+            return now[0]
+
+    def sleep(seconds: float) -> None:
+        with lock:
+            now[0] += seconds
+    rounds = []
+    monkeypatch.setattr(peers, "fetch_round", lambda group, node, *a: rounds.append(node) or peers.Round(3, MISSING))
+    nodes = tuple(f"n{i:02d}" for i in range(17))
+    group = peers.Group(nodes=nodes, me="n00", conf=model.Peers(enabled=True, wait=10.0, parallel=1), secret="s")
+    entries = [Entry(f"f{i:03d}", 10, 0, "0" * 64) for i in range(170)]
+    from_source: list[str] = []
+
+    def source(todo):
+        from_source.extend(e.path for e in todo)
+        return TransferStats(files=len(todo)), []
+    out = peers.cooperate(group, peers.Where("ds", "a" * 64, "nvme"), "/nonexistent", entries,
+                          present=lambda todo: [], check=lambda got: [], remove=lambda bad: None,
+                          from_source=source, clock=clock, sleep=sleep)
+    assert sorted(from_source) == [e.path for e in entries]  # every file still arrives, from the source
+    assert len(out.given_up) == 16
+    assert now[0] <= 2 * 10.0  # one wait for the job (before: about 10 s for each of the 16 peers)
+    assert len(rounds) <= 16 + 16  # the first peer's polls, then one round each (before: hundreds)

@@ -222,7 +222,8 @@ def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, p
 
     A failure gives the peer up; a version not in the place asked (not staging yet, or already
     published) moves to the other place; a round that brought files goes again at once; a peer
-    that brought nothing for ``wait`` seconds is given up; otherwise wait ``poll`` seconds."""
+    is given up once no peer of the job brought anything for ``wait`` seconds (``idle_for``);
+    otherwise wait ``poll`` seconds."""
     failure = rnd.failure()
     if failure:
         return Step("give up", failure)
@@ -230,14 +231,20 @@ def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, p
     if progressed:
         return Step("again", "it brought files", move=move)
     if idle_for > wait:
-        return Step("give up", f"it added nothing for {wait:g}s")
+        return Step("give up", f"no peer of the job added anything for {wait:g}s")
     return Step("wait", "nothing new yet", delay=poll, move=move)
 
 
+#: other peers asked for what is left of a given-up peer's share, before the source
+FALLBACK_PEERS = 2
+
+
 def fallbacks(group: Group, node: str, failed: set[str]) -> list[str]:
-    """Whom to ask for what is left of ``node``'s share once it is given up: every other peer
-    not given up, in the group's order (this node last fetches the rest from the source)."""
-    return [o for o in group.others() if o != node and o not in failed]
+    """Whom to ask for what is left of ``node``'s share once it is given up: at most
+    FALLBACK_PEERS other peers not given up, in the group's order; this node fetches the rest
+    from the source. Bounded, so that a job whose peers lack the version makes O(N) rsync runs
+    per node, not O(N^2)."""
+    return [o for o in group.others() if o != node and o not in failed][:FALLBACK_PEERS]
 
 
 # -- the runner ----------------------------------------------------------------------------------
@@ -249,7 +256,7 @@ class _Cooperation:
     def __init__(self, group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,
                  present: Present, check: Check, remove: Remove, from_source: FromSource,
                  deadline: float | None, progress: Callable[[int], None] | None,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], sleep: Callable[[float], object] | None = None) -> None:
         self.group, self.where, self.dest_path = group, where, dest_path
         self.split = shares(entries, group.nodes)
         self.present, self.check, self.remove, self.from_source = present, check, remove, from_source
@@ -257,7 +264,15 @@ class _Cooperation:
         self.out = PeerTransfer()
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.sleep = sleep or self.stop.wait
         self.failed: set[str] = set()
+        #: when a file last came from any peer: the job-wide clock ``peers.wait`` runs against
+        self.last_progress = clock()
+
+    def idle(self) -> float:
+        """Seconds since any peer brought a file (or since the fill started)."""
+        with self.lock:
+            return self.clock() - self.last_progress
 
     def late(self) -> None:
         if self.stop.is_set():
@@ -300,6 +315,8 @@ class _Cooperation:
                 got = self.out.peers.setdefault(node, TransferStats())
                 got.files += len(arrived)
                 got.bytes += sum(e.size for e in arrived)
+                if arrived:
+                    self.last_progress = self.clock()
             if self.progress:
                 self.progress(sum(e.size for e in arrived))
         came = {e.path for e in arrived}  # a removed mismatch is still to come, from elsewhere
@@ -307,10 +324,14 @@ class _Cooperation:
 
     def from_peer(self, node: str) -> None:
         """Fetch ``node``'s share from it, step by step (``after_round``); what it does not
-        give comes from the other peers, then from the source."""
+        give comes from up to FALLBACK_PEERS other peers, then from the source.
+
+        ``peers.wait`` is one job-wide deadline: a peer is given up once no peer at all has
+        brought a file for that long, so peers that lack the version cost the job about
+        ``wait`` once, not ``wait`` for each wave of ``peers.parallel`` peers."""
         todo = _without(self.split[node], self.present(self.split[node]))
         places = self.where.places()
-        at, last, idle = 0, self.clock(), POLL
+        at, idle = 0, POLL
         why = ""
         while todo and not why:
             self.late()
@@ -321,16 +342,16 @@ class _Cooperation:
                 why = self.out.given_up.get(node, "") if node in self.failed else ""
             if why or not todo:
                 break
-            step = after_round(rnd, progressed=len(todo) < before, idle_for=self.clock() - last,
+            step = after_round(rnd, progressed=len(todo) < before, idle_for=self.idle(),
                                wait=self.group.conf.wait, poll=idle)
             if step.move:
                 at = (at + 1) % len(places)
             if step.action == "give up":
                 why = step.reason
             elif step.action == "again":
-                last, idle = self.clock(), POLL
+                idle = POLL
             else:
-                self.stop.wait(step.delay)
+                self.sleep(step.delay)
                 idle = min(MAX_POLL, idle * 2)
         if not todo:
             return
@@ -339,6 +360,8 @@ class _Cooperation:
                     node, why, len(todo), self.where.name)
         with self.lock:
             others = fallbacks(self.group, node, self.failed)
+        if self.idle() > self.group.conf.wait:
+            others = []  # no peer has brought anything for peers.wait: asking more of them is no use
         for other in others:
             if not todo:
                 break
@@ -373,13 +396,15 @@ class _Cooperation:
 def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,
               present: Present, check: Check, remove: Remove, from_source: FromSource,
               deadline: float | None = None, progress: Callable[[int], None] | None = None,
-              clock: Callable[[], float] = time.monotonic) -> PeerTransfer:
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], object] | None = None) -> PeerTransfer:
     """Fill ``dest_path`` with ``entries`` (the whole manifest, in the same order on every
     node): this node's share from the source, the others' from the peers (see the module
     doc). Returns what came from where; files from the source that did not match are in
     ``bad`` (not written), for the caller to fetch again."""
     out = _Cooperation(group, where, dest_path, entries, present=present, check=check, remove=remove,
-                       from_source=from_source, deadline=deadline, progress=progress, clock=clock).run()
+                       from_source=from_source, deadline=deadline, progress=progress, clock=clock,
+                       sleep=sleep).run()
     got = out.from_peers
     log.info("%s: %d file(s) (%d bytes) from peers%s, %d file(s) (%d bytes) from the source", where.name,
              got.files, got.bytes, f" ({', '.join(sorted(out.peers))})" if out.peers else "",
