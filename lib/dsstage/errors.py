@@ -97,6 +97,14 @@ class NoSpace(StoreError):
     blame = "site"
 
 
+class OutOfDescriptors(StoreError):
+    """The process ran out of file descriptors (its RLIMIT_NOFILE, or the system's)."""
+
+    exit_code = 75  # EX_TEMPFAIL
+    # a limit set too low for the work, not a broken disk: never a drain
+    blame = "site"
+
+
 class LockTimeout(DsstageError):
     """Waited too long for another process that is staging the same dataset."""
 
@@ -122,9 +130,13 @@ class CommandError(DsstageError):
 
 
 def local_error(exc: OSError, what: str) -> StoreError:
-    """An OSError of the node's own store as dsstage's error: a full filesystem is NoSpace
-    (never a drain; what was staged so far is kept), anything else the node's StoreError."""
+    """An OSError of the node's own store as dsstage's error: a full filesystem is NoSpace and
+    running out of descriptors OutOfDescriptors (never a drain; what was staged so far is
+    kept), anything else the node's StoreError."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return NoSpace(f"{what}: the tier's filesystem is full ({exc.strerror}); what was staged so far is kept: "
                        "free space or lower the tier's capacity")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return OutOfDescriptors(f"{what}: {exc.strerror}; what was staged so far is kept: raise the descriptor "
+                                "limit (LimitNOFILE= of slurmd.service, or ulimit -n) or lower transfer.max_parallel")
     return StoreError(f"{what}: {exc.strerror or exc}; check the local disk of this node")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -257,3 +259,26 @@ def test_unsafe_tier_is_refused_with_the_path_and_never_drains(env: Env, coco: P
     assert res.stderr.count("\n") == 1
     run, slurm = tmp_path / "run", FakeSlurm()
     assert prolog(env, run, slurm) == 0 and f"export DSSTAGE_DATASET_DIR={coco}" in task_lines(run, env)
+
+
+def test_a_dataset_of_many_directories_stages_under_a_low_descriptor_limit(env: Env, tmp_path):
+    """One directory per sample (1,500 of them) under RLIMIT_NOFILE=1024, as slurmd may give its
+    Prolog: the staging area's directories are held open a bounded number at a time."""
+    import resource
+    env.add("persample", {f"class{i:04d}/img.jpg": bytes([i % 256]) * 64 for i in range(1500)})
+    env.cli("manifest", "build", "persample")
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    res = subprocess.run([sys.executable, "-m", "dsstage", "stage", "persample", "--job-id", "7", "--json"],
+                         env=env.env(), capture_output=True, text=True, preexec_fn=low_limit, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["transferred_files"] == 1500
+    assert env.cli_json("verify", "persample", "--full")["ok"] is True
+
+
+def test_running_out_of_descriptors_is_never_the_nodes_fault():
+    from dsstage.errors import OutOfDescriptors, local_error
+    err = local_error(OSError(errno.EMFILE, "Too many open files"), "staging 'x'")
+    assert isinstance(err, OutOfDescriptors) and err.blame == "site" and "LimitNOFILE" in str(err)
+    assert hooks.on_failure("x", None, err).action == "hold"  # never "drain"

@@ -10,10 +10,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
-from dsstage.fs.safe import O_DIR, _OpenDirs
+from dsstage.fs.safe import O_DIR
 
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
@@ -88,56 +92,135 @@ def open_source_dir(path: str) -> int:
         os.close(top)
 
 
-class Tree(_OpenDirs):
-    """The directories below one directory descriptor, each opened once without following
-    symbolic links (and created, private to root, when ``create``). For staging areas,
-    published copies and sources; ``dir("a/b")`` is a descriptor, "" the root itself."""
+class Tree:
+    """The directories below one directory descriptor, each opened without following a
+    symbolic link at any component (and created, private to root, when ``create``). For
+    staging areas, published copies and sources.
 
-    def __init__(self, root_fd: int, *, create: bool = False, mode: int = 0o755) -> None:
+    A directory's descriptor is reached with ``opened(rel)`` ("" the root) or, for a file,
+    ``parent(rel)`` (its directory's descriptor and its name), and stays open while the block
+    runs. At most ``max_open`` descriptors are kept between uses (least recently used first
+    to go; one in use is never closed), so a tree of any shape, one directory per sample or
+    thousands of levels deep, costs a bounded number of descriptors: running out of them is
+    never the dataset's doing. Safe to use from several threads."""
+
+    #: descriptors kept open between uses
+    MAX_OPEN = 64
+
+    def __init__(self, root_fd: int, *, create: bool = False, mode: int = 0o755, max_open: int = MAX_OPEN) -> None:
         self.root_fd = root_fd
         self.create = create
         self.mode = mode
-        self._fds: dict[str, int] = {}
+        self.max_open = max_open
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._users: dict[str, int] = {}
+        self._lock = threading.Lock()
 
-    def dir(self, rel: str) -> int:
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            self._users.clear()
+
+    def __enter__(self) -> Tree:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    @contextmanager
+    def opened(self, rel: str) -> Iterator[int]:
+        """The descriptor of directory ``rel`` (created if missing and ``create``), open while
+        the block runs. Raises FileNotFoundError, or OSError (ELOOP: a link) like os.open."""
+        fd = self._acquire(rel)
+        try:
+            yield fd
+        finally:
+            self._release(rel)
+
+    @contextmanager
+    def parent(self, rel: str) -> Iterator[tuple[int, str]]:
+        """(descriptor of the directory of file ``rel``, its last component), open while the
+        block runs."""
+        head, _, name = rel.rpartition("/")
+        with self.opened(head) as fd:
+            yield fd, name
+
+    def open_count(self) -> int:
+        """Descriptors this tree holds now (the root's not counted)."""
+        with self._lock:
+            return len(self._fds)
+
+    def _acquire(self, rel: str) -> int:
         if not rel:
             return self.root_fd
-        fd = self._fds.get(rel)
-        if fd is not None:
+        with self._lock:
+            fd = self._fds.get(rel)
+            if fd is None:
+                fd = self._open(rel)
+            else:
+                self._fds.move_to_end(rel)
+            self._users[rel] = self._users.get(rel, 0) + 1
+            self._trim()
             return fd
-        head, _, name = rel.rpartition("/")
-        parent = self.dir(head)
-        try:
-            fd = os.open(name, O_DIR, dir_fd=parent)
-        except FileNotFoundError:
-            if not self.create:
-                raise
-            try:
-                os.mkdir(name, self.mode, dir_fd=parent)
-            except FileExistsError:
-                pass
-            fd = os.open(name, O_DIR, dir_fd=parent)
-        self._fds[rel] = fd
-        return fd
 
-    def split(self, rel: str) -> tuple[int, str]:
-        """(descriptor of the parent directory, last component) of file ``rel``."""
-        head, _, name = rel.rpartition("/")
-        return self.dir(head), name
+    def _release(self, rel: str) -> None:
+        if not rel:
+            return
+        with self._lock:
+            n = self._users.get(rel, 0) - 1
+            if n > 0:
+                self._users[rel] = n
+            else:
+                self._users.pop(rel, None)
+            self._trim()
+
+    def _open(self, rel: str) -> int:
+        """Open ``rel`` from its nearest ancestor still open (holding the lock): one component
+        at a time, iteratively, so that any depth a manifest accepts can be opened."""
+        parts = rel.split("/")
+        i = len(parts) - 1
+        while i > 0 and "/".join(parts[:i]) not in self._fds:
+            i -= 1
+        parent = self._fds["/".join(parts[:i])] if i > 0 else self.root_fd
+        for j in range(i, len(parts)):
+            name = parts[j]
+            try:
+                fd = os.open(name, O_DIR, dir_fd=parent)
+            except FileNotFoundError:
+                if not self.create:
+                    raise
+                try:
+                    os.mkdir(name, self.mode, dir_fd=parent)
+                except FileExistsError:
+                    pass
+                fd = os.open(name, O_DIR, dir_fd=parent)
+            self._fds["/".join(parts[:j + 1])] = fd
+            parent = fd
+        return parent
+
+    def _trim(self) -> None:
+        """Close the least recently used descriptors not in use, down to ``max_open``."""
+        excess = len(self._fds) - self.max_open
+        if excess <= 0:
+            return
+        for key in [k for k in self._fds if k not in self._users][:excess]:
+            os.close(self._fds.pop(key))
 
     def walk(self, descend: Callable[[str], bool] = lambda _rel: True
              ) -> Iterator[tuple[int, list[tuple[str, str, os.stat_result]]]]:
         """For every directory (from the root, into those ``descend(rel)`` accepts): its
-        descriptor and its entries as (name, relative path, lstat)."""
+        descriptor (open until the next step) and its entries as (name, relative path, lstat)."""
         stack = [""]
         while stack:
             rel_dir = stack.pop()
-            fd = self.dir(rel_dir)
-            found = []
-            for name in os.listdir(fd):
-                rel = f"{rel_dir}/{name}" if rel_dir else name
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                found.append((name, rel, st))
-                if stat.S_ISDIR(st.st_mode) and descend(rel):
-                    stack.append(rel)
-            yield fd, found
+            with self.opened(rel_dir) as fd:
+                found = []
+                for name in os.listdir(fd):
+                    rel = f"{rel_dir}/{name}" if rel_dir else name
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    found.append((name, rel, st))
+                    if stat.S_ISDIR(st.st_mode) and descend(rel):
+                        stack.append(rel)
+                yield fd, found

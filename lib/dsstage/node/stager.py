@@ -101,9 +101,8 @@ def link_reuse(dest: Tree, entries: Sequence[Entry],
                 continue
             i, rel = src
             try:
-                sfd, sname = trees[i].split(rel)
-                dfd, dname = dest.split(e.path)
-                os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+                with trees[i].parent(rel) as (sfd, sname), dest.parent(e.path) as (dfd, dname):
+                    os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
             except OSError:
                 continue  # another filesystem, or the old copy is gone: fetch it instead
             files, nbytes = linked.get(i, (0, 0))
@@ -197,8 +196,8 @@ def _remove(dest_fd: int, bad: Sequence[Mismatch]) -> None:
     with Tree(dest_fd) as tree:
         for m in bad:
             try:
-                fd, name = tree.split(m.path)
-                fs_safe.remove_at(fd, name)
+                with tree.parent(m.path) as (fd, name):
+                    fs_safe.remove_at(fd, name)
             except (FileNotFoundError, NotADirectoryError):
                 pass
             except OSError as exc:

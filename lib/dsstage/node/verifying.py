@@ -74,10 +74,9 @@ def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> Veri
             publish.seal(rfd, gid=0)
             with beneath.Tree(rfd) as src, beneath.Tree(vfd, create=True) as dst:
                 for e in part.entries:
-                    sfd, sname = src.split(e.path)
-                    dfd, dname = dst.split(e.path)
-                    # rename over the bad file: a job reading it keeps its open file
-                    os.replace(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+                    with src.parent(e.path) as (sfd, sname), dst.parent(e.path) as (dfd, dname):
+                        # rename over the bad file: a job reading it keeps its open file
+                        os.replace(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
         finally:
             tier.forget("staging", repair)
             safe.remove_at(sdir, repair)

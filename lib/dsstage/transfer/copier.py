@@ -120,41 +120,41 @@ def _copy_one(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit
     if fin is None:
         return bad(why)
     try:
-        dfd, name = dest.split(e.path)
-        if e.size < CHUNK:
-            data = _read_source(fin, e.size + 1, src_root, e)  # one byte more: a file that grew shows
-            limit.take(len(data))
-            if len(data) != e.size:
-                return bad(f"size {len(data)}")
-            digest = blake3.blake3(data).hexdigest()
-            if digest != e.hash:
-                return bad(digest)
-            _publish(dfd, name, e, [data])
-            return None
-        # large file: ask the kernel to read ahead the whole file while we hash and write
-        os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_WILLNEED)
-        h = hasher(hash_threads)
-        tmp = safe.temp_name()
-        fout = _create(dfd, tmp)
-        size = 0
-        try:
+        with dest.parent(e.path) as (dfd, name):
+            if e.size < CHUNK:
+                data = _read_source(fin, e.size + 1, src_root, e)  # one byte more: a file that grew shows
+                limit.take(len(data))
+                if len(data) != e.size:
+                    return bad(f"size {len(data)}")
+                digest = blake3.blake3(data).hexdigest()
+                if digest != e.hash:
+                    return bad(digest)
+                _publish(dfd, name, e, [data])
+                return None
+            # large file: ask the kernel to read ahead the whole file while we hash and write
+            os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_WILLNEED)
+            h = hasher(hash_threads)
+            tmp = safe.temp_name()
+            fout = _create(dfd, tmp)
+            size = 0
             try:
-                while size <= e.size:
-                    c = _read_source(fin, min(CHUNK, e.size + 1 - size), src_root, e)
-                    if not c:
-                        break
-                    limit.take(len(c))
-                    h.update(c)
-                    size += len(c)
-                    if size <= e.size:
-                        _write(fout, c)
-            finally:
-                os.close(fout)
-            return _settle(dfd, tmp, name, e, f"size {size}" if size != e.size else h.hexdigest())
-        except BaseException:
-            safe.unlink_at(dfd, tmp)
-            raise
+                try:
+                    while size <= e.size:
+                        c = _read_source(fin, min(CHUNK, e.size + 1 - size), src_root, e)
+                        if not c:
+                            break
+                        limit.take(len(c))
+                        h.update(c)
+                        size += len(c)
+                        if size <= e.size:
+                            _write(fout, c)
+                finally:
+                    os.close(fout)
+                return _settle(dfd, tmp, name, e, f"size {size}" if size != e.size else h.hexdigest())
+            except BaseException:
+                safe.unlink_at(dfd, tmp)
+                raise
     finally:
         os.close(fin)
 
@@ -220,64 +220,64 @@ def _copy_large(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLim
     try:
         os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_WILLNEED)
-        dfd, name = dest.split(e.path)
-        tmp = safe.temp_name()
-        fout = _create(dfd, tmp, os.O_RDWR)  # read back to be hashed: what landed is what is verified
-        inflight: deque[tuple[int, int, Future[int]]] = deque()
-        try:
+        with dest.parent(e.path) as (dfd, name):
+            tmp = safe.temp_name()
+            fout = _create(dfd, tmp, os.O_RDWR)  # read back to be hashed: what landed is what is verified
+            inflight: deque[tuple[int, int, Future[int]]] = deque()
             try:
                 try:
-                    os.ftruncate(fout, e.size)  # the mapping below covers the whole file
-                except OSError as exc:
-                    raise local_error(exc, "writing to the staging area") from None
-                ranges = _Ranges(fin, fout, src_root, e, limit)
-                h = hasher(hash_threads)
-                offsets = iter(range(0, e.size, range_size))
-                short: int | None = None
+                    try:
+                        os.ftruncate(fout, e.size)  # the mapping below covers the whole file
+                    except OSError as exc:
+                        raise local_error(exc, "writing to the staging area") from None
+                    ranges = _Ranges(fin, fout, src_root, e, limit)
+                    h = hasher(hash_threads)
+                    offsets = iter(range(0, e.size, range_size))
+                    short: int | None = None
 
-                def fill() -> None:
-                    # no more ranges in flight than streams: the hash follows closely, so
-                    # what it reads is still in the page cache
-                    while len(inflight) < streams:
-                        off = next(offsets, None)
-                        if off is None:
-                            return
-                        n = min(range_size, e.size - off)
-                        inflight.append((off, n, pool.submit(ranges.copy, off, n)))
+                    def fill() -> None:
+                        # no more ranges in flight than streams: the hash follows closely, so
+                        # what it reads is still in the page cache
+                        while len(inflight) < streams:
+                            off = next(offsets, None)
+                            if off is None:
+                                return
+                            n = min(range_size, e.size - off)
+                            inflight.append((off, n, pool.submit(ranges.copy, off, n)))
 
-                with mmap.mmap(fout, e.size, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
-                    fill()
-                    while inflight:
-                        off, n, fut = inflight.popleft()
-                        got = fut.result()
-                        if got != n:  # the source is shorter than the manifest says
-                            short = off + got
-                            break
-                        fill()  # the next ranges are copied while this one is hashed
-                        h.update(view[off:off + n])
-                        if progress:
-                            progress(n)
-                try:
-                    grew = b"" if short is not None else os.pread(fin, 1, e.size)
-                except OSError as exc:
-                    raise SourceError(f"reading {os.path.join(src_root, e.path)!r} failed: {exc.strerror}; "
-                                      "check the source's filesystem") from None
-            finally:
-                # no stream may still be writing to the copy when its descriptor is closed
-                for _o, _n, fut in inflight:
-                    fut.cancel()
-                for _o, _n, fut in inflight:
-                    if not fut.cancelled():
-                        try:
-                            fut.result()
-                        except BaseException:  # the first failure is already on its way up
-                            pass
-                os.close(fout)
-            found = f"size {short}" if short is not None else f"size {e.size + 1}" if grew else h.hexdigest()
-            return _settle(dfd, tmp, name, e, found)
-        except BaseException:
-            safe.unlink_at(dfd, tmp)
-            raise
+                    with mmap.mmap(fout, e.size, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
+                        fill()
+                        while inflight:
+                            off, n, fut = inflight.popleft()
+                            got = fut.result()
+                            if got != n:  # the source is shorter than the manifest says
+                                short = off + got
+                                break
+                            fill()  # the next ranges are copied while this one is hashed
+                            h.update(view[off:off + n])
+                            if progress:
+                                progress(n)
+                    try:
+                        grew = b"" if short is not None else os.pread(fin, 1, e.size)
+                    except OSError as exc:
+                        raise SourceError(f"reading {os.path.join(src_root, e.path)!r} failed: {exc.strerror}; "
+                                          "check the source's filesystem") from None
+                finally:
+                    # no stream may still be writing to the copy when its descriptor is closed
+                    for _o, _n, fut in inflight:
+                        fut.cancel()
+                    for _o, _n, fut in inflight:
+                        if not fut.cancelled():
+                            try:
+                                fut.result()
+                            except BaseException:  # the first failure is already on its way up
+                                pass
+                    os.close(fout)
+                found = f"size {short}" if short is not None else f"size {e.size + 1}" if grew else h.hexdigest()
+                return _settle(dfd, tmp, name, e, found)
+            except BaseException:
+                safe.unlink_at(dfd, tmp)
+                raise
     finally:
         os.close(fin)
 
@@ -347,8 +347,8 @@ def _finish(dfd: int, tmp: str, name: str, e: Entry) -> None:
 def present(dest: Tree, rel: str) -> bool:
     """Whether ``rel`` exists in ``dest`` (a link is never followed)."""
     try:
-        dfd, name = dest.split(rel)
-        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        with dest.parent(rel) as (dfd, name):
+            os.stat(name, dir_fd=dfd, follow_symlinks=False)
         return True
     except (FileNotFoundError, NotADirectoryError):
         return False
