@@ -73,3 +73,42 @@ def test_max_parallel_is_checked(env: Env):
         env.write()
         res = env.cli("check-config", check=False)
         assert res.returncode != 0 and "transfer.max_parallel" in res.stderr, (bad, res.stderr)
+
+
+def test_three_nodes_staging_at_once_share_the_sources_budget(env: Env, slow_source: tuple[LatencyFS, Path]):
+    """sources.<name>.max_in_flight is the source's budget for all nodes at once: the three
+    nodes of a job staging together stay within it, while one node alone still climbs past a
+    third of it (up to all of it)."""
+    import threading
+
+    from dsstage.config.catalog import User
+    from dsstage.node import staging
+    fs, backing = slow_source
+    env.extra["sources"] = {"nfs": {"prefix": str(fs.mountpoint), "max_in_flight": 12}}
+    env.write()
+    env.cli("manifest", "build", "remote")
+    root = User.lookup(0)
+
+    def stage_on(nodes: tuple[str, ...], job: str) -> dict:
+        fs.remount()
+        fs.reset()
+        errors: list[BaseException] = []
+
+        def one(node: str) -> None:
+            try:
+                staging.stage(env.store(node=node), "remote", user=root, job_id=job, nodes=",".join(nodes))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+        threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        return fs.stats()
+
+    together = stage_on(("n1", "n2", "n3"), "1")
+    assert together["peak_opens_in_flight"] <= 12, together  # 4 each
+    alone = stage_on(("n4",), "2")
+    assert alone["peak_opens_in_flight"] > 12 // 3, alone  # the whole budget is its own
+    assert alone["peak_opens_in_flight"] <= 12, alone

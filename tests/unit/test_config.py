@@ -343,3 +343,20 @@ def test_prefetch_and_placement_sections():
                         ({"prefetch": {"horizont": "1h"}}, "prefetch.horizont")]:
         with pytest.raises(ConfigError, match=re.escape(needle)):
             load.from_dict({**base, **bad})
+
+
+def test_sources_budgets_are_checked_and_matched_by_the_longest_prefix():
+    conf = load.from_dict(base(sources={"lustre": {"prefix": "/lustre/", "max_in_flight": 512},
+                                        "scratch": {"prefix": "/lustre/scratch/", "max_in_flight": 64}}))
+    assert conf.budget_of(model.Source(raw="/lustre/scratch/x", kind="local", path="/lustre/scratch/x")).name == \
+        "scratch"
+    assert conf.budget_of(model.Source(raw="/lustre/proj/x", kind="local", path="/lustre/proj/x")).name == "lustre"
+    assert conf.budget_of(model.Source(raw="/data/x", kind="local", path="/data/x")) is None
+    assert "sources.a.max_in_flight: " in error(base(sources={"a": {"prefix": "/x", "max_in_flight": 0}}))
+    assert "sources.a.limit: unknown key" in error(base(sources={"a": {"prefix": "/x", "limit": 3}}))
+    assert "sources.a.prefix: " in error(base(sources={"a": {"prefix": "", "max_in_flight": 3}}))
+
+
+def test_a_nodes_share_of_a_sources_budget():
+    from dsstage.transfer.parallel import source_share
+    assert [source_share(12, n) for n in (1, 3, 5, 100)] == [12, 4, 2, 1]

@@ -32,6 +32,7 @@ from dsstage.config.model import (
     Prefetch,
     Report,
     Retention,
+    SourceBudget,
     Tier,
     Transfer,
 )
@@ -43,7 +44,7 @@ from dsstage.units import parse_duration, parse_percent, parse_size
 
 _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
              "prolog_budget", "source_user", "retention", "report", "fleet", "metrics", "prefetch", "placement",
-             "burst_buffer", "peers")
+             "burst_buffer", "peers", "sources")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark")
 _DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit", "max_parallel")
@@ -129,6 +130,7 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     placement = v.placement({} if data.get("placement") is None else data["placement"])
     burst_buffer = v.burst_buffer({} if data.get("burst_buffer") is None else data["burst_buffer"])
     peers = v.peers({} if data.get("peers") is None else data["peers"])
+    sources = v.sources({} if data.get("sources") is None else data["sources"])
 
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
@@ -144,7 +146,7 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
                   on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer,
                   slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user,
                   retention=retention, report=report, fleet=fleet, metrics=metrics, prefetch=prefetch,
-                  placement=placement, burst_buffer=burst_buffer, peers=peers)
+                  placement=placement, burst_buffer=burst_buffer, peers=peers, sources=sources)
 
 
 class _Validator:
@@ -334,6 +336,24 @@ class _Validator:
                      wait=self.duration(spec.get("wait", d.wait), "peers.wait"),
                      timeout=max(1.0, self.duration(spec.get("timeout", d.timeout), "peers.timeout")),
                      parallel=int(parallel))
+
+    def sources(self, spec: Any) -> dict[str, SourceBudget]:
+        if not isinstance(spec, dict):
+            self.fail("sources", "must map a name to {prefix: ..., max_in_flight: N}")
+        out = {}
+        for name, entry in spec.items():
+            key = f"sources.{name}"
+            if not isinstance(entry, dict):
+                self.fail(key, "must be {prefix: /lustre/, max_in_flight: 256}")
+            self.keys(entry, f"{key}.", ("prefix", "max_in_flight"))
+            prefix = self.text(entry.get("prefix"), f"{key}.prefix")
+            if not prefix:
+                self.fail(f"{key}.prefix", "give the start of the datasets' sources it covers, e.g. /lustre/")
+            n = self.number(entry.get("max_in_flight"), f"{key}.max_in_flight", minimum=1)
+            if n != int(n) or n > 1_000_000:
+                self.fail(f"{key}.max_in_flight", f"{n:g} is not a whole number from 1 to 1000000")
+            out[str(name)] = SourceBudget(name=str(name), prefix=prefix, max_in_flight=int(n))
+        return out
 
     def duration(self, value: Any, key: str) -> float:
         return self._parsed(parse_duration, value, key)

@@ -149,6 +149,16 @@ class BurstBuffer:
 
 
 @dataclass(frozen=True)
+class SourceBudget:
+    """A shared filesystem or server many datasets come from, and the requests in flight it
+    takes from all nodes at once (``sources.<name>``): each node staging from it gets a share."""
+
+    name: str
+    prefix: str  # the datasets whose source begins with it: /lustre/, host:/export/, rsync://host/
+    max_in_flight: int
+
+
+@dataclass(frozen=True)
 class Config:
     origin: str
     state_dir: str
@@ -168,6 +178,12 @@ class Config:
     placement: Placement = field(default_factory=Placement)
     burst_buffer: BurstBuffer = field(default_factory=BurstBuffer)
     peers: Peers = field(default_factory=Peers)
+    sources: Mapping[str, SourceBudget] = field(default_factory=dict)
+
+    def budget_of(self, source: Source) -> SourceBudget | None:
+        """The ``sources`` entry a dataset's source falls under (the longest prefix), if any."""
+        fits = [b for b in self.sources.values() if source.raw.startswith(b.prefix)]
+        return max(fits, key=lambda b: len(b.prefix)) if fits else None
 
     def slurm_command(self, name: str) -> str:
         """The full path of a Slurm client command (``scontrol``, ``squeue``)."""

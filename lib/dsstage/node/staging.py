@@ -19,16 +19,17 @@ from typing import TYPE_CHECKING
 
 from dsstage.config import catalog as cat
 from dsstage.config.manifest import Manifest
-from dsstage.config.model import Dataset
+from dsstage.config.model import Dataset, Transfer
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs.layout import Layout, version_id
 from dsstage.fs.safe import RootDir
+from dsstage.hostlist import expand_nodes
 from dsstage.node import background, eviction, inventory, publish, space, verifying
 from dsstage.node import report as node_report
 from dsstage.node.lease import Lease, LeaseBook, check_job_id, default_holder
 from dsstage.node.store import Prefetching, StageResult, Store, local_errors, open_tier
-from dsstage.transfer import peers
+from dsstage.transfer import parallel, peers
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
     from dsstage.node.stager import FillStats
@@ -184,7 +185,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: Job,
     tier_conf = store.config.tiers[ds.tier]
     eviction.make_room(store, tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
                        resumed=record, job_id=job.job_id)
-    transfer = store.config.transfer
+    transfer = within_budget(store, ds, job)
     if prefetch and prefetch.bwlimit:
         # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
         transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
@@ -206,6 +207,24 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: Job,
             **({"prefetched_for": prefetch.job_id, "expected_start": prefetch.start} if prefetch else {})})
     background.flush_later(Layout(tier.root), name, digest)
     return stats
+
+
+def within_budget(store: Store, ds: Dataset, job: Job) -> Transfer:
+    """The transfer settings for this stage: where the dataset's source has a cluster-wide
+    budget (``sources``), this node's share of it while all the job's nodes stage from it at
+    once bounds the requests in flight (the copier's limit, rsync's streams)."""
+    transfer = store.config.transfer
+    budget = store.config.budget_of(ds.source)
+    if budget is None:
+        return transfer
+    try:
+        nodes = len(expand_nodes(job.nodes)) if job.nodes else 1
+    except ValueError:
+        nodes = 1
+    share = parallel.source_share(budget.max_in_flight, nodes)
+    log.info("staging %s from %s: at most %d request(s) in flight from this node (sources.%s: %d over %d node(s))",
+             ds.name, ds.source.raw, share, budget.name, budget.max_in_flight, nodes)
+    return replace(transfer, max_parallel=min(transfer.max_parallel, share), streams=min(transfer.streams, share))
 
 
 def _older_versions(store: Store, tier: RootDir, name: str, digest: str) -> list[tuple[int, Manifest]]:
