@@ -294,3 +294,25 @@ def test_a_daemon_serves_at_most_max_connections_at_once(one_daemon):
     while (res := rsync_list(port, secret)).returncode != 0 and time.monotonic() < deadline:
         time.sleep(0.2)  # the daemon's child for the closed connection exits
     assert res.returncode == 0, res.stderr
+
+
+def test_the_nodes_a_pending_job_is_planned_on_prefetch_it_reading_the_source_once(cluster):
+    """Three nodes' prefetch children for one pending job planned on n[1-3], as the prefetch
+    supervisors start them: the shared filesystem serves the dataset about once, not three
+    times, and every node ends with a verified copy."""
+    env, fs, peers = cluster
+    for n in NODES:
+        peers.start(n)
+    children = [subprocess.Popen([sys.executable, "-m", "dsstage.cluster.prefetch", "child", "--node", n,
+                                  "--dataset", "shared", "--job", "901", "--user", "root", "--start",
+                                  repr(time.time() + 600), "--nodes", "n[1-3]", "--config", str(env.config_path)],
+                                 env=dict(env.env(), SLURMD_NODENAME=n), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for n in NODES]
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err
+    total = dataset_bytes(env)
+    source_read = fs.stats()["bytes_read"]
+    assert total <= source_read <= 1.1 * total, (source_read, total)  # three separate prefetches: 3x
+    for n in NODES:
+        assert verified(env, n)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dsstage.cluster.prefetch import Candidate, select, spare_rule, still_wanted
+from dsstage.cluster.prefetch import Candidate, Prefetcher, select, spare_rule, still_wanted
+from dsstage.config import load
 from dsstage.policy.retention import Copy, Demand, Want
 
 NOW = 1_000_000.0
@@ -55,3 +56,17 @@ def test_still_wanted_until_the_plan_moves() -> None:
     assert still_wanted(Demand(stale=True), "n1", NOW, 3600, c) == ""
     assert "the plan changed" in still_wanted(Demand(wants={"x": [want("1", nodes=("n2",))]}), "n1", NOW, 3600, c)
     assert "the plan changed" in still_wanted(Demand(wants={}), "n1", NOW, 3600, c)
+
+
+def test_a_job_planned_on_several_nodes_is_prefetched_through_the_peers():
+    """The candidate carries the job's planned nodes, so each node's prefetch reads its share
+    from the source and the rest from the others (the child stages with them)."""
+    dem = Demand(wants={"x": [Want("9", "pending", start=NOW + 60, nodes=("n1", "n2", "n3"))],
+                        "y": [Want("8", "pending", start=NOW + 60, nodes=("n2",))]})
+    got, _ = select(dem, "n2", NOW, 3600, catalog=["x", "y"], ready=set())
+    assert {(c.dataset, c.nodes) for c in got} == {("x", "n[1-3]"), ("y", "")}
+    p = Prefetcher(load.from_dict({"state_dir": "/s", "tiers": {"nvme": {"path": "/t", "capacity": "1GB"}}}), "n2",
+                   python="/py")
+    argv = p.child_argv(next(c for c in got if c.dataset == "x"))
+    assert argv[argv.index("--nodes") + 1] == "n[1-3]"
+    assert "--nodes" not in p.child_argv(next(c for c in got if c.dataset == "y"))

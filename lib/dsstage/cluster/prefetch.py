@@ -48,6 +48,7 @@ from typing import Any
 from dsstage import proc
 from dsstage.config import load
 from dsstage.config.model import Config
+from dsstage.hostlist import fold_nodes
 from dsstage.node import eviction, inventory, report, staging
 from dsstage.policy.retention import Copy, Demand, Want
 
@@ -70,10 +71,11 @@ class Candidate:
     user: str
     start: float  # the job's expected start, epoch seconds
     reason: str
+    nodes: str = ""  # the job's planned nodes (a hostlist) when more than this one: they fetch from each other
 
     def to_dict(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "job_id": self.job_id, "user": self.user, "start": self.start,
-                "reason": self.reason}
+                "reason": self.reason, **({"nodes": self.nodes} if self.nodes else {})}
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ def select(demand: Demand, node: str, now: float, horizon: float, *, catalog: Se
         else:
             when = f"expected in {_dur(wait)}" if wait > 0 else "due now"
             out.append(Candidate(name, first.job_id, first.user, first.start,
-                                 f"pending job {first.job_id} planned on {node}, {when}"))
+                                 f"pending job {first.job_id} planned on {node}, {when}",
+                                 nodes=fold_nodes(first.nodes) if len(first.nodes) > 1 else ""))
     out.sort(key=lambda c: (c.start, c.job_id))
     return out, skipped
 
@@ -263,8 +266,8 @@ class Prefetcher:
 
     def child_argv(self, c: Candidate) -> list[str]:
         argv = [self.python, "-I", "-m", "dsstage.cluster.prefetch", "child", "--node", self.node,
-                "--dataset", c.dataset,
-                "--job", c.job_id, "--user", c.user, "--start", repr(c.start)]
+                "--dataset", c.dataset, "--job", c.job_id, "--user", c.user, "--start", repr(c.start),
+                *(["--nodes", c.nodes] if c.nodes else [])]
         if self.config_path:
             argv += ["--config", self.config_path]
         ionice = shutil.which("ionice", path="/usr/bin:/bin")
@@ -335,9 +338,12 @@ def _child_outcome(c: Candidate, code: int | None, stdout: str, stderr: str) -> 
 
 # -- the child: one stage, at low priority ---------------------------------------------------
 
-def child(conf: Config, node: str, dataset: str, job_id: str, user: str, start: float) -> tuple[int, dict[str, Any]]:
+def child(conf: Config, node: str, dataset: str, job_id: str, user: str, start: float,
+          nodes: str = "") -> tuple[int, dict[str, Any]]:
     """Stage ``dataset`` on ``node`` for pending job ``job_id`` (of ``user``) without a
-    lease, as a prefetch; (exit code, result for the supervisor)."""
+    lease, as a prefetch; (exit code, result for the supervisor). ``nodes``: the job's
+    planned nodes, which prefetch it at the same time: with ``peers.enabled`` each reads its
+    share from the source and the rest from the others, as the job's Prologs would."""
     from dsstage.config import catalog as cat
     from dsstage.errors import DsstageError, LockTimeout, NoSpace
     from dsstage.node.lease import default_holder
@@ -351,7 +357,7 @@ def child(conf: Config, node: str, dataset: str, job_id: str, user: str, start: 
     how = Prefetching(job_id=job_id, start=start, bwlimit=conf.prefetch.bwlimit, spare=spare_rule(store.node, start))
     try:
         who = cat.User.lookup(user)
-        result = staging.stage(store, dataset, user=who, job_id=holder, pid=pid, prefetch=how)
+        result = staging.stage(store, dataset, user=who, job_id=holder, pid=pid, prefetch=how, nodes=nodes)
     except LockTimeout:
         return SKIPPED, {"reason": "its lock is held (a Prolog, a verify or an evict): tried again next round"}
     except NoSpace as exc:
@@ -376,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--job", required=True)
     c.add_argument("--user", required=True)
     c.add_argument("--start", type=float, required=True)
+    c.add_argument("--nodes", default="")
     c.add_argument("--config")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="dsstage prefetch: %(message)s")
@@ -384,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - said to the supervisor, which logs it
         print(json.dumps({"reason": f"configuration: {exc}"}))
         return FAILED
-    code, result = child(conf, args.node, args.dataset, args.job, args.user, args.start)
+    code, result = child(conf, args.node, args.dataset, args.job, args.user, args.start, args.nodes)
     print(json.dumps(result))
     return code
 
