@@ -136,17 +136,30 @@ def test_peers_section_defaults_and_errors():
 
 @pytest.mark.parametrize("rc,stderr,failure,missing", [
     (0, "", "", False),
-    (23, 'rsync: [sender] link_stat "/x" (in nvme-staging) failed: No such file or directory (2)', "", False),
+    # files or the version not there (yet): decided by the exit code, whatever the text says
+    (23, 'rsync: [sender] link_stat "/x" (in nvme-staging) failed: No such file or directory (2)', "", True),
     (3, 'rsync: [sender] change_dir "/ds.abc/" (in nvme-staging) failed: No such file or directory (2)', "", True),
+    (3, "", "", True),
     (23, 'rsync: [sender] change_dir "/ds/abc/" (in nvme-datasets) failed: No such file or directory (2)', "", True),
+    (23, "rsync: keine solche Datei (in einer anderen Sprache)", "", True),
     (5, "@ERROR: auth failed on module nvme-staging", "peers.secret_file must be the same", False),
+    (5, "", "its daemon refused this node", False),
     (10, "rsync: failed to connect to n2 (127.0.0.1): Connection refused (111)", "rsync exit 10", False),
     (None, "timed out", "rsync exit None", False),
 ])
 def test_what_a_round_against_a_peer_means(rc, stderr, failure, missing):
     r = peers.Round(rc, stderr)
     assert (failure in r.failure()) if failure else r.failure() == ""
-    assert r.missing_base is missing
+    assert r.missing(progressed=False) is missing
+    assert r.missing(progressed=True) is (rc == 3)  # files came: the place is right
+
+
+def test_a_refusing_daemon_is_waited_out_a_few_times_then_given_up():
+    busy = peers.Round(5, "@ERROR: max connections (64) reached -- try again later")
+    assert peers.after_round(busy, progressed=False, idle_for=1, wait=120, poll=0.5, refused=1).action == "wait"
+    assert peers.after_round(busy, progressed=False, idle_for=1, wait=120, poll=0.5, refused=2).action == "wait"
+    gone = peers.after_round(busy, progressed=False, idle_for=1, wait=120, poll=0.5, refused=3)
+    assert gone.action == "give up" and "3 times in a row" in gone.reason
 
 
 def test_check_config_names_a_missing_secret_only_when_peers_are_on(tmp_path):
@@ -167,11 +180,13 @@ MISSING = 'rsync: [sender] change_dir "/ds.abc/" (in nvme-staging) failed: No su
 
 
 @pytest.mark.parametrize("rnd,progressed,idle_for,expected", [
-    (peers.Round(5, "@ERROR: auth failed on module nvme-staging"), True, 0.0, ("give up", False)),
+    (peers.Round(5, "@ERROR: auth failed on module nvme-staging"), True, 0.0, ("wait", False)),  # a first refusal
+    (peers.Round(10, "Connection refused"), True, 0.0, ("give up", False)),
     (peers.Round(0, ""), True, 0.0, ("again", False)),
     (peers.Round(3, MISSING), True, 0.0, ("again", True)),  # published meanwhile: the other place next
     (peers.Round(3, MISSING), False, 1.0, ("wait", True)),
-    (peers.Round(23, ""), False, 1.0, ("wait", False)),
+    (peers.Round(23, ""), False, 1.0, ("wait", True)),  # nothing came: maybe published, the other place next
+    (peers.Round(23, ""), True, 1.0, ("again", False)),
     (peers.Round(23, ""), False, 121.0, ("give up", False)),
 ])
 def test_after_a_round_against_a_peer(rnd, progressed, idle_for, expected):

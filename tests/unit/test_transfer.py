@@ -1,7 +1,7 @@
 from pathlib import Path
 
 from dsstage.config.manifest import Entry
-from dsstage.transfer.rsync import parse_stats, plan_streams
+from dsstage.transfer.rsync import cannot_hold, parse_stats, plan_streams
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -30,3 +30,12 @@ def test_parse_stats_on_saved_rsync_output():
     stats = parse_stats((DATA / "rsync-stats.txt").read_text())
     assert stats.files == 12
     assert stats.bytes == 7_800_000
+
+
+def test_after_a_failed_rsync_a_full_tier_is_told_by_statvfs_not_by_rsyncs_text(tmp_path):
+    (tmp_path / "here").write_bytes(b"x" * 10)
+    arrived = Entry("here", 10, 0, "0" * 64)
+    assert not cannot_hold(str(tmp_path), [arrived])  # nothing missing
+    assert not cannot_hold(str(tmp_path), [arrived, Entry("small", 1000, 0, "0" * 64)])
+    assert cannot_hold(str(tmp_path), [arrived, Entry("huge", 2**60, 0, "0" * 64)])  # no filesystem holds 1 EiB
+    assert not cannot_hold(str(tmp_path / "gone"), [Entry("x", 2**60, 0, "0" * 64)])  # cannot tell: not full

@@ -43,7 +43,7 @@ from dsstage.config.model import Peers
 from dsstage.errors import CommandError, ConfigError, OutOfTime
 from dsstage.fs import layout
 from dsstage.transfer.peerd import USER, address, read_secret
-from dsstage.transfer.rsync import NO_SPACE, PARTIAL, TransferStats, plan_streams
+from dsstage.transfer.rsync import PARTIAL, TransferStats, plan_streams
 
 log = logging.getLogger(__name__)
 
@@ -166,20 +166,22 @@ class Round:
     rc: int | None
     stderr: str
 
-    @property
-    def missing_base(self) -> bool:
-        return "change_dir" in self.stderr and "No such file or directory" in self.stderr
+    def missing(self, progressed: bool) -> bool:
+        """Whether the version may not be in the place asked (not staging yet, or published
+        already): rsync could not select the directory (exit 3), or it brought nothing and said
+        files were missing (exit 23, 24). Decided from the exit code, never rsync's text."""
+        return self.rc == 3 or (self.rc in PARTIAL and not progressed)
 
     def failure(self) -> str:
         """Why the peer cannot serve, or "" (some files or the whole version not there (yet)
-        is no failure)."""
-        if self.rc in (0, *PARTIAL) or (self.rc == 3 and self.missing_base):
+        is no failure). rsync's last lines are quoted for people; the decision is the exit
+        code's (5: the daemon refused us: its secret, its allow list, its connection limit)."""
+        if self.rc in (0, 3, *PARTIAL):
             return ""
         tail = " | ".join(self.stderr.strip().splitlines()[-2:]) or "no answer"
-        if "auth failed" in self.stderr:
-            return f"its daemon refused the secret ({tail}): peers.secret_file must be the same on every node"
-        if NO_SPACE in self.stderr:
-            return f"rsync exit {self.rc}: {tail} (if the tier is full, the copy from the source says so)"
+        if self.rc == 5:
+            return (f"its daemon refused this node ({tail}): peers.secret_file must be the same on every node, "
+                    "and this node's address in its peers.allow")
         return f"rsync exit {self.rc}: {tail}"
 
 
@@ -217,17 +219,27 @@ class Step:
     move: bool = False  # ask the other place next (staging, or the published copy)
 
 
-def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, poll: float) -> Step:
+#: consecutive refusals (rsync exit 5) after which a peer is given up: a daemon at its
+#: connection limit refuses for a while; a wrong secret or allow list refuses for good
+REFUSALS = 3
+
+
+def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, poll: float,
+                refused: int = 0) -> Step:
     """The next step of fetching a share from one peer, after a round that left files to come.
 
-    A failure gives the peer up; a version not in the place asked (not staging yet, or already
+    A refusal (exit 5) is waited out up to REFUSALS times in a row (``refused`` counts them,
+    this round included): a daemon at its connection limit says so. Any other failure gives the
+    peer up; a version not in the place asked (not staging yet, or already
     published) moves to the other place; a round that brought files goes again at once; a peer
     is given up once no peer of the job brought anything for ``wait`` seconds (``idle_for``);
     otherwise wait ``poll`` seconds."""
     failure = rnd.failure()
+    if failure and rnd.rc == 5 and refused < REFUSALS and idle_for <= wait:
+        return Step("wait", "its daemon refused this node: busy, maybe", delay=poll)
     if failure:
-        return Step("give up", failure)
-    move = rnd.missing_base
+        return Step("give up", failure if rnd.rc != 5 else f"{failure} ({refused} times in a row)")
+    move = rnd.missing(progressed)
     if progressed:
         return Step("again", "it brought files", move=move)
     if idle_for > wait:
@@ -331,7 +343,7 @@ class _Cooperation:
         ``wait`` once, not ``wait`` for each wave of ``peers.parallel`` peers."""
         todo = _without(self.split[node], self.present(self.split[node]))
         places = self.where.places()
-        at, idle = 0, POLL
+        at, idle, refused = 0, POLL, 0
         why = ""
         while todo and not why:
             self.late()
@@ -342,8 +354,9 @@ class _Cooperation:
                 why = self.out.given_up.get(node, "") if node in self.failed else ""
             if why or not todo:
                 break
+            refused = refused + 1 if rnd.rc == 5 else 0
             step = after_round(rnd, progressed=len(todo) < before, idle_for=self.idle(),
-                               wait=self.group.conf.wait, poll=idle)
+                               wait=self.group.conf.wait, poll=idle, refused=refused)
             if step.move:
                 at = (at + 1) % len(places)
             if step.action == "give up":
@@ -367,8 +380,9 @@ class _Cooperation:
                 break
             self.late()
             for module, rel in places:
+                before = len(todo)
                 todo, rnd = self.take(other, module, rel, todo)
-                if rnd.failure() or not rnd.missing_base or not todo:
+                if rnd.failure() or not todo or not rnd.missing(len(todo) < before):
                     break
         self.late()
         self.source(todo)

@@ -31,7 +31,6 @@ PARTIAL = (23, 24)
 #: rsync's own I/O timeout: a source that stops answering is given up after this long
 IO_TIMEOUT = 300
 #: what rsync says when the receiving side (our tier) is full
-NO_SPACE = "No space left on device"
 
 
 @dataclass
@@ -90,6 +89,25 @@ def rsync_argv(source: Source, dest: str, list_file: str, transfer: Transfer) ->
     return argv + [source.rsync_base(), dest.rstrip("/") + "/"]
 
 
+def cannot_hold(dest: str, entries: Sequence[Entry]) -> bool:
+    """Whether the filesystem of ``dest`` has less room than what of ``entries`` has not
+    arrived there: after a failed rsync, the structured answer to "was the tier full?"
+    (statvfs), not the text of rsync's message."""
+    missing = 0
+    for e in entries:
+        try:
+            if os.lstat(os.path.join(dest, e.path)).st_size == e.size:
+                continue
+        except OSError:
+            pass
+        missing += e.size
+    try:
+        st = os.statvfs(dest)
+    except OSError:
+        return False
+    return missing > 0 and st.f_bavail * st.f_frsize < missing
+
+
 def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfer, *,
           deadline: float | None = None, progress: Callable[[int, int], None] | None = None) -> TransferStats:
     """Copy ``entries`` from ``source`` into ``dest`` with parallel rsync streams; stop with
@@ -102,6 +120,7 @@ def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfe
     with tempfile.TemporaryDirectory(prefix="dsstage-lists-") as tmp:
         files = []
         share: dict[str, int] = {}
+        listed: dict[str, list[Entry]] = {}
         whole = sum(e.size for e in entries)
         for i, lst in enumerate(lists):
             path = os.path.join(tmp, f"list{i}")
@@ -109,6 +128,7 @@ def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfe
                 fh.write(b"\0".join(os.fsencode(e.path) for e in lst) + b"\0")
             files.append(path)
             share[path] = sum(e.size for e in lst)
+            listed[path] = lst
 
         def one(list_file: str) -> TransferStats:
             argv = rsync_argv(source, dest, list_file, transfer)
@@ -122,7 +142,7 @@ def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfe
                     raise OutOfTime(f"copying from {source.raw} did not finish within the time budget; "
                                     "what arrived is kept and the next stage resumes") from None
                 raise SourceError(f"copying from {source.raw} failed: {exc}; check that the source is up") from None
-            if res.returncode != 0 and NO_SPACE in res.stderr:
+            if res.returncode != 0 and cannot_hold(dest, listed[list_file]):
                 raise NoSpace(f"the tier's filesystem filled up while copying from {source.raw}; what arrived "
                               "is kept and the next stage resumes: free space or lower the tier's capacity")
             if res.returncode not in (0, *PARTIAL):
