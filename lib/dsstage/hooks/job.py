@@ -56,8 +56,8 @@ class JobContext:
     @property
     def multi_node(self) -> bool:
         """Whether the job runs on more than one node (its decisions are then the job's)."""
-        if not self.nodes:
-            return False
+        if not self.nodes or ("," not in self.nodes and "[" not in self.nodes):
+            return False  # one node: no hostlist to expand (ClusterShell is not even imported)
         try:
             return len(expand_nodes(self.nodes)) > 1
         except ValueError:
