@@ -74,8 +74,11 @@ function M.bb_request(text)
 	if type(text) ~= "string" or not string.find(text, "#BB_LUA", 1, true) then return nil end
 	local values = {}
 	for line in string.gmatch(text .. "\n", "([^\n]*)\n") do
-		local rest = string.match(line, "^#BB_LUA%s+(.*)$") or string.match(line, "^#BB_LUA$")
+		local rest = string.match(line, "^#BB_LUA%s+(.*)$") or (line == "#BB_LUA" and "") or nil
 		if rest then
+			if not string.find(rest, "%S") then
+				return nil, "dsstage: #BB_LUA with no option; write #BB_LUA dataset=NAME[,NAME...]"
+			end
 			for word in string.gmatch(rest, "%S+") do
 				local key, value = string.match(word, "^([%w_]+)=(.*)$")
 				if key ~= "dataset" then

@@ -227,6 +227,9 @@ def test_burst_buffer_directive_is_validated_like_dataset(tmp_path):
     assert rc == -1 and msg.startswith("dsstage: unknown dataset 'imagenet22k' (did you mean 'imagenet22t'?)")
     rc, msg = bb_process(tmp_path, "#!/bin/sh\n#BB_LUA capacity=1TB\n")
     assert rc == -1 and "#BB_LUA capacity=1TB: unknown option" in msg
+    for bare in ("#BB_LUA", "#BB_LUA   "):  # a directive with no option says so, not "#BB_LUA #BB_LUA"
+        rc, msg = bb_process(tmp_path, f"#!/bin/sh\n{bare}\ntrue\n")
+        assert (rc, msg) == (-1, "dsstage: #BB_LUA with no option; write #BB_LUA dataset=NAME[,NAME...]"), msg
     # 22.05 passes no uid (nil): restricted datasets are left to job_submit and the Prolog;
     # 23.02+ passes it
     assert bb_process(tmp_path, "#BB_LUA dataset=imagenet22t\n")[0] == 0
