@@ -15,18 +15,65 @@ log = logging.getLogger(__name__)
 
 
 
-def expand_nodes(nodelist: str) -> list[str]:
+#: the most node names a hostlist may stand for: more is a typo (n[1-100000000]), and
+#: ClusterShell would hold every one of them in memory before anything could count them
+MAX_NODES = 100_000
+
+
+class TooManyNodes(ValueError):
+    """A hostlist standing for more names than dsstage will make (MAX_NODES)."""
+
+
+_GROUP = re.compile(r"\[([^\[\]]*)\]")
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?(?:/\d+)?")
+
+
+def count(nodelist: str) -> int:
+    """How many names ``nodelist`` stands for at most (repeats counted), from its text alone:
+    the product of each bracket's range sizes, summed over the comma-separated items. Raises
+    ValueError for a bracket that holds no ranges."""
+    total = 0
+    depth, start = 0, 0
+    items = []
+    for i, c in enumerate(nodelist + ","):
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append(nodelist[start:i])
+            start = i + 1
+    for item in items:
+        n = 1
+        for group in _GROUP.findall(item):
+            size = 0
+            for part in group.split(","):
+                m = _RANGE.fullmatch(part.strip())
+                if not m:
+                    raise ValueError(f"not a Slurm hostlist: {nodelist!r}")
+                first, last = int(m.group(1)), int(m.group(2) or m.group(1))
+                size += max(0, last - first + 1)
+            n *= size
+        total += n if item else 0
+    return total
+
+
+def expand_nodes(nodelist: str, limit: int = MAX_NODES) -> list[str]:
     """The node names of a Slurm hostlist: ``n[1-3,5],gpu01`` -> [gpu01, n1, n2, n3, n5].
 
     ClusterShell's NodeSet does it (any bracket depth and padding, as Slurm prints them);
-    the names come sorted and once each. Raises ValueError for text that is no hostlist, and
-    for NodeSet's own syntax (``@group``, ``!``, ``&``, ``^``), which Slurm never prints.
+    the names come sorted and once each. Raises ValueError for text that is no hostlist, for
+    NodeSet's own syntax (``@group``, ``!``, ``&``, ``^``), which Slurm never prints, and for a
+    list of more than ``limit`` names, counted from the text before any is made.
     """
     # imported here: the Prolog, which only holds jobs, does not depend on ClusterShell
     from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
     if any(c in nodelist for c in "@!&^"):
         raise ValueError(f"not a Slurm hostlist: {nodelist!r}")
+    n = count(nodelist)
+    if n > limit:
+        raise TooManyNodes(f"{nodelist[:60]!r} names {n} nodes, more than {limit}: is there a typo?")
     try:
         return list(NodeSet(nodelist, resolver=RESOLVER_NOGROUP))
     except NodeSetException as exc:

@@ -444,3 +444,20 @@ def test_status_folds_node_names_as_nodeset_does(names):
     from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
     from dsstage.hostlist import fold_nodes as fold
     assert fold(names) == str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
+
+
+def test_a_hostlist_is_counted_before_any_name_is_made(monkeypatch):
+    """n[1-99999999] (a typo, or bbstat's node filter from any user) is refused from its text:
+    ClusterShell would hold every name in memory before it could count them."""
+    from ClusterShell import NodeSet
+    assert hostlist.count("n[1-3,5],gpu01,rack[1-2]-n[01-04]") == 4 + 1 + 8
+    assert hostlist.count("") == 0
+    made = []
+    monkeypatch.setattr(NodeSet, "NodeSet", lambda *a, **k: made.append(a) or [])
+    with pytest.raises(hostlist.TooManyNodes, match="names 99999999 nodes, more than 100000"):
+        hostlist.expand_nodes("n[1-99999999]")
+    assert made == []
+    from dsstage.cluster.status import Filter
+    from dsstage.errors import DsstageError
+    with pytest.raises(DsstageError, match="more than 100000"):
+        Filter.parse(nodes="n[1-99999999]")
