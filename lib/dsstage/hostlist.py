@@ -52,7 +52,9 @@ def count(nodelist: str) -> int:
                 if not m:
                     raise ValueError(f"not a Slurm hostlist: {nodelist!r}")
                 first, last = int(m.group(1)), int(m.group(2) or m.group(1))
-                size += max(0, last - first + 1)
+                if last < first:  # counted as nothing, it would let the rest of the item through unbounded
+                    raise ValueError(f"not a Slurm hostlist: {nodelist!r} ({part.strip()} runs backwards)")
+                size += last - first + 1
             n *= size
         total += n if item else 0
     return total

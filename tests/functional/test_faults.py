@@ -282,3 +282,20 @@ def test_running_out_of_descriptors_is_never_the_nodes_fault():
     err = local_error(OSError(errno.EMFILE, "Too many open files"), "staging 'x'")
     assert isinstance(err, OutOfDescriptors) and err.blame == "site" and "LimitNOFILE" in str(err)
     assert hooks.on_failure("x", None, err).action == "hold"  # never "drain"
+
+
+def test_failed_lookups_leave_no_more_than_the_bound_of_directories_open(tmp_path):
+    from dsstage.fs.beneath import Tree
+    root = tmp_path / "tree"
+    for i in range(200):
+        (root / f"d{i:03d}" / "sub").mkdir(parents=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with Tree(fd, max_open=16) as tree:
+            for i in range(200):
+                with pytest.raises(FileNotFoundError):
+                    with tree.opened(f"d{i:03d}/sub/missing"):
+                        pass
+                assert tree.open_count() <= 16
+    finally:
+        os.close(fd)

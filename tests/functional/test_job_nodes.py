@@ -93,3 +93,25 @@ def test_a_record_for_other_nodes_is_not_taken(env: Env):
     assert jobrecord.pin(str(env.state), "90", "n[1-2]", "n2", {"coco": "b" * 64}) == {"coco": "a" * 64}
     # job id 90 used again by Slurm for another job on other nodes: its own reading stands
     assert jobrecord.pin(str(env.state), "90", "n[3-4]", "n3", {"coco": "c" * 64}) == {"coco": "c" * 64}
+
+
+def test_a_link_nfs_reports_as_failed_though_it_made_the_record_still_wins(env: Env, monkeypatch):
+    from dsstage.fs import shared
+    env.state.mkdir(parents=True, exist_ok=True)
+    real = os.link
+
+    def retransmitted(*a, **k):
+        real(*a, **k)
+        raise FileExistsError(17, "File exists")  # the reply was lost; the retry finds its own link
+    monkeypatch.setattr(os, "link", retransmitted)
+    assert shared.create_once(str(env.state / "jobs"), "5.hold", b"x", (0,)) is True
+    monkeypatch.setattr(os, "link", real)
+    assert shared.create_once(str(env.state / "jobs"), "5.hold", b"y", (0,)) is False
+
+
+def test_a_hold_claim_left_for_other_nodes_is_not_taken(env: Env):
+    env.state.mkdir(parents=True, exist_ok=True)
+    assert jobrecord.claim_hold(str(env.state), "95", "n[1-2]", "n1") == (True, "n1")
+    assert jobrecord.claim_hold(str(env.state), "95", "n[1-2]", "n2") == (False, "n1")
+    assert jobrecord.claim_hold(str(env.state), "95", "n[1-2]", "n1") == (True, "n1")  # its own claim
+    assert jobrecord.claim_hold(str(env.state), "95", "n[7-8]", "n7") == (True, "n7")  # a job id used again

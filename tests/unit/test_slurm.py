@@ -461,3 +461,12 @@ def test_a_hostlist_is_counted_before_any_name_is_made(monkeypatch):
     from dsstage.errors import DsstageError
     with pytest.raises(DsstageError, match="more than 100000"):
         Filter.parse(nodes="n[1-99999999]")
+
+
+def test_a_backwards_range_is_no_hostlist_rather_than_nothing():
+    """Counted as zero, n[1-100000000]x[5-1] would have passed the bound and ClusterShell
+    would have built the first range before refusing the second."""
+    with pytest.raises(ValueError, match="runs backwards"):
+        hostlist.count("n[1-100000000]x[5-1]")
+    with pytest.raises(ValueError):
+        hostlist.expand_nodes("n[1-100000000]x[5-1]")

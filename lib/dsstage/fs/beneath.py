@@ -157,12 +157,14 @@ class Tree:
             return self.root_fd
         with self._lock:
             fd = self._fds.get(rel)
-            if fd is None:
-                fd = self._open(rel)
-            else:
-                self._fds.move_to_end(rel)
-            self._users[rel] = self._users.get(rel, 0) + 1
-            self._trim()
+            try:
+                if fd is None:
+                    fd = self._open(rel)
+                else:
+                    self._fds.move_to_end(rel)
+                self._users[rel] = self._users.get(rel, 0) + 1
+            finally:  # the ancestors a failed open left open count too
+                self._trim()
             return fd
 
     def _release(self, rel: str) -> None:

@@ -84,6 +84,7 @@ def create_once(where: str, name: str, data: bytes, writers: Sequence[int]) -> b
     unless it exists already; True if this call made it. The caller acts as the writer."""
     try:
         os.mkdir(where, 0o755)
+        os.chmod(where, 0o755)  # whatever the umask
     except FileExistsError:
         pass
     dfd = _open_dir(where, writers)
@@ -95,23 +96,29 @@ def create_once(where: str, name: str, data: bytes, writers: Sequence[int]) -> b
         try:
             try:
                 safe.write_all(fd, data)
+                os.fchmod(fd, 0o644)  # whatever the umask: root reads it where NFS squashes root
                 os.fsync(fd)
             finally:
                 os.close(fd)
             os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
             return True
         except FileExistsError:
-            return False
+            # over NFS a retransmitted link(2) can say EEXIST although it succeeded: then the
+            # temporary file has two links, and this call made the record
+            return os.stat(tmp, dir_fd=dfd, follow_symlinks=False).st_nlink == 2
         finally:
             safe.unlink_at(dfd, tmp)
     finally:
         os.close(dfd)
 
 
-def remove(where: str, name: str) -> bool:
-    """Remove record ``name``; False if there was none."""
-    try:
-        os.unlink(os.path.join(where, name))
-    except FileNotFoundError:
+def remove(where: str, name: str, writers: Sequence[int] = (0,)) -> bool:
+    """Remove record ``name`` from a directory that passes the same checks as ``read``;
+    False if there was none."""
+    dfd = _open_dir(where, writers)
+    if dfd is None:
         return False
-    return True
+    try:
+        return safe.unlink_at(dfd, name)
+    finally:
+        os.close(dfd)

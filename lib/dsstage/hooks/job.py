@@ -282,7 +282,7 @@ def holds_it(ctx: JobContext, store: Store | None) -> bool:
         return True
     conf = store.config
     try:
-        won, by = jobrecord.claim_hold(conf.state_dir, ctx.job_id, ctx.node, conf.report.user)
+        won, by = jobrecord.claim_hold(conf.state_dir, ctx.job_id, ctx.nodes, ctx.node, conf.report.user)
     except (OSError, DsstageError) as exc:
         log.warning("job %s: cannot tell the job's other nodes that this one holds it (%s): holding it here",
                     ctx.job_id, exc)

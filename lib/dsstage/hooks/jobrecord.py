@@ -76,9 +76,9 @@ def pin(state_dir: str, job_id: str, nodes: str, node: str, chosen: Mapping[str,
     data = json.dumps({"format": FORMAT, "job": job_id, "nodes": nodes, "by": node, "time": time.time(),
                        "versions": dict(chosen)}, sort_keys=True).encode() + b"\n"
     try:
-        with _as_writer(user):
+        with _as_writer(user):  # reading too: where NFS squashes root, only the writer can
             won = shared.create_once(where, f"{job_id}.json", data, _writers(user))
-        raw = data if won else shared.read(where, f"{job_id}.json", _writers(user))
+            raw = data if won else shared.read(where, f"{job_id}.json", _writers(user))
     except OSError as exc:
         raise StateError(f"the shared state directory {state_dir} failed recording job {job_id}'s versions "
                          f"({exc.strerror or exc})") from None
@@ -100,19 +100,21 @@ def pin(state_dir: str, job_id: str, nodes: str, node: str, chosen: Mapping[str,
     return out
 
 
-def claim_hold(state_dir: str, job_id: str, node: str, user: str | None = None) -> tuple[bool, str]:
+def claim_hold(state_dir: str, job_id: str, nodes: str, node: str, user: str | None = None) -> tuple[bool, str]:
     """(True, node) if this node is the first of its job to hold it, and so the one that
-    asks Slurm; (False, the node that is) otherwise. Raises OSError where the state directory
-    fails: the caller then asks Slurm itself (a job held twice beats a job not held)."""
+    asks Slurm; (False, the node that is) otherwise. A claim left for other nodes (a job id
+    Slurm used again after an Epilog could not remove it) is not taken: this node holds.
+    Raises OSError where the state directory fails: the caller then asks Slurm itself (a job
+    held twice beats a job not held)."""
     if not _job_ok(job_id):
         raise StateError(f"{job_id!r} is not a job id")
     where = directory(state_dir)
     with _as_writer(user):
-        won = shared.create_once(where, f"{job_id}.hold", json.dumps({"job": job_id, "by": node}).encode(),
-                                 _writers(user))
-    if won:
+        won = shared.create_once(where, f"{job_id}.hold",
+                                 json.dumps({"job": job_id, "nodes": nodes, "by": node}).encode(), _writers(user))
+        record = {} if won else _parse(shared.read(where, f"{job_id}.hold", _writers(user))) or {}
+    if won or record.get("by") == node or record.get("nodes") != nodes:
         return True, node
-    record = _parse(shared.read(where, f"{job_id}.hold", _writers(user))) or {}
     return False, str(record.get("by") or "another node")
 
 
@@ -124,7 +126,7 @@ def forget(state_dir: str, job_id: str, user: str | None = None) -> None:
     try:
         with _as_writer(user):
             for suffix in (".json", ".hold"):
-                shared.remove(where, job_id + suffix)
+                shared.remove(where, job_id + suffix, _writers(user))
     except (OSError, DsstageError) as exc:  # a record left behind is only clutter: the Epilog goes on
         log.warning("job %s: cannot remove its records in %s: %s", job_id, where, exc)
 

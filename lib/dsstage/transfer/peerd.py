@@ -60,7 +60,9 @@ def modules(config: Config, node: str) -> dict[str, str]:
 def daemon_config(config: Config, node: str, secrets_file: str, allow: Sequence[str] = (),
                   lock_file: str = "") -> str:
     """rsyncd.conf for ``node``: read-only, authenticated, only the tiers' data, only for the
-    ``allow``ed addresses (the nodes'), at most ``peers.max_connections`` at once (pure)."""
+    ``allow``ed addresses (the nodes'), at most ``peers.max_connections`` transfers at once
+    (pure). rsync checks both once a client names a module: a connection that never does
+    holds a forked daemon until it closes, bounded only by the unit's TasksMax."""
     if not allow:
         raise ConfigError("the peer daemon would accept anyone: set peers.allow (the nodes' addresses, or "
                           "their network as address/prefix), or peers.hosts")
