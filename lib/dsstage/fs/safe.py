@@ -1,4 +1,6 @@
-"""The node filesystem protocol: the store's layout, and how root touches it safely.
+"""How root touches a store safely: ``RootDir`` (a store root opened from ``/`` and the
+directories below it), descriptor-relative reads and writes, fresh temporary names. The
+store's shape is dsstage.fs.layout; opening paths below a descriptor, dsstage.fs.beneath.
 
 Threat model (docs/admin-guide.md): users on a compute node are not trusted. They can
 create files in any world-writable directory before dsstage does, race it, and run code
