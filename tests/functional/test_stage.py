@@ -415,15 +415,15 @@ def test_the_steps_of_a_stage_each_on_its_own(env: Env):
     root = User.lookup(0)
     plain = User(name="someone", uid=4242, groups=frozenset({"users"}))
     with pytest.raises(AccessDenied):
-        staging.authorize(store, "secret", staging.Job(user=plain, job_id="7"))
-    ds, digest = staging.authorize(store, "coco", staging.Job(user=root, job_id="7"))
+        staging.authorize(store, "secret", staging.StageRequest(user=plain, job_id="7"))
+    ds, digest = staging.authorize(store, "coco", staging.StageRequest(user=root, job_id="7"))
     layout = store.layout(ds.tier)
     lease = Lease(dataset="coco", digest=digest, job_id="7", user="root", node=store.node, taken=time.time())
     with open_tier(layout) as tier:
         book = LeaseBook(tier)
         assert staging.reuse(store, tier, ds, digest, book, lease) is False  # nothing ready: no lease left
         assert not (env.tier_root() / "leases" / "coco" / "7.json").exists()
-        job = staging.Job(user=root, job_id="7")
+        job = staging.StageRequest(user=root, job_id="7")
         result = StageResult(dataset="coco", digest=digest, path=layout.version_dir("coco", digest), tier=ds.tier,
                              node=store.node, action="cached", job_id="7")
         with staging.dataset_lock(store, layout, "coco", job):

@@ -75,10 +75,11 @@ def pin(state_dir: str, job_id: str, nodes: str, node: str, chosen: Mapping[str,
     where = directory(state_dir)
     data = json.dumps({"format": FORMAT, "job": job_id, "nodes": nodes, "by": node, "time": time.time(),
                        "versions": dict(chosen)}, sort_keys=True).encode() + b"\n"
+    writers = _writers(user)
     try:
         with _as_writer(user):  # reading too: where NFS squashes root, only the writer can
-            won = shared.create_once(where, f"{job_id}.json", data, _writers(user))
-            raw = data if won else shared.read(where, f"{job_id}.json", _writers(user))
+            won = shared.create_once(where, f"{job_id}.json", data, writers)
+            raw = data if won else shared.read(where, f"{job_id}.json", writers)
     except OSError as exc:
         raise StateError(f"the shared state directory {state_dir} failed recording job {job_id}'s versions "
                          f"({exc.strerror or exc})") from None
@@ -109,10 +110,11 @@ def claim_hold(state_dir: str, job_id: str, nodes: str, node: str, user: str | N
     if not _job_ok(job_id):
         raise StateError(f"{job_id!r} is not a job id")
     where = directory(state_dir)
+    writers = _writers(user)
     with _as_writer(user):
         won = shared.create_once(where, f"{job_id}.hold",
-                                 json.dumps({"job": job_id, "nodes": nodes, "by": node}).encode(), _writers(user))
-        record = {} if won else _parse(shared.read(where, f"{job_id}.hold", _writers(user))) or {}
+                                 json.dumps({"job": job_id, "nodes": nodes, "by": node}).encode(), writers)
+        record = {} if won else _parse(shared.read(where, f"{job_id}.hold", writers)) or {}
     if won or record.get("by") == node or record.get("nodes") != nodes:
         return True, node
     return False, str(record.get("by") or "another node")
@@ -124,9 +126,10 @@ def forget(state_dir: str, job_id: str, user: str | None = None) -> None:
         return
     where = directory(state_dir)
     try:
+        writers = _writers(user)
         with _as_writer(user):
             for suffix in (".json", ".hold"):
-                shared.remove(where, job_id + suffix, _writers(user))
+                shared.remove(where, job_id + suffix, writers)
     except (OSError, DsstageError) as exc:  # a record left behind is only clutter: the Epilog goes on
         log.warning("job %s: cannot remove its records in %s: %s", job_id, where, exc)
 

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Job:
+class StageRequest:
     """Who a stage is for: the user, the job, and what the stage may spend."""
 
     user: cat.User
@@ -75,7 +75,7 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     ``nodes``: the job's nodes (a Slurm hostlist); with ``peers.enabled`` and more than
     one, this node copies its share from the source and the rest from them."""
     started = time.monotonic()
-    job = Job(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes)
+    job = StageRequest(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes)
     ds, digest = authorize(store, name, job, digest)
     layout = store.layout(ds.tier)
     result = StageResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), tier=ds.tier,
@@ -96,7 +96,7 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     return result
 
 
-def authorize(store: Store, name: str, job: Job, digest: str | None = None) -> tuple[Dataset, str]:
+def authorize(store: Store, name: str, job: StageRequest, digest: str | None = None) -> tuple[Dataset, str]:
     """The dataset, if ``job.user`` may use it and the job id is valid, and the version to stage:
     ``digest`` if given (its manifest must exist), else the current one."""
     ds = store.dataset(name)
@@ -129,7 +129,7 @@ def reuse(store: Store, tier: RootDir, ds: Dataset, digest: str, book: LeaseBook
     return False
 
 
-def dataset_lock(store: Store, layout: Layout, name: str, job: Job) -> AbstractContextManager[object]:
+def dataset_lock(store: Store, layout: Layout, name: str, job: StageRequest) -> AbstractContextManager[object]:
     """The dataset's lock, waited for up to ``lock_timeout`` or the job's deadline; a job's stage
     first asks a prefetch holding it to yield, a prefetch waits for nobody."""
     from dsstage.node.lock import DatasetLock, ask_to_yield
@@ -142,7 +142,7 @@ def dataset_lock(store: Store, layout: Layout, name: str, job: Job) -> AbstractC
                        action="prefetch" if job.prefetch else "stage")
 
 
-def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: Job, result: StageResult, *,
+def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageRequest, result: StageResult, *,
                full: bool = False, on_staging: Callable[[], None] | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> None:
     """Holding the dataset lock: verify a ready copy fully where asked, or fill and publish a new
@@ -167,7 +167,7 @@ def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: Job, 
         result.peer_bytes = stats.from_peers.bytes
 
 
-def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: Job,
+def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageRequest,
          progress: Callable[[str, int, int], None] | None = None) -> FillStats:
     """Make room for what older versions cannot lend, copy the version into its staging area
     within a space reservation, and publish it (the caller holds the dataset lock)."""
@@ -209,7 +209,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: Job,
     return stats
 
 
-def within_budget(store: Store, ds: Dataset, job: Job) -> Transfer:
+def within_budget(store: Store, ds: Dataset, job: StageRequest) -> Transfer:
     """The transfer settings for this stage: where the dataset's source has a cluster-wide
     budget (``sources``), this node's share of it while all the job's nodes stage from it at
     once bounds the requests in flight (the copier's limit, rsync's streams)."""
