@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import time
+from pathlib import Path
 
 import pytest
 from dsstage.transfer import build as transfer_build
@@ -75,7 +77,57 @@ def test_rsync_source_that_changed_is_refused(env: Env, tmp_path):
         env.cli("manifest", "build", "ds", "--from", str(module / "ds"))
         (module / "ds" / "b").write_bytes(b"X" * 100)
         res = env.cli("stage", "ds", "--job-id", "1", check=False)
-        assert res.returncode == 65 and "'b' has blake3" in res.stderr
+        assert res.returncode == 65 and "'b' differs in content from the manifest" in res.stderr
+        assert not (env.tier_root() / "ready" / "ds").exists()
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
+def test_names_of_rsyncs_own_partial_dir_in_a_dataset_stage_over_rsync(env: Env, tmp_path):
+    """A dataset may hold any name, the one rsync's --partial-dir used to have included:
+    its files are staged and verified, and nothing of rsync's is left beside the copy."""
+    from servers import RsyncDaemon
+    module = tmp_path / "export"
+    files = {".dsstage-partial/a": b"a" * 10, "d/.dsstage-partial/b": b"b" * 20, ".rsync-partial/c": b"c"}
+    write_tree(module / "ds", files)
+    daemon = RsyncDaemon(tmp_path, module)
+    try:
+        env.add("ds", None, source=daemon.url("ds"))
+        env.cli("manifest", "build", "ds", "--from", str(module / "ds"))
+        res = env.cli("stage", "ds", "--job-id", "1", check=False)
+        assert res.returncode == 0, res.stderr
+        path = res.stdout.split(": ", 1)[1].split("  (")[0]
+        for rel, data in files.items():
+            assert (Path(path) / rel).read_bytes() == data
+        assert os.listdir(env.tier_root() / "staging") == []
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
+def test_a_mismatch_over_rsync_names_the_file_and_kind_never_what_was_read(env: Env, tmp_path):
+    """The data owner swaps a directory of an rsync source for a link to a file they cannot
+    read: the stage is refused, and its message names the file and the kind of mismatch,
+    never the hash or size of what was read (which would confirm a guess at its content)."""
+    import blake3
+    from servers import RsyncDaemon
+    module = tmp_path / "export"
+    write_tree(module / "ds", {"sub/x": b"1" * 100, "sub/y": b"2" * 50})
+    secret = (b"the secret content of another user's file\n" * 3)[:100]
+    write_tree(module / "private", {"x": secret, "y": b"2" * 73})
+    daemon = RsyncDaemon(tmp_path, module)
+    try:
+        env.add("ds", None, source=daemon.url("ds"))
+        env.cli("manifest", "build", "ds", "--from", str(module / "ds"))
+        shutil.rmtree(module / "ds" / "sub")
+        os.symlink("../private", module / "ds" / "sub")
+        res = env.cli("stage", "ds", "--job-id", "1", check=False)
+        assert res.returncode == 65, res.stderr
+        assert "'sub/x' differs in content from the manifest" in res.stderr
+        assert "'sub/y' differs in size from the manifest" in res.stderr
+        leaked = [blake3.blake3(secret).hexdigest()[:8], "73"]
+        assert not [w for w in leaked if w in res.stderr], res.stderr
         assert not (env.tier_root() / "ready" / "ds").exists()
     finally:
         daemon.stop()

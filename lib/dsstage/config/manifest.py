@@ -72,13 +72,16 @@ class Mismatch:
     found: str  # "missing", "size N", "not ..." (a link, not readable), or the hash found
 
     def describe(self) -> str:
+        """The file and the kind of mismatch, never a hash or size of what was read: what
+        was read may be a file its data owner may not read (a directory of the source
+        swapped for a link), and its hash or size would confirm a guess at its content."""
         if self.found == "missing":
             return f"{self.path!r} is missing"
         if self.found.startswith("size "):
-            return f"{self.path!r} has {self.found}, the manifest says size {self.expected}"
+            return f"{self.path!r} differs in size from the manifest"
         if self.found.startswith("not "):
             return f"{self.path!r} is {self.found}"
-        return f"{self.path!r} has blake3 {self.found[:16]}..., the manifest says {self.expected[:16]}..."
+        return f"{self.path!r} differs in content from the manifest"
 
 
 _ESC = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -133,14 +136,34 @@ def _any_suspicious(paths: Sequence[str]) -> bool:
     return any(pattern in joined for pattern in _SUSPICIOUS)
 
 
+#: the longest path (bytes) inside a dataset: below a tier's dataset directory (up to 1 KiB
+#: of its own) a job must still be able to open it by name, within PATH_MAX (4,096)
+MAX_PATH = 3072
+
+
+def check_lengths(paths: Sequence[str], origin: str) -> None:
+    """Reject a path longer than MAX_PATH bytes, naming it."""
+    if not paths or max(map(len, paths)) * 4 <= MAX_PATH:  # a character is at most 4 bytes
+        return
+    for p in paths:
+        n = len(os.fsencode(p))
+        if n > MAX_PATH:
+            shown = p if len(p) <= 120 else p[:60] + "..." + p[-40:]
+            raise ManifestError(f"{origin}: {shown!r} is {n} bytes long, longer than the {MAX_PATH} a dataset's "
+                                "path may be (a job could not open it below its dataset directory): shorten "
+                                "it, or flatten the directories, in the source")
+
+
 def check_entries(entries: Sequence[Entry], origin: str) -> None:
-    """Reject unsafe paths, duplicates, and a path that is both a file and a directory."""
+    """Reject unsafe paths, paths too long to open below a dataset directory, duplicates,
+    and a path that is both a file and a directory."""
     paths = [e.path for e in entries]
     if _any_suspicious(paths):
         for p in paths:
             problem = path_problem(p)
             if problem:
                 raise ManifestError(f"{origin}: {problem}: {p!r}; rebuild it with `dsstage manifest build`")
+    check_lengths(paths, origin)
     seen = set(paths)
     if len(seen) != len(paths):
         dup = next(p for p, n in _counts(paths).items() if n > 1)

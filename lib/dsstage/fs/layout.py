@@ -88,6 +88,22 @@ def staging_name(name: str, digest: str) -> str:
     return f"{name}.{version_id(digest)}"
 
 
+#: the suffix of the directory beside a staging area where rsync keeps interrupted files
+PARTIAL = ".partial"
+
+
+def partial_dir(staging_path: str) -> str:
+    """Where rsync keeps a file cut short while filling ``staging_path``: beside it, never
+    inside it, so that no name in a dataset can collide with it."""
+    return staging_path.rstrip("/") + PARTIAL
+
+
+def staging_of(entry: str) -> str:
+    """The staging area an entry of the staging directory belongs to (itself, or the one
+    whose partial directory it is)."""
+    return entry[:-len(PARTIAL)] if entry.endswith(PARTIAL) else entry
+
+
 def mark_name(digest: str) -> str:
     return version_id(digest) + ".json"
 

@@ -364,7 +364,69 @@ def remove_at(dir_fd: int | None, name: str) -> bool:
     except FileNotFoundError:
         return False
     if stat.S_ISDIR(st.st_mode):
-        import shutil
-        shutil.rmtree(name, dir_fd=dir_fd)  # fd-based: never follows a link planted inside
+        remove_tree_at(dir_fd, name)
         return True
     return unlink_at(dir_fd, name)
+
+
+def remove_tree_at(dir_fd: int, name: str) -> None:
+    """Remove directory ``name`` below ``dir_fd`` and all it holds, never following a link.
+
+    Iterative, at any depth (a dataset may be a chain of thousands of directories, where
+    shutil.rmtree recurses out of Python's stack), and with one directory open at a time
+    (a Prolog may have few descriptors): it climbs back through ``..``, checking that each
+    parent is the directory it came from."""
+    fd = os.open(name, O_DIR, dir_fd=dir_fd)
+    # (name in its parent, (dev, ino), subdirectories still to remove; None: not listed yet)
+    stack: list[tuple[str, tuple[int, int], list[str] | None]] = [(name, _ident(fd), None)]
+    try:
+        while True:
+            here, ident, pending = stack[-1]
+            if pending is None:
+                pending = []
+                with os.scandir(fd) as it:
+                    for entry in it:
+                        if entry.is_dir(follow_symlinks=False):
+                            pending.append(entry.name)
+                        else:
+                            _unlink_missing_ok(fd, entry.name)
+                stack[-1] = (here, ident, pending)
+            if pending:
+                child = pending.pop()
+                try:
+                    sub = os.open(child, O_DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    _unlink_missing_ok(fd, child)  # swapped for a file or a link: removed as such
+                    continue
+                os.close(fd)
+                fd = sub
+                stack.append((child, _ident(fd), None))
+                continue
+            stack.pop()
+            if not stack:
+                break
+            up = os.open("..", O_DIR, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            if _ident(fd) != stack[-1][1]:
+                raise OSError(errno.ESTALE, f"a directory moved while {name!r} was removed")
+            os.rmdir(here, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _ident(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _unlink_missing_ok(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass

@@ -78,6 +78,8 @@ def publish(tier: RootDir, name: str, digest: str, record: Mapping[str, Any]) ->
     tier.forget("staging", staging)
     dfd = tier.dir("datasets", name)
     os.rename(staging, vid, src_dir_fd=tier.dir("staging"), dst_dir_fd=dfd)
+    # what rsync kept of files cut short is of no use once the copy is whole
+    safe.remove_at(tier.dir("staging"), layout.partial_dir(staging))
     st = os.stat(vid, dir_fd=dfd, follow_symlinks=False)
     mark = {**record, "digest": digest, "ino": st.st_ino, "dev": st.st_dev, "boot": layout.boot_id(),
             "durable": False}

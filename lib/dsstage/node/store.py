@@ -206,14 +206,17 @@ class Store:
     # -- staging ---------------------------------------------------------------
 
     def remove_staging(self, tier: RootDir, name: str, keep: str = "") -> list[str]:
-        """Remove the staging areas of ``name`` (but ``keep``) and their reservations:
-        left by killed stages of versions no longer wanted. Needs the dataset lock."""
+        """Remove the staging areas of ``name`` (but ``keep``), the partial files beside them
+        and their reservations: left by killed stages of versions no longer wanted. Needs
+        the dataset lock."""
         removed = []
         for entry in tier.names("staging"):
-            if entry.rpartition(".")[0] == name and entry != keep:
+            area = fs_layout.staging_of(entry)  # a staging area, or the partial files beside one
+            if area.rpartition(".")[0] == name and area != keep:
                 tier.forget("staging", entry)
                 safe.remove_at(tier.dir("staging"), entry)
-                space.forget(tier, space.stage_record(entry))
+                if area == entry:
+                    space.forget(tier, space.stage_record(entry))
                 removed.append(entry)
         return removed
 

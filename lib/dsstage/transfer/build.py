@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dsstage.config.manifest import Entry, Manifest, check_entries, compute_digest
+from dsstage.config.manifest import Entry, Manifest, check_entries, check_lengths, compute_digest
 from dsstage.errors import ManifestError
 from dsstage.fs.beneath import open_source_dir
 from dsstage.fs.identity import Identity, acting_as
@@ -140,6 +140,7 @@ def _build(name: str, root: str, root_fd: int, source: str, previous: Manifest |
             continue
         found.append((rel, st.st_size, st.st_mtime_ns))
     found.sort()
+    check_lengths([f[0] for f in found], f"source of {name!r}")  # before any is hashed
 
     entries: list[Entry | None] = []
     todo: list[int] = []

@@ -4,14 +4,19 @@ Files are opened below a directory descriptor without following a symbolic link 
 component and without blocking (beneath.open_beneath), and only regular files are read,
 so what is hashed is what was listed inside the tree. Small files are read whole and
 hashed on a pool of threads (blake3 and file reads release the GIL); large files are
-memory-mapped and hashed by blake3's own thread pool, one after another once the small
+read in chunks and hashed by blake3's own thread pool, one after another once the small
 files are done, so that no more than the configured number of threads hash at once.
+
+Files are read with plain reads, never memory-mapped: a source file truncated while it is
+hashed would kill a mapping's reader with SIGBUS, and a FUSE source mounted with
+``direct_io`` cannot be mapped at all (ENODEV). A file that ends before the size it had
+when opened, or goes on past it, is hashed as read, and its size is what was read: the
+caller compares it with what it listed and calls the file changed.
 """
 
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -22,18 +27,21 @@ from dsstage.fs import beneath
 from dsstage.fs.identity import Identity, acting_as
 from dsstage.transfer import parallel
 
-#: files at least this large are memory-mapped and hashed with several threads
+#: files at least this large are hashed with several threads, a chunk at a time
 LARGE = 8 * 2**20
+#: what one read of a large file brings (blake3 spreads a chunk over its threads)
+CHUNK = 8 * 2**20
 
 
 def default_threads(configured: int = 0) -> int:
     return configured if configured > 0 else max(2, os.cpu_count() or 2)
 
 
-def hash_fd(fd: int, threads: int = 0, large: bool = True) -> str | None:
-    """The BLAKE3 hex digest of an open regular file, from its start, with at most
-    ``threads`` threads (0: one per CPU); None for a file of LARGE bytes or more
-    unless ``large``."""
+def hash_fd(fd: int, threads: int = 0, large: bool = True) -> tuple[int, str] | None:
+    """(bytes read, BLAKE3 hex digest) of an open regular file, from its start, with at
+    most ``threads`` threads (0: one per CPU); None for a file of LARGE bytes or more
+    unless ``large``. The bytes read differ from the size fstat gave when the file
+    changed while it was read."""
     size = os.fstat(fd).st_size
     if size >= LARGE and not large:
         return None
@@ -44,14 +52,21 @@ def hash_fd(fd: int, threads: int = 0, large: bool = True) -> str | None:
             if not more:
                 break
             data += more
-        return blake3.blake3(data).hexdigest()
+        return len(data), blake3.blake3(data).hexdigest()
     # read ahead the whole file: measured faster than b3sum on a cold cache
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
     h = blake3.blake3(max_threads=threads if threads > 0 else blake3.blake3.AUTO)
-    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
-        h.update(mm)
-    return h.hexdigest()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    done = 0
+    while True:
+        n = os.preadv(fd, [view], done)
+        if not n:
+            break
+        h.update(view[:n])
+        done += n
+    return done, h.hexdigest()
 
 
 #: errors that mean the disk itself fails, not that a file is absent or unreadable
@@ -59,10 +74,12 @@ DISK_ERRORS = frozenset({errno.EIO, errno.EUCLEAN})
 
 
 def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int = 0,
-            large: bool = True, disk_errors: bool = False) -> tuple[int, str | None] | None:
-    """(size, hash) of regular file ``rel`` below ``root_fd``; None if it is missing, not a
-    regular file, behind a symbolic link or unreadable. The hash is None for a large file
-    unless ``large`` (hash_fd). With ``disk_errors`` (a tree on this node's own disk), an
+            large: bool = True, disk_errors: bool = False,
+            errors: dict[str, str] | None = None) -> tuple[int, str | None] | None:
+    """(bytes read, hash) of regular file ``rel`` below ``root_fd``; None if it is missing,
+    not a regular file, behind a symbolic link or unreadable (``errors`` gets the reason of
+    a failed open or read, by path). The hash is None (and the size fstat's) for a large
+    file unless ``large`` (hash_fd). With ``disk_errors`` (a tree on this node's own disk), an
     error of the disk itself (DISK_ERRORS) is raised, not taken for a missing file: a failing
     NVMe is the node's fault, never the source's."""
     try:
@@ -71,15 +88,20 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int
     except OSError as exc:
         if disk_errors and exc.errno in DISK_ERRORS:
             raise
+        if errors is not None:
+            errors[rel] = exc.strerror or str(exc)
         return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None
-        return st.st_size, hash_fd(fd, threads, large)
+        got = hash_fd(fd, threads, large)
+        return (st.st_size, None) if got is None else got
     except OSError as exc:
         if disk_errors and exc.errno in DISK_ERRORS:
             raise
+        if errors is not None:
+            errors[rel] = exc.strerror or str(exc)
         return None
     finally:
         os.close(fd)
@@ -88,9 +110,9 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int
 def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
               progress: Callable[[int], None] | None = None,
               reader: Identity | None = None, max_parallel: int = 0,
-              disk_errors: bool = False) -> list[tuple[int, str] | None]:
-    """(size, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be read;
-    ``disk_errors``: see hash_at).
+              disk_errors: bool = False, errors: dict[str, str] | None = None) -> list[tuple[int, str] | None]:
+    """(bytes read, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be
+    read; ``disk_errors`` and ``errors``: see hash_at).
 
     Small files are read and hashed ``threads`` at once (0: one per CPU), or, given
     ``max_parallel`` (a source that may be a network filesystem), as many as measurably
@@ -100,17 +122,17 @@ def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
     workers = default_threads(threads)
 
     def small(rel: str) -> tuple[int, str | None] | None:
-        got = hash_at(root_fd, rel, reader, large=False, disk_errors=disk_errors)
+        got = hash_at(root_fd, rel, reader, large=False, disk_errors=disk_errors, errors=errors)
         if progress and (got is None or got[1] is not None):
             progress(1)
         return got
 
     gate = parallel.Limiter.for_source(workers, max_parallel, "hashing")
     results = parallel.run(rels, small, gate, size=lambda got: got[0] if got is not None and got[1] is not None else 0)
-    # large files one at a time, each on blake3's threads (reading ahead, memory-mapped)
+    # large files one at a time, each on blake3's threads (reading ahead)
     for i, got in enumerate(results):
         if got is not None and got[1] is None:
-            results[i] = hash_at(root_fd, rels[i], reader, threads, disk_errors=disk_errors)
+            results[i] = hash_at(root_fd, rels[i], reader, threads, disk_errors=disk_errors, errors=errors)
             if progress:
                 progress(1)
     return [None if r is None or r[1] is None else (r[0], r[1]) for r in results]

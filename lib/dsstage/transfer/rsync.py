@@ -22,6 +22,7 @@ from dsstage import proc
 from dsstage.config.manifest import Entry
 from dsstage.config.model import Source, Transfer
 from dsstage.errors import CommandError, NoSpace, OutOfTime, SourceError
+from dsstage.fs.layout import partial_dir
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,9 @@ def parse_stats(output: str) -> TransferStats:
 def rsync_argv(source: Source, dest: str, list_file: str, transfer: Transfer) -> list[str]:
     # no -l: a link on the source is skipped, never recreated in the staging area
     argv = ["rsync", "-t", "--from0", f"--files-from={list_file}", "--stats",
-            # whole files arrive under their final name only when complete (see module doc)
-            "--partial-dir=.dsstage-partial",
+            # whole files arrive under their final name only when complete (see module doc);
+            # an interrupted one waits beside the staging area, where no dataset name can be
+            f"--partial-dir={partial_dir(dest)}",
             # the BLAKE3 verification that follows is the real check, so rsync's
             # size+mtime quick check is relaxed to size: files linked from an older
             # version keep their old mtime and must not be fetched again
