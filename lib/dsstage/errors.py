@@ -41,6 +41,13 @@ class AccessDenied(DsstageError):
     exit_code = 77  # EX_NOPERM
 
 
+class NotPermitted(DsstageError):
+    """The command needs root, or write access the caller lacks: a usage error, not a fault
+    of the disk or of dsstage."""
+
+    exit_code = 2
+
+
 class ManifestError(DsstageError):
     """A manifest is missing, malformed or does not describe a safe tree."""
 

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from dsstage.cli.common import emit, load_config, reader_of
+from dsstage.cli.common import emit, load_config, need_write, reader_of
 from dsstage.config import catalog as cat
 from dsstage.config import load, model
 from dsstage.config import manifest as config_manifest
@@ -125,6 +125,7 @@ def cmd_manifest_build(args: argparse.Namespace) -> int:
     conf = load_config(args)
     ds = cat.lookup(conf, args.name)
     manifests = config_manifest.Catalog(conf.state_dir)
+    need_write("manifest build", manifests.dir(ds.name))
     if args.from_path:
         root = args.from_path
     elif ds.source.kind == "local":
@@ -173,6 +174,7 @@ def cmd_export_catalog(args: argparse.Namespace) -> int:
     command = [here if os.access(here, os.X_OK) else "/usr/bin/dsstage", "--config", os.path.abspath(conf.origin)]
     text = luacatalog.render(conf, command=command)
     if args.output:
+        need_write("export-catalog", args.output)
         write_atomic(os.path.abspath(args.output), text)
     else:
         sys.stdout.write(text)

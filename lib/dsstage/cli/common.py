@@ -16,7 +16,7 @@ from dsstage.cluster import fleet, fleet_view
 from dsstage.cluster import ssh as cluster_ssh
 from dsstage.config import catalog as cat
 from dsstage.config import load, model
-from dsstage.errors import DsstageError
+from dsstage.errors import DsstageError, NotPermitted
 from dsstage.node.store import StageResult
 from dsstage.units import human
 
@@ -26,6 +26,29 @@ log = logging.getLogger("dsstage")
 
 def load_config(args: argparse.Namespace) -> model.Config:
     return load.load(args.config)
+
+
+def need_root(verb: str, what: str) -> None:
+    """Before a verb that changes or reads this node's root-owned store: say so to anyone
+    else, rather than let the store's first EACCES read as a failing disk."""
+    if os.geteuid() != 0:
+        raise NotPermitted(f"`dsstage {verb}` {what}, which only root may do: run it as root on the node "
+                           "(jobs get their data through the Prolog: sbatch --dataset=NAME)")
+
+
+def need_write(verb: str, path: str) -> None:
+    """Before a verb that writes ``path`` (or creates it): refuse at once, naming it, when
+    the caller may not write there, rather than after the work (a manifest build hashes the
+    whole source first)."""
+    if os.geteuid() == 0:
+        return
+    here = os.path.abspath(path)
+    while not os.path.lexists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    target = here if os.path.isdir(here) or here != os.path.abspath(path) else os.path.dirname(here)
+    if not os.access(target, os.W_OK):
+        raise NotPermitted(f"`dsstage {verb}` writes {path}, and you may not write to {target}: run it as root, "
+                           "or as the user who owns it")
 
 
 def emit(args: argparse.Namespace, data: Any, text: Callable[[], None]) -> None:

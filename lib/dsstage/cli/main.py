@@ -32,7 +32,7 @@ from dsstage.cli.node import (
     cmd_verify,
     cmd_warm,
 )
-from dsstage.errors import DsstageError
+from dsstage.errors import DsstageError, NotPermitted
 
 log = logging.getLogger("dsstage")
 
@@ -57,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DsstageError as exc:
         print(f"dsstage: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except PermissionError as exc:  # a path the verb did not check first: still the caller's rights
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"dsstage: error: permission denied{where}: run it as root, or as a user who may write there",
+              file=sys.stderr)
+        return NotPermitted.exit_code
     except KeyboardInterrupt:
         print("dsstage: interrupted", file=sys.stderr)
         return 130

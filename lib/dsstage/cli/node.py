@@ -15,6 +15,8 @@ from dsstage.cli.common import (
     emit,
     how,
     load_config,
+    need_root,
+    need_write,
     run_on_nodes,
     user_of,
 )
@@ -33,6 +35,7 @@ log = logging.getLogger("dsstage")
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
+    need_root("stage", "copies into this node's store and takes a lease there")
     conf = load_config(args)
     user = user_of(args)
     datasets = cat.resolve(conf, args.name, user)
@@ -56,6 +59,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def cmd_peers_serve(args: argparse.Namespace) -> int:
     from dsstage.node.store import node_name
+    need_root("peers serve", "serves this node's store to the other nodes")
     conf = load_config(args)
     if not conf.peers.enabled:
         raise load.ConfigError(f"{conf.origin}: peers.enabled is off: set it to true on every node to share stages")
@@ -76,6 +80,7 @@ def cmd_peers_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
+    need_root("release", "removes a lease from this node's store")
     conf = load_config(args)
     store = Store(conf, args.node)
     released = store.release(args.name, args.job_id)
@@ -98,6 +103,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
             raise DsstageError("--dry-run is for one node: run dsstage evict --dry-run there")
         extra = ["--force", "--reason", args.reason] if args.force else []
         return run_on_nodes(args, conf, "evict", ["evict", args.name, *extra])
+    need_root("evict", "reads this node's store and removes copies from it")
     if args.force and args.reason:
         log.warning("evicting %s by force: %s", args.name or "by the plan", args.reason)
     store = Store(conf, args.node)
@@ -118,6 +124,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
 
 
 def cmd_reclaim(args: argparse.Namespace) -> int:
+    need_root("reclaim", "removes leases from this node's store")
     conf = load_config(args)
     store = Store(conf, args.node)
     dem, snap = store.demand()
@@ -136,6 +143,7 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
 def cmd_bb_record(args: argparse.Namespace) -> int:
     from dsstage.hooks import bbrequest
     conf = load_config(args)
+    need_write("bb record", bbrequest.directory(conf.state_dir))
     names = cat.parse_request(args.datasets)  # the Prolog checks catalog and access with the job's uid
     path = bbrequest.write(conf.state_dir, args.job_id, names)
     print(f"job {args.job_id}: {','.join(names)} recorded in {path}")
@@ -145,6 +153,7 @@ def cmd_bb_record(args: argparse.Namespace) -> int:
 def cmd_bb_forget(args: argparse.Namespace) -> int:
     from dsstage.hooks import bbrequest
     conf = load_config(args)
+    need_write("bb forget", bbrequest.directory(conf.state_dir))
     gone = bbrequest.remove(conf.state_dir, args.job_id)
     print(f"job {args.job_id}: {'request forgotten' if gone else 'no request recorded'}")
     return 0
@@ -154,6 +163,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     conf = load_config(args)
     if args.nodes:
         return run_on_nodes(args, conf, "verify", ["verify", args.name, *(["--full"] if args.full else [])])
+    need_root("verify", "reads this node's store (and --full repairs it)")
     store = Store(conf, args.node)
     try:
         result = verifying.verify(store, args.name, full=args.full)
@@ -184,6 +194,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     conf = load_config(args)
     if args.nodes:
         return run_on_nodes(args, conf, "warm", ["warm", args.name])
+    need_root("warm", "copies into this node's store")
     cat.lookup(conf, args.name)
     progress = ProgressLines() if args.progress_json else None
     store = Store(conf, args.node)
