@@ -20,8 +20,10 @@ records them as it records --dataset). What each callback does, and where it run
   slurm_bb_paths        (inside slurmctld: returns at once) sets DSSTAGE_BB_DATASETS in
       the job's environment; the node-local paths (DSSTAGE_PATH_<NAME>) come from the
       TaskProlog, since they depend on the node.
-  slurm_bb_get_status   (slurmscriptd) answers `scontrol show bbstat [JOBID | dataset NAME
-      | node HOSTLIST]` with `dsstage status` for that job, dataset or nodes.
+  slurm_bb_get_status   answers `scontrol show bbstat [JOBID | dataset NAME | node HOSTLIST]`
+      while slurmctld holds locks that submissions wait for: it only reads the answer
+      `dsstage bb status` computed in the background (from dsstage's own files, never
+      asking Slurm), and starts a new one when that is old (see dsstage.cluster.bbstat).
   slurm_bb_pre_run      (slurmscriptd, after allocation; the job's Prologs wait for it)
       records the datasets in <state_dir>/bb/<job id> (`dsstage bb record`): on 22.05 this
       is the only way a directive reaches the Prolog, which stages on the allocated nodes as
@@ -149,24 +151,83 @@ function slurm_bb_job_teardown(job_id, job_script, hurry, uid, gid)
 end
 
 -- scontrol show bbstat [JOBID | job JOBID | dataset NAME | node HOSTLIST]
-function slurm_bb_get_status(uid, gid, ...)
+--
+-- slurmctld holds locks submissions need while this runs: it starts nothing that waits and
+-- never calls back into Slurm. It reads the answer `dsstage bb status` computed before (in
+-- the catalog's bbstat.dir; first line: when) and, when that is missing or older than
+-- bbstat.max_age, starts one in the background for the next caller (dsstage.cluster.bbstat).
+local USAGE = "usage: scontrol show bbstat [JOBID | job JOBID | dataset NAME | node HOSTLIST]\n"
+
+-- The question asked: Slurm 22.05 passes only the words after "bbstat"; later series pass
+-- the caller's uid and gid (numbers) first.
+local function question(...)
 	local args = { ... }
-	local argv = { "status" }
+	local uid
+	if type(args[1]) == "number" then
+		uid = args[1]
+		table.remove(args, 1)
+		if type(args[1]) == "number" then table.remove(args, 1) end
+	end
 	local what, value = args[1], args[2]
-	if what ~= nil and string.match(what, "^%d+$") then
+	if what ~= nil and string.match(what, "^%d+$") and value == nil then
 		what, value = "job", what
 	end
-	local flags = { job = "--job", dataset = "--dataset", node = "--node" }
+	local key = "all"
 	if what ~= nil then
-		if flags[what] == nil or value == nil or not string.match(value, "^[%w%[%],._-]+$") or #args > 2 then
-			return slurm.SUCCESS, "usage: scontrol show bbstat [JOBID | job JOBID | dataset NAME | node HOSTLIST]\n"
+		if (what ~= "job" and what ~= "dataset" and what ~= "node") or value == nil or #args > 2
+			or #value > 200 or not string.match(value, "^[%w%[%],._-]+$") then
+			return nil
 		end
-		argv[#argv + 1] = flags[what]
-		argv[#argv + 1] = value
+		key = what .. "=" .. value
 	end
-	local p = io.popen(command(argv) .. " 2>&1")
-	if p == nil then return slurm.ERROR end
-	local out = p:read("*a")
-	p:close()
-	return slurm.SUCCESS, out
+	if uid ~= nil then key = key .. "@" .. string.format("%d", uid) end
+	return key
+end
+
+local function read_answer(path)
+	local f = io.open(path, "r")
+	if f == nil then return nil end
+	local when = tonumber(string.match(f:read("*l") or "", "^%-%- dsstage bbstat (%d+)$"))
+	local text = f:read("*a")
+	f:close()
+	return when, text
+end
+
+-- Start `dsstage bb status KEY` detached, unless one for KEY started less than 60 s ago.
+local function refresh(dir, key, now)
+	local mark = dir .. "/" .. key .. ".refreshing"
+	local f = io.open(mark, "r")
+	if f ~= nil then
+		local started = tonumber(f:read("*l") or "")
+		f:close()
+		if started ~= nil and now - started < 60 then return end
+	end
+	f = io.open(mark, "w")
+	if f == nil then return end
+	f:write(tostring(now) .. "\n")
+	f:close()
+	os.execute("setsid -f timeout -k 5 60 " .. command({ "bb", "status", key }) .. " </dev/null >/dev/null 2>&1")
+end
+
+function slurm_bb_get_status(...)
+	local key = question(...)
+	if key == nil then return slurm.SUCCESS, USAGE end
+	local cat, cerr = dsstage.catalog()
+	if cat == nil then return slurm.SUCCESS, cerr .. "\n" end
+	if type(cat.bbstat) ~= "table" or type(cat.bbstat.dir) ~= "string" then
+		return slurm.SUCCESS, "dsstage: the catalog names no bbstat directory: an admin must run " ..
+			"`dsstage export-catalog` as root on this host\n"
+	end
+	local now = os.time()
+	local when, text = read_answer(cat.bbstat.dir .. "/" .. key)
+	local age = when and (now - when) or nil
+	if age == nil or age > (tonumber(cat.bbstat.max_age) or 10) then refresh(cat.bbstat.dir, key, now) end
+	if text == nil then
+		return slurm.SUCCESS, "dsstage: the answer is being computed (never in slurmctld's time); " ..
+			"ask again in a few seconds\n"
+	end
+	if age > (tonumber(cat.bbstat.max_age) or 10) then
+		text = "(computed " .. age .. " s ago; a newer answer is being computed)\n" .. text
+	end
+	return slurm.SUCCESS, text
 end

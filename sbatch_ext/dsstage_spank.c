@@ -118,6 +118,21 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/*
+ * sbatch reads --dataset from SLURM_SPANK__SLURM_SPANK_OPTION_dsstage_dataset, and Slurm
+ * exports that very variable to the job's tasks: a job submitted from inside this one
+ * (a workflow engine, a job chain) would silently ask for the same datasets. The tasks do
+ * not get it; a child job that needs a dataset names it (sbatch --dataset=NAME).
+ */
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (spank_context() == S_CTX_REMOTE)
+		(void)spank_unsetenv(sp, "SLURM_SPANK__SLURM_SPANK_OPTION_dsstage_dataset");
+	return 0;
+}
+
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
 	(void)sp;

@@ -92,7 +92,14 @@ function M.bb_request(text)
 	return table.concat(values, ",")
 end
 
--- The --dataset value from the job's SPANK environment (indexed from 0), or nil.
+-- The names the Prolog reads a --dataset request from (dsstage.fs.runfiles.REQUEST_VARS).
+-- slurmd gives the Prolog each entry of the job's SPANK environment as SPANK_<name>, or
+-- as it is when the name begins with SPANK_ already: a SPANK plugin of the user's own
+-- (loaded from their own SLURM_CONF) could set the Prolog's variable directly.
+local PROLOG_READS = { SPANK_DSSTAGE_DATASETS = true, SPANK__SLURM_SPANK_OPTION_dsstage_dataset = true }
+
+-- The --dataset value from the job's SPANK environment (indexed from 0), or nil; nil and a
+-- message for an entry that would reach the Prolog without passing this check.
 local function requested(job_desc)
 	local env = job_desc.spank_job_env
 	if env == nil then return nil end
@@ -100,6 +107,11 @@ local function requested(job_desc)
 	local i = (env[0] ~= nil) and 0 or 1  -- Slurm 22.05 indexes this table from 0
 	while env[i] ~= nil do
 		local k, v = string.match(env[i], "^([^=]*)=(.*)$")
+		if k ~= nil and PROLOG_READS[k] then
+			return nil, "dsstage: the job's SPANK environment sets " .. k .. ", which only Slurm may: a SPANK " ..
+				"plugin other than dsstage's asks for datasets this check never saw; remove it from the " ..
+				"plugstack your SLURM_CONF names and submit with --dataset=NAME"
+		end
 		if k == "DSSTAGE_DATASETS" or k == "_SLURM_SPANK_OPTION_dsstage_dataset" then
 			values[#values + 1] = v
 		end

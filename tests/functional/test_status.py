@@ -136,3 +136,68 @@ def test_cli_status_plain_json_and_job(cluster: Env):
     assert [n["node"] for n in data["nodes"]] == ["n1", "n2"]
     bad = cluster.cli("status", "--node", "n[1-", check=False)
     assert bad.returncode != 0 and "Slurm hostlist" in bad.stderr
+
+
+def test_offline_status_never_asks_slurm_and_says_the_snapshot_is_stale(cluster: Env):
+    """What a Slurm callback may run: dsstage's own files only, whatever their age."""
+    class NoSlurm(FakeSlurm):
+        def queue(self):  # type: ignore[override]
+            raise AssertionError("asked Slurm")
+
+        def nodes(self):  # type: ignore[override]
+            raise AssertionError("asked Slurm")
+    st = status.collect(cluster.config(), None, lambda: NOW + 3600, offline=True)
+    assert [q["job_id"] for q in st.queue] == ["200", "101"] and st.demand_source == "snapshot"
+    assert "older than retention.demand_max_age" in st.queue_note
+    text = status_view.render_plain(st, status_view.sections(st, show_queue=True, plain=True))
+    assert "stale)" in text and "Out of date?" in text and "200" in text
+
+
+def test_bbstat_answers_are_computed_into_the_status_dir_a_slot_at_a_time(cluster: Env):
+    import fcntl
+    from dsstage.cluster import bbstat
+    from dsstage.errors import DsstageError
+    answers = cluster.tmp / "bbstat"
+    answers.mkdir(mode=0o700)
+    cluster.extra["burst_buffer"] = {"status_dir": str(answers)}
+    cluster.write()
+    conf = cluster.config()
+    (answers / "dataset=in22k.refreshing").write_text("1\n")
+    assert bbstat.refresh(conf, "dataset=in22k", lambda: NOW)
+    text = (answers / "dataset=in22k").read_text()
+    assert text.startswith(f"-- dsstage bbstat {int(NOW)}\n") and "in22k" in text
+    datasets = text.split("Tiers")[0]
+    assert "coco" not in datasets, "the filter filters"
+    assert not (answers / "dataset=in22k.refreshing").exists()
+    assert bbstat.refresh(conf, "job=200", lambda: NOW)
+    assert "Job 200 (ana, pending in gpu) wants coco" in (answers / "job=200").read_text()
+    held = [os.open(answers / f".slot-{i}", os.O_RDWR | os.O_CREAT, 0o600) for i in range(bbstat.SLOTS)]
+    try:
+        for fd in held:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        assert not bbstat.refresh(conf, "all", lambda: NOW), "every slot busy: nothing computed"
+        assert not (answers / "all").exists()
+    finally:
+        for fd in held:
+            os.close(fd)
+    for bad in ("all;rm", "node=n1/../x", "job=", "dataset=" + "x" * 201):
+        with pytest.raises(DsstageError):
+            bbstat.refresh(conf, bad)
+    os.chmod(answers, 0o777)
+    with pytest.raises(DsstageError, match="others may write"):
+        bbstat.refresh(conf, "all")
+
+
+def test_where_slurm_hides_jobs_a_user_sees_their_own_and_counts_of_the_rest(cluster: Env):
+    st = status.collect(cluster.config(), None, lambda: NOW, offline=True)
+    summary = demand.read_summary(str(cluster.state))
+    assert summary == {"coco": {"pending": 1, "running": 1}}
+    mine = status.private_view(st, "ana", summary)
+    assert [q["job_id"] for q in mine.queue] == ["200"] and mine.hidden == {"coco": {"pending": 0, "running": 1}}
+    nobody = status.private_view(st, None, summary)
+    assert nobody.queue == [] and nobody.hidden == {"coco": {"pending": 1, "running": 1}}
+    text = status_view.render_plain(nobody, status_view.sections(nobody, show_queue=True, plain=True))
+    assert "Other users' jobs are not shown (Slurm's PrivateData=jobs); they want coco: 1 pending, 1 running" \
+        in " ".join(text.split())
+    assert "101" not in text and "ana" not in text and "bo " not in text
+    assert all(set(x) == {"since"} for r in nobody.nodes for c in r["copies"] for x in c["leases"])

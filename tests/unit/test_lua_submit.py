@@ -250,3 +250,72 @@ print(rc, msg or "", job.admin_comment or "", job.prefer or "")
 """
     out = subprocess.run([LUA, "-e", code], capture_output=True, text=True, check=True).stdout
     assert out.rstrip("\n").split("\t") == ["0", "", "dsstage=coco", "ds_coco"]
+
+
+@pytest.mark.parametrize("entry", ["SPANK_DSSTAGE_DATASETS=imagenet22t",
+                                   "SPANK__SLURM_SPANK_OPTION_dsstage_dataset=imagenet22t"])
+def test_an_entry_the_prolog_would_read_as_set_by_another_plugin_is_refused(tmp_path, entry):
+    """slurmd passes an entry already named SPANK_... to the Prolog as it is: a user's own
+    SPANK plugin would hand the Prolog a request this check never saw."""
+    rc, msg, comment = check(tmp_path, ["DSSTAGE_DATASETS=coco", "_SLURM_SPANK_OPTION_dsstage_dataset=coco", entry])
+    assert rc == -1 and "only Slurm may" in msg and entry.split("=")[0] in msg
+    assert comment == ""
+
+
+BBSTAT_HARNESS = """
+slurm = {{ SUCCESS = 0, ERROR = -1 }}
+local started = {{}}
+os.execute = function(cmd) started[#started + 1] = cmd; return 0 end
+dofile("{script}")
+local function show(...)
+    local rc, text = slurm_bb_get_status(...)
+    io.write(rc, "|", #started, "|", started[#started] or "", "|", text, "\\n@@\\n")
+end
+{calls}
+"""
+
+
+def bbstat(tmp_path: Path, calls: str) -> list[tuple[int, int, str, str]]:
+    """burst_buffer.lua's slurm_bb_get_status under Lua 5.1, with os.execute recorded, not run."""
+    etc = tmp_path / "etc"
+    etc.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "sbatch_ext" / "burst_buffer.lua", etc)
+    shutil.copy(ROOT / "sbatch_ext" / "dsstage_submit.lua", etc)
+    answers = tmp_path / "answers"
+    answers.mkdir(exist_ok=True)
+    conf = load.from_dict({"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
+                           "burst_buffer": {"status_dir": str(answers), "status_max_age": 10},
+                           "datasets": {"coco": {"source": "/d/c"}}})
+    (etc / "dsstage_catalog.lua").write_text(luacatalog.render(conf, command=["/usr/bin/dsstage"]))
+    out = subprocess.run([LUA, "-"], input=BBSTAT_HARNESS.format(script=etc / "burst_buffer.lua", calls=calls),
+                         capture_output=True, text=True, check=True).stdout
+    rows = []
+    for chunk in out.split("\n@@\n")[:-1]:
+        rc, n, cmd, text = chunk.split("|", 3)
+        rows.append((int(rc), int(n), cmd, text))
+    return rows
+
+
+def test_bbstat_reads_its_answer_and_starts_one_refresh_in_the_background(tmp_path):
+    import time
+    rows = bbstat(tmp_path, 'show("dataset", "coco")\nshow("dataset", "coco")')
+    assert rows[0][1] == 1 and "setsid -f timeout" in rows[0][2] and "'bb' 'status' 'dataset=coco'" in rows[0][2]
+    assert "being computed" in rows[0][3]
+    assert rows[1][1] == 1, "a refresh already under way is not started twice"
+    (tmp_path / "answers" / "dataset=coco").write_text(f"-- dsstage bbstat {int(time.time())}\nfresh answer\n")
+    (tmp_path / "answers" / "all").write_text(f"-- dsstage bbstat {int(time.time()) - 100}\nold answer\n")
+    rows = bbstat(tmp_path, 'show("dataset", "coco")\nshow()')
+    assert rows[0][1] == 0 and rows[0][3] == "fresh answer\n"
+    assert rows[1][1] == 1 and "'all'" in rows[1][2]
+    assert rows[1][3].startswith("(computed 10") and rows[1][3].endswith("old answer\n")
+
+
+def test_bbstat_reads_the_arguments_as_each_series_passes_them(tmp_path):
+    """22.05 passes only the words after bbstat; 23.02 and later the caller's uid and gid first."""
+    rows = bbstat(tmp_path, 'show("node", "n[1-2]")\nshow(1000, 1000, "node", "n[1-2]")\nshow("42")\n'
+                            'show(1000, 1000)\nshow("node", "n1;rm")\nshow("dataset")')
+    assert "'node=n[1-2]'" in rows[0][2]
+    assert "'node=n[1-2]@1000'" in rows[1][2]
+    assert "'job=42'" in rows[2][2]
+    assert "'all@1000'" in rows[3][2]
+    assert rows[4][3].startswith("usage:") and rows[5][3].startswith("usage:") and rows[5][1] == rows[3][1]

@@ -166,6 +166,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return simulate.main(args.args)
 
 
+def make_status_dir(conf: model.Config) -> None:
+    """``burst_buffer.status_dir``: Slurm's SlurmUser's (burst_buffer.user, else root) alone."""
+    path = conf.burst_buffer.status_dir
+    owner = 0
+    if conf.burst_buffer.user:
+        import pwd
+        try:
+            owner = pwd.getpwnam(conf.burst_buffer.user).pw_uid
+        except KeyError:
+            log.warning("burst_buffer.user %s does not exist here: %s is left to root", conf.burst_buffer.user, path)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchown(fd, owner, -1)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
 def cmd_export_catalog(args: argparse.Namespace) -> int:
     from dsstage.slurm import luacatalog
     conf = load_config(args)
@@ -176,6 +199,8 @@ def cmd_export_catalog(args: argparse.Namespace) -> int:
     if args.output:
         need_write("export-catalog", args.output)
         write_atomic(os.path.abspath(args.output), text)
+        if os.geteuid() == 0:  # where burst_buffer.lua finds its bbstat answers (cluster.bbstat)
+            make_status_dir(conf)
     else:
         sys.stdout.write(text)
     return 0

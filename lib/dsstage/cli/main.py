@@ -23,6 +23,7 @@ from dsstage.cli.cluster import cmd_demand_poller, cmd_prefetch, cmd_status
 from dsstage.cli.node import (
     cmd_bb_forget,
     cmd_bb_record,
+    cmd_bb_status,
     cmd_evict,
     cmd_peers_serve,
     cmd_reclaim,
@@ -200,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "controller: pre_run records the job's datasets in <state_dir>/bb/<job id> for "
                                    "its Prolog (which cannot learn a #BB_LUA request otherwise), teardown forgets "
                                    "them.")
-    bsub = bbp.add_subparsers(dest="bb_command", metavar="record|forget")
+    bsub = bbp.add_subparsers(dest="bb_command", metavar="record|forget|status")
     b = bsub.add_parser("record", help="record the datasets a job asked for")
     b.add_argument("job_id", help="the job id")
     b.add_argument("datasets", help="NAME[,NAME...]: the job's #BB_LUA dataset= value")
@@ -208,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("forget", help="remove a job's record")
     b.add_argument("job_id", help="the job id")
     b.set_defaults(handler=cmd_bb_forget)
+    b = bsub.add_parser("status", help="compute the answer to a `scontrol show bbstat` question, in the background",
+                        description="burst_buffer.lua starts this when its answer to a question is missing or old; "
+                                    "it reads only dsstage's own files, never asks Slurm, and writes the answer "
+                                    "into burst_buffer.status_dir, where the Lua reads it.")
+    b.add_argument("key", help="the question: all, job=ID, dataset=NAME or node=HOSTLIST, optionally @UID")
+    b.set_defaults(handler=cmd_bb_status)
     bbp.set_defaults(handler=lambda _a: _usage(bbp))
 
     c = sub.add_parser("simulate", help="replay a job trace through retention policies and compare them",

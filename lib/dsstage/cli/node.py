@@ -159,6 +159,13 @@ def cmd_bb_forget(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bb_status(args: argparse.Namespace) -> int:
+    from dsstage.cluster import bbstat
+    conf = load_config(args)
+    bbstat.refresh(conf, args.key)
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     conf = load_config(args)
     if args.nodes:

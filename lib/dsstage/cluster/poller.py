@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from dsstage import privatedata
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError
 from dsstage.policy.demand import Snapshot, build, read, write
@@ -26,7 +27,7 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
     previous = read(conf.state_dir)
     snap = build(jobs, clock(), backend=type(slurm).__name__, host=socket.gethostname(),
                  previous=previous if previous.time else None)
-    write(conf.state_dir, snap)
+    write(conf.state_dir, snap, private=privatedata.hides_jobs())
     if conf.placement.features:
         from dsstage.cluster import features
         try:

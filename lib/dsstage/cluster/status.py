@@ -45,15 +45,24 @@ class Status:
     demand_time: float = 0.0
     demand_source: str = ""  # "snapshot", "slurm" or "" (not asked)
     queue_error: str = ""
+    queue_note: str = ""  # the queue is shown, but from a stale snapshot: why it may be out of date
     unreachable: dict[str, str] = field(default_factory=dict)  # --live: node -> why
     down_error: str = ""  # sinfo failed: down nodes unknown
+    #: Slurm's PrivateData hides other users' jobs: per dataset, how many pending and running
+    #: jobs of others want it (None: nothing is hidden)
+    hidden: dict[str, dict[str, int]] | None = None
 
 
 def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float] = time.time, *,
             reports: Iterable[Mapping[str, Any]] | None = None,
-            unreachable: Mapping[str, str] | None = None) -> Status:
+            unreachable: Mapping[str, str] | None = None, offline: bool = False) -> Status:
     """The cluster's state: the published reports (or ``reports``, from --live), which
-    are stale, and the queue's demand (unless ``slurm`` is None)."""
+    are stale, and the queue's demand (unless ``slurm`` is None). ``offline``: from
+    dsstage's own files only, never asking Slurm (what a Slurm callback may do): the
+    demand snapshot whatever its age (the headline says how old), and no list of down
+    nodes (reports are stale by their age alone)."""
+    if offline:
+        return _offline(config, clock(), reports)
     now = clock()
     st = Status(time=now, unreachable=dict(unreachable or {}))
     raw = reports_of.read_all(config.state_dir) if reports is None else [reports_of.normalize(r) for r in reports]
@@ -81,6 +90,58 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
     st.demand_time = snap.time
     st.queue = queue_rows(snap)
     return st
+
+
+def _offline(config: Config, now: float, reports: Iterable[Mapping[str, Any]] | None) -> Status:
+    st = Status(time=now)
+    raw = reports_of.read_all(config.state_dir) if reports is None else [reports_of.normalize(r) for r in reports]
+    for r in raw:
+        r["stale"] = reports_of.stale_reason(r, now, config.report.max_age, {}) or None
+        st.nodes.append(r)
+    snap = demand.read(config.state_dir)
+    if snap.time:
+        st.demand_source, st.demand_time = "snapshot", snap.time
+        st.queue = queue_rows(snap)
+        if snap.stale(now, config.retention.demand_max_age):
+            st.queue_note = (f"the demand snapshot is {human_duration(now - snap.time)} old, older than "
+                              "retention.demand_max_age: is the demand poller running?")
+    else:
+        st.queue_error = snap.problem or "there is no demand snapshot: is the demand poller running?"
+    return st
+
+
+def sees_all_jobs(config: Config, uid: int) -> bool:
+    """Whether ``uid`` sees every user's jobs where Slurm's PrivateData hides them: root, and
+    Slurm's SlurmUser (``burst_buffer.user``), as in Slurm itself."""
+    if uid == 0:
+        return True
+    if config.burst_buffer.user:
+        import pwd
+        try:
+            return pwd.getpwnam(config.burst_buffer.user).pw_uid == uid
+        except KeyError:
+            return False
+    return False
+
+
+def private_view(st: Status, user: str | None, counts: Mapping[str, Mapping[str, int]]) -> Status:
+    """``st`` as Slurm's PrivateData=jobs lets ``user`` see it (None: a caller nobody knows):
+    their own jobs, and how many jobs of others want each dataset (``counts``: the demand
+    summary's totals, the caller's own jobs taken out)."""
+    own = [q for q in st.queue if user is not None and q["user"] == user]
+    hidden: dict[str, dict[str, int]] = {}
+    for name, n in counts.items():
+        left = {state: max(0, int(n.get(state, 0)) - sum(1 for q in own if q["state"] == state
+                                                            and name in q["datasets"]))
+                for state in ("pending", "running")}
+        if left["pending"] or left["running"]:
+            hidden[name] = left
+    nodes = [{**r, "copies": [{**c, "leases": [{"since": x.get("since")} for x in c.get("leases") or []],
+                               "job_id": "" if c.get("job_id") else c.get("job_id")}
+                              for c in r["copies"]]} for r in st.nodes]
+    return Status(time=st.time, nodes=nodes, queue=own, demand_time=st.demand_time, demand_source=st.demand_source,
+                  queue_error=st.queue_error, queue_note=st.queue_note, unreachable=st.unreachable,
+                  down_error=st.down_error, hidden=hidden)
 
 
 def queue_rows(snap: Snapshot) -> list[dict[str, Any]]:
@@ -152,7 +213,7 @@ def select(st: Status, f: Filter) -> Status:
                   and (not f.users or f.users & {x.get("user") for x in c["leases"]})]
         out.append({**r, "copies": copies})
     return Status(time=st.time, nodes=out, queue=queue, demand_time=st.demand_time, demand_source=st.demand_source,
-                  queue_error=st.queue_error, unreachable={n: w for n, w in st.unreachable.items()
+                  queue_error=st.queue_error, queue_note=st.queue_note, hidden=st.hidden, unreachable={n: w for n, w in st.unreachable.items()
                                                            if not nodes or n in nodes},
                   down_error=st.down_error)
 
@@ -174,7 +235,7 @@ def to_json(st: Status) -> dict[str, Any]:
         "unreachable": st.unreachable,
         "queue": {"source": st.demand_source or None, "time": st.demand_time or None,
                   "age": (st.time - st.demand_time) if st.demand_time else None, "error": st.queue_error or None,
-                  "jobs": st.queue},
+                  "jobs": st.queue, "hidden": st.hidden},
         "datasets": dataset_rows(st),
     }
 

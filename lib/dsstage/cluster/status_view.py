@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +45,8 @@ def headline(st: Status) -> str:
     if st.unreachable:
         text += f", {len(st.unreachable)} unreachable"
     if st.demand_source == "snapshot":
-        text += f"; queue from the demand snapshot ({human_duration(st.time - st.demand_time)} old)"
+        text += f"; queue from the demand snapshot ({human_duration(st.time - st.demand_time)} old" + \
+            (", stale)" if st.queue_note else ")")
     elif st.demand_source == "slurm":
         text += "; queue from Slurm (the demand snapshot is stale or missing)"
     return text
@@ -124,6 +127,13 @@ def _queue_section(st: Status, limit: int | None) -> Section:
             when = "running"
         rows.append((q["job_id"], q["user"], when, ",".join(q["datasets"]), q["nodes"] or "-", data))
     rows, notes = _cut(rows, limit, "jobs")
+    if st.queue_note:
+        notes = [f"Out of date? {st.queue_note}", *notes]
+    if st.hidden is not None:
+        counts = "; ".join(f"{name}: {n['pending']} pending, {n['running']} running"
+                           for name, n in sorted(st.hidden.items()))
+        notes = [*notes, "Other users' jobs are not shown (Slurm's PrivateData=jobs)"
+                 + (f"; they want {counts}" if counts else "; none wants a dataset")]
     return Section("Wanted by the queue", ("job", "user", "start", "datasets", "nodes", "data"), rows, flex=4,
                    notes=notes, empty="No queued job requests a dataset.")
 
@@ -140,9 +150,10 @@ def render_plain(st: Status, secs: Sequence[Section], width: int = WIDTH) -> str
         lines += ["", s.title]
         if not s.rows:
             lines.append(_clip("  " + s.empty, width))
-            continue
-        lines += _table(s, width)
-        lines += [_clip("  " + n, width) for n in s.notes]
+        else:
+            lines += _table(s, width)
+        for n in s.notes:  # a note is a sentence: wrapped, never cut
+            lines += textwrap.wrap(n, width, initial_indent="  ", subsequent_indent="    ")
     return "\n".join(lines) + "\n"
 
 
@@ -177,6 +188,8 @@ def render_rich(st: Status, secs: Sequence[Section], console: Any) -> None:
     for s in secs:
         if not s.rows:
             console.print(f"[bold]{s.title}[/]: {s.empty}")
+            for n in s.notes:
+                console.print(f"  [dim]{n}[/]")
             continue
         table = Table(title=s.title, title_justify="left", box=box.SIMPLE_HEAD, title_style="bold")
         for i, col in enumerate(s.columns):

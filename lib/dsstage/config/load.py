@@ -54,7 +54,7 @@ _FLEET_KEYS = ("user", "port", "key", "known_hosts", "connect_timeout", "timeout
 _METRICS_KEYS = ("textfile",)
 _PREFETCH_KEYS = ("horizon", "interval", "bwlimit", "io_class")
 _PLACEMENT_KEYS = ("features", "prefer", "prefix")
-_BURST_BUFFER_KEYS = ("user",)
+_BURST_BUFFER_KEYS = ("user", "status_dir", "status_max_age")
 _PEERS_KEYS = ("enabled", "port", "hosts", "secret_file", "wait", "timeout", "parallel", "allow",
                "max_connections")
 #: how a peer is reached: a host name or address, and optionally a port
@@ -302,7 +302,13 @@ class _Validator:
 
     def burst_buffer(self, spec: Any) -> BurstBuffer:
         self._section(spec, "burst_buffer", _BURST_BUFFER_KEYS)
-        return BurstBuffer(user=self.user(spec.get("user"), "burst_buffer.user"))
+        d = BurstBuffer()
+        status_dir = self.abs_path(spec.get("status_dir", d.status_dir), "burst_buffer.status_dir")
+        max_age = self.duration(spec.get("status_max_age", d.status_max_age), "burst_buffer.status_max_age")
+        if not 1 <= max_age <= 3600:
+            self.fail("burst_buffer.status_max_age", "must be between 1s and 1h")
+        return BurstBuffer(user=self.user(spec.get("user"), "burst_buffer.user"), status_dir=status_dir,
+                           status_max_age=max_age)
 
     def peers(self, spec: Any) -> Peers:
         self._section(spec, "peers", _PEERS_KEYS)

@@ -146,6 +146,10 @@ class BurstBuffer:
     """``#BB_LUA dataset=`` requests (dsstage.bbrequest, sbatch_ext/burst_buffer.lua)."""
 
     user: str | None = None  # who runs burst_buffer.lua (Slurm's SlurmUser) and writes <state_dir>/bb
+    #: where `scontrol show bbstat` answers wait for burst_buffer.lua, on the controller's own disk
+    #: (dsstage.cluster.bbstat): computed in the background, read in slurmctld's time
+    status_dir: str = "/run/dsstage/bbstat"
+    status_max_age: float = 10.0  # seconds an answer is given as current before it is computed again
 
 
 @dataclass(frozen=True)

@@ -339,20 +339,20 @@ def read_json(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_atomic(path: str, data: str | bytes, *, fsync: bool = True) -> None:
+def write_atomic(path: str, data: str | bytes, *, fsync: bool = True, mode: int = 0o644) -> None:
     """Write so that readers see the old file or the new one, never a part (for the
     admins' state directory and files the command line writes)."""
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, mode=0o755, exist_ok=True)
     fd = os.open(parent, O_DIR)
     try:
-        write_at(fd, os.path.basename(path), data, fsync=fsync)
+        write_at(fd, os.path.basename(path), data, fsync=fsync, mode=mode)
     finally:
         os.close(fd)
 
 
-def write_json(path: str, data: Mapping[str, Any], *, fsync: bool = True) -> None:
-    write_atomic(path, json.dumps(data, sort_keys=True), fsync=fsync)
+def write_json(path: str, data: Mapping[str, Any], *, fsync: bool = True, mode: int = 0o644) -> None:
+    write_atomic(path, json.dumps(data, sort_keys=True), fsync=fsync, mode=mode)
 
 
 def remove_at(dir_fd: int | None, name: str) -> bool:

@@ -115,6 +115,9 @@ def publish(state_dir: str, node: str, report: Mapping[str, Any], user: str | No
     """Copy the report to the shared state directory, as ``user`` if set (root_squash);
     False (and a warning) if it cannot be written: the node-local report stays right."""
     path = published_path(state_dir, node)
+    from dsstage import privatedata
+    if privatedata.hides_jobs():  # the shared copy is read by every user: no job ids or users
+        report = privatedata.redact_report(report)
     try:
         if user:  # imported only then: the warm Prolog pays for what it uses
             from dsstage.fs import identity

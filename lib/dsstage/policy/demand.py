@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 FILE = "demand.json"
+#: counts per dataset, readable by everyone where the snapshot is not (PrivateData=jobs)
+SUMMARY = "demand-summary.json"
 #: smaller decayed counts are dropped from the snapshot
 _NEGLIGIBLE = 0.01
 _PENDING = ("PENDING",)
@@ -179,7 +181,27 @@ def read(state_dir: str) -> Snapshot:
                     host=str(data.get("host", "")), backend=str(data.get("backend", "")))
 
 
-def write(state_dir: str, snap: Snapshot) -> str:
+def write(state_dir: str, snap: Snapshot, private: bool = False) -> str:
+    """Write the snapshot, and its summary for everyone; ``private`` (Slurm's PrivateData
+    hides jobs): the snapshot is readable by its writer only."""
     p = path(state_dir)
-    write_json(p, snap.to_dict(), fsync=False)
+    write_json(p, snap.to_dict(), fsync=False, mode=0o600 if private else 0o644)
+    write_json(os.path.join(state_dir, SUMMARY), summary(snap), fsync=False)
     return p
+
+
+def summary(snap: Snapshot) -> dict[str, Any]:
+    """What anyone may know of the queue's demand: per dataset, how many jobs want it."""
+    return {"format": FORMAT, "time": snap.time,
+            "datasets": {name: {state: len(wants.get(state, [])) for state in ("pending", "running")}
+                         for name, wants in sorted(snap.datasets.items())}}
+
+
+def read_summary(state_dir: str) -> dict[str, dict[str, int]]:
+    """Per dataset, the pending and running jobs that want it ({} if unknown)."""
+    data = read_json(os.path.join(state_dir, SUMMARY))
+    got = data.get("datasets") if data.get("format") == FORMAT else None
+    if not isinstance(got, dict):
+        return {}
+    return {str(k): {s: int(v.get(s) or 0) for s in ("pending", "running")} for k, v in got.items()
+            if isinstance(v, dict)}

@@ -50,6 +50,8 @@ def render(config: Config, *,
             f"  placement = {{ prefer = {'true' if config.placement.prefer else 'false'}, "
             f"prefix = {_lua_str(config.placement.prefix)} }},",
             "  command = {" + ", ".join(_lua_str(a) for a in command) + "},",
+            f"  bbstat = {{ dir = {_lua_str(config.burst_buffer.status_dir)}, "
+            f"max_age = {int(config.burst_buffer.status_max_age)} }},",
             "  datasets = {"]
     missing: dict[str, list[str]] = {}
     for name in sorted(config.datasets):
