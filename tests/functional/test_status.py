@@ -155,6 +155,7 @@ def test_offline_status_never_asks_slurm_and_says_the_snapshot_is_stale(cluster:
 
 def test_bbstat_answers_are_computed_into_the_status_dir_a_slot_at_a_time(cluster: Env):
     import fcntl
+
     from dsstage.cluster import bbstat
     from dsstage.errors import DsstageError
     answers = cluster.tmp / "bbstat"

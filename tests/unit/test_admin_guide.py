@@ -42,6 +42,7 @@ DEVCLUSTER = "packaging/devcluster"
 CLUSTER = "tests/cluster/test_cluster.py"
 FLEET = "tests/cluster/test_fleet_ops.py"
 HOLD = "tests/cluster/test_hold.py"
+CALLBACKS = "tests/cluster/test_callbacks.py"
 PRESTAGE = "tests/cluster/test_prestage.py"
 RETENTION = "tests/cluster/test_queue_retention.py"
 STAGE = "tests/functional/test_stage.py"
@@ -169,6 +170,16 @@ COVERAGE: dict[str, list[Runs]] = {
     "scontrol show bbstat [JOBID | job ID | dataset NAME | node HOSTLIST]": [
         Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
              ('"scontrol", "show", "bbstat", "dataset", "bbd"',), note="the dataset form only")],
+    "scontrol show bbstat": [
+        Runs(CALLBACKS, "test_a_users_bbstat_loops_never_delay_anothers_submissions",
+             ('"scontrol show bbstat node \'n[1-3]\' >/dev/null 2>&1; scontrol show bbstat',)),
+        Runs(CALLBACKS, "test_where_slurm_hides_jobs_dsstage_hides_them_too", ('bbstat(cluster, user="nobody")',))],
+    "dsstage bb status": [
+        Runs("tests/unit/test_lua_submit.py", "test_bbstat_reads_its_answer_and_starts_one_refresh_in_the_background",
+             ("\"'bb' 'status' 'dataset=coco'\" in rows[0][2]",)),
+        Runs("tests/functional/test_status.py",
+             "test_bbstat_answers_are_computed_into_the_status_dir_a_slot_at_a_time",
+             ('bbstat.refresh(conf, "dataset=in22k", lambda: NOW)',), note="what the command runs")],
     "dsstage bb record JOBID NAMES": [
         Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
              ('#BB_LUA dataset=bbd\\necho', 'any("#BB_LUA request bbd" in line for line in log)')),
@@ -184,7 +195,7 @@ COVERAGE: dict[str, list[Runs]] = {
 }
 
 #: a verb the guide names without its arguments, and a command line of it
-VERB_ONLY = {"dsstage manifest build": "dsstage manifest build NAME"}
+VERB_ONLY = {"dsstage manifest build": "dsstage manifest build NAME", "dsstage bb status": "dsstage bb status all"}
 
 
 def guide() -> str:

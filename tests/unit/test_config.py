@@ -231,24 +231,40 @@ def test_prolog_budget_against_the_timeout():
 def test_check_host(tmp_path):
     conf = load.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path)))
     slurm_conf = tmp_path / "slurm.conf"
+
+    def check(c=conf):
+        found, problems = check_host(c, str(slurm_conf))
+        return found, [p for p in problems if p.key != "PrivateData"]
     slurm_conf.write_text("PrologEpilogTimeout=600\nSchedulerParameters=bf_interval=5,ignore_prefer_validation\n")
-    found, problems = check_host(conf, str(slurm_conf))
-    assert found == {"slurm_conf": str(slurm_conf), "read": True, "prolog_epilog_timeout": 600.0}
+    found, problems = check()
+    assert found == {"slurm_conf": str(slurm_conf), "read": True, "prolog_epilog_timeout": 600.0,
+                     "private_jobs": False}
     assert [(p.level, p.key) for p in problems] == [("error", "prolog_budget"), ("note", "slurm_bin")]
     assert f"{tmp_path}/scontrol is not an executable" in problems[1].message
     slurm_conf.write_text("PrologEpilogTimeout=900\nSchedulerParameters=ignore_prefer_validation\n")
-    assert [p.level for p in check_host(conf, str(slurm_conf))[1]] == ["note"]
+    assert [p.level for p in check()[1]] == ["note"]
     slurm_conf.write_text("PrologEpilogTimeout=900\n")
-    assert [(p.level, p.key) for p in check_host(conf, str(slurm_conf))[1]] == [
-        ("error", "placement.prefer"), ("note", "slurm_bin")]
+    assert [(p.level, p.key) for p in check()[1]] == [("error", "placement.prefer"), ("note", "slurm_bin")]
     no_prefer = load.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path), placement={"prefer": False}))
-    assert [p.level for p in check_host(no_prefer, str(slurm_conf))[1]] == ["note"]
+    assert [p.level for p in check(no_prefer)[1]] == ["note"]
     slurm_conf.write_text("include /etc/slurm/timeouts.conf\n")
-    problems = check_host(no_prefer, str(slurm_conf))[1]
+    problems = check(no_prefer)[1]
     assert problems[0].level == "note" and "Include files are not read" in problems[0].message
     found, problems = check_host(conf, str(tmp_path / "none.conf"))
     assert found["read"] is False
     assert problems[0].level == "note" and "cannot read" in problems[0].message
+
+
+@pytest.mark.parametrize("line, hidden", [("PrivateData=jobs", True), ("privatedata=usage,Jobs,users", True),
+                                          ("PrivateData=usage", False), ("#PrivateData=jobs", False),
+                                          ("PrivateData=jobs\nPrivateData=usage", False), ("", False)])
+def test_check_host_says_what_privatedata_hides(tmp_path, line, hidden):
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text(f"PrologEpilogTimeout=900\n{line}\n")
+    found, problems = check_host(load.from_dict(base(prolog_budget=600)), str(slurm_conf))
+    note = next(p for p in problems if p.key == "PrivateData")
+    assert found["private_jobs"] is hidden and note.level == "note"
+    assert ("dsstage hides other users' jobs too" if hidden else "every user sees every queued job") in note.message
 
 
 def test_slurm_conf_path():

@@ -213,8 +213,8 @@ def select(st: Status, f: Filter) -> Status:
                   and (not f.users or f.users & {x.get("user") for x in c["leases"]})]
         out.append({**r, "copies": copies})
     return Status(time=st.time, nodes=out, queue=queue, demand_time=st.demand_time, demand_source=st.demand_source,
-                  queue_error=st.queue_error, queue_note=st.queue_note, hidden=st.hidden, unreachable={n: w for n, w in st.unreachable.items()
-                                                           if not nodes or n in nodes},
+                  queue_error=st.queue_error, queue_note=st.queue_note, hidden=st.hidden,
+                  unreachable={n: w for n, w in st.unreachable.items() if not nodes or n in nodes},
                   down_error=st.down_error)
 
 

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import textwrap
-
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dsstage import privatedata
 from dsstage.config.model import Config
 from dsstage.errors import ConfigError
 
@@ -110,6 +111,13 @@ def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, A
                                         "ignore_prefer_validation: Slurm refuses a job that prefers a feature no "
                                         "node has yet, so jobs asking for a dataset that no node holds ready would "
                                         "be refused at submit; add it, or set placement.prefer: false"))
+            found["private_jobs"] = privatedata.hides_jobs_in(text)
+            problems.append(Problem("note", "PrivateData", (
+                f"{path} has PrivateData=jobs: dsstage hides other users' jobs too (demand.json readable by its "
+                "writer only, published node reports without job ids or users, each user's status and bbstat "
+                "show their own jobs and counts of the rest)") if found["private_jobs"] else (
+                f"{path} has no PrivateData=jobs: every user sees every queued job's id, user, datasets and "
+                "nodes in dsstage status and bbstat, as in squeue")))
             if timeout is None and re.search(r"(?im)^\s*include\s", text):
                 problems.append(Problem("note", "prolog_budget", f"no PrologEpilogTimeout in {path}, and its "
                                         "Include files are not read: check prolog_budget against any setting there"))

@@ -191,7 +191,8 @@ def fetch_round(group: Group, node: str, module: str, rel: str, dest_path: str, 
     timeout = group.conf.timeout
     largest = max((e.size for e in entries), default=0)
     argv = ["rsync", "-t", "--from0", "--files-from=-", "--no-perms", "--chmod=u+rw", f"--max-size={largest + 1}",
-            f"--partial-dir={layout.partial_dir(dest_path)}", f"--timeout={int(timeout)}", f"--contimeout={int(timeout)}",
+            f"--partial-dir={layout.partial_dir(dest_path)}", f"--timeout={int(timeout)}",
+            f"--contimeout={int(timeout)}",
             group.url(node, module, rel), dest_path.rstrip("/") + "/"]
     limit = 6 * 3600.0
     if deadline is not None:
