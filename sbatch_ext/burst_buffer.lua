@@ -145,6 +145,17 @@ function slurm_bb_data_out(job_id, job_script, uid, gid)
 	return slurm.SUCCESS
 end
 
+-- Slurm 24.05 and later poll these until they stop answering "BUSY" (and refuse to start
+-- without them); 22.05 never calls them. Pre-staging is an optimisation the Prolog does not
+-- wait for, so the stage-in is done as soon as data_in has run, and there is no stage-out.
+function slurm_bb_test_data_in(job_id, ...)
+	return slurm.SUCCESS
+end
+
+function slurm_bb_test_data_out(job_id, ...)
+	return slurm.SUCCESS
+end
+
 function slurm_bb_job_teardown(job_id, job_script, hurry, uid, gid)
 	os.execute(command({ "bb", "forget", tostring(job_id) }) .. " >/dev/null 2>&1")
 	return slurm.SUCCESS

@@ -93,6 +93,10 @@ def test_bbstat_filters_filter_on_every_series(cluster):
         datasets = out.split("Tiers")[0]
         assert shown in datasets and hidden not in datasets, out
     assert "usage: scontrol show bbstat" in cluster.run("scontrol", "show", "bbstat", "nodes", "n1").stdout
+    # a hostlist of 10^8 names is refused from its text, before a name is made (it took gigabytes)
+    t = time.monotonic()
+    out = bbstat(cluster, "node", "n[1-99999999]")
+    assert "names 99999999 nodes, more than 100000" in out and time.monotonic() - t < 20, out
 
 
 SPANK_FORGER = r"""

@@ -319,3 +319,22 @@ def test_bbstat_reads_the_arguments_as_each_series_passes_them(tmp_path):
     assert "'job=42'" in rows[2][2]
     assert "'all@1000'" in rows[3][2]
     assert rows[4][3].startswith("usage:") and rows[5][3].startswith("usage:") and rows[5][1] == rows[3][1]
+
+
+#: what slurmctld requires of burst_buffer.lua before it starts: 23.02's eleven functions, and
+#: the two 24.05 added (a slurmctld of 24.05 or later does not start without them)
+REQUIRED_BB = {"22.05": ["job_process", "pools", "job_teardown", "setup", "data_in", "real_size", "paths",
+                         "pre_run", "post_run", "data_out", "get_status"]}
+REQUIRED_BB["24.05"] = REQUIRED_BB["22.05"] + ["test_data_in", "test_data_out"]
+
+
+@pytest.mark.parametrize("series", sorted(REQUIRED_BB))
+def test_burst_buffer_lua_defines_every_function_slurm_requires(tmp_path, series):
+    script = ROOT / "sbatch_ext" / "burst_buffer.lua"
+    probe = (f'slurm = {{ SUCCESS = 0, ERROR = -1 }}\ndofile("{script}")\n'
+             + "".join(f'io.write(type(slurm_bb_{f}), " ")\n' for f in REQUIRED_BB[series])
+             + 'io.write(select("#", slurm_bb_test_data_in(7)), " ", tostring(slurm_bb_test_data_in(7)), "\\n")\n')
+    out = subprocess.run([LUA, "-"], input=probe, capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout.split()
+    assert out[:len(REQUIRED_BB[series])] == ["function"] * len(REQUIRED_BB[series])
+    assert out[-2:] == ["1", "0"], "stage-in is done at once: SUCCESS, never BUSY"
