@@ -159,6 +159,9 @@ def test_where_slurm_hides_jobs_dsstage_hides_them_too(cluster):
     snapshot is not theirs to read; the published node reports name no job or user."""
     conf = cluster.etc / "slurm.conf"
     kept = conf.read_text()
+    state = cluster.dir / "dsstage-state"
+    snapshots = {name: (state / name).read_bytes() if (state / name).exists() else None
+                 for name in ("demand.json", "demand-summary.json")}
     conf.write_text(kept + "PrivateData=jobs\n")
     cluster.run("scontrol", "reconfigure")
     pending = None
@@ -167,7 +170,6 @@ def test_where_slurm_hides_jobs_dsstage_hides_them_too(cluster):
         assert cluster.wait(job)["JobState"] == "COMPLETED"
         pending = cluster.submit("true\n", "--dataset=sample", "--hold", user="daemon")
         cluster.dsstage("demand-poller", "--once")
-        state = cluster.dir / "dsstage-state"
         assert stat.S_IMODE((state / "demand.json").stat().st_mode) == 0o600
         assert json.loads((state / "demand-summary.json").read_text())["datasets"]["sample"]["pending"] >= 1
         report = (state / "nodes" / "n3.json").read_text()
@@ -187,4 +189,10 @@ def test_where_slurm_hides_jobs_dsstage_hides_them_too(cluster):
             cluster.run("scancel", pending, check=False)
         conf.write_text(kept)
         cluster.run("scontrol", "reconfigure")
-        cluster.dsstage("demand-poller", "--once")
+        for name, data in snapshots.items():  # the other tests' queue, as it was
+            if data is None:
+                (state / name).unlink(missing_ok=True)
+            else:
+                (state / name).write_bytes(data)
+        for node in ("n1", "n2", "n3"):  # and their reports with the jobs named again
+            cluster.dsstage("--node", node, "report")
