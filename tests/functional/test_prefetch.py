@@ -188,3 +188,21 @@ def test_a_prolog_for_another_dataset_stops_a_prefetch_that_holds_the_room(env: 
     assert not ready(env, "big") and not any((env.tier_root() / "staging").iterdir())
     assert not list((env.tier_root() / "reserved").iterdir())  # the prefetch's reservation went with it
     assert not (env.tier_root() / "locks" / "big.lock.yield").exists()
+
+
+def test_a_running_prefetch_follows_the_configuration_file(env: Env) -> None:
+    """A dataset added to the configuration while the prefetch runs is staged by its next
+    round (it used to keep the configuration it started with, and its reports lacked tiers
+    added since)."""
+    from dsstage.cluster.prefetch import Prefetcher
+    env.write()
+    pre = Prefetcher(env.config(), env.node, run_dir=str(env.run))
+    env.add("z", {"0.bin": b"z" * 1000})
+    env.write()
+    env.cli("manifest", "build", "z")
+    snapshot(env, pending("13", "z"))
+    assert "z" not in pre.conf.datasets
+    pre.follow_config()
+    assert "z" in pre.conf.datasets
+    cands, _skips, _dem = pre.candidates()
+    assert [c.dataset for c in cands] == ["z"]

@@ -202,3 +202,11 @@ def test_where_slurm_hides_jobs_a_user_sees_their_own_and_counts_of_the_rest(clu
         in " ".join(text.split())
     assert "101" not in text and "ana" not in text and "bo " not in text
     assert all(set(x) == {"since"} for r in nobody.nodes for c in r["copies"] for x in c["leases"])
+
+
+def test_a_held_job_is_explained_as_held_not_as_unplanned(cluster: Env):
+    jobs = [Job("300", "ana", "PENDING", ("coco",), partition="gpu", priority=0)]
+    demand.write(str(cluster.state), demand.build(jobs, NOW - 10))
+    text = status.explain_job(collect(cluster), "300")
+    assert "It is held: it starts only once released (scontrol release 300)" in text, text
+    assert "has not planned" not in text

@@ -202,3 +202,26 @@ def test_counting_imports_neither_prometheus_client_nor_logging(tmp_path):
                          check=True).stdout
     assert out.strip() == "[]"
     assert metrics.counters(str(tmp_path / "run"), "n1")["counters"] == {"hits": {"coco": 1}}
+
+
+DASHBOARD = os.path.join(os.path.dirname(__file__), "..", "..", "packaging", "grafana", "dsstage-dashboard.json")
+
+
+def test_every_metric_the_grafana_dashboard_queries_is_exported(tmp_path):
+    """packaging/grafana/dsstage-dashboard.json: valid, and each series it queries is one a
+    node writes (every counter counted once, the gauges of a node with tiers and copies)."""
+    import json
+    import re
+    dash = json.load(open(DASHBOARD))
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 12 and all(p["datasource"]["uid"] == "${datasource}" for p in dash["panels"])
+    queried = {m for e in exprs for m in re.findall(r"\bdsstage_[a-z_]+", e)}
+    run, out = str(tmp_path / "run"), tmp_path / "n1.prom"
+    events = [(name, {label: ("make_room" if label == "reason" else "staged" if label == "result" else "coco")
+                      for label in labels}, 1) for name, (labels, _help) in metrics.COUNTERS.items()]
+    metrics.count(run, "n1", events)
+    metrics.export(str(out), run, "n1", TIERS, COPIES, now=1_700_000_000.0)
+    exported = {name for name, _labels in parsed(out)[0]}
+    assert queried and not queried - exported, f"queried but never exported: {sorted(queried - exported)}"
+    # and the dashboard shows every family a node exports, but none it should not need
+    assert {n.removesuffix("_total") for n in exported} <= {n.removesuffix("_total") for n in queried}

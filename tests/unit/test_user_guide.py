@@ -30,13 +30,12 @@ DEMO = "packaging/demo"
 #: guide command -> where it runs (at least one place)
 COVERAGE: dict[str, list[Runs]] = {
     # job scripts
-    "#SBATCH --dataset=imagenet22t": [Runs(CLUSTER, "HASH_JOB", ("#SBATCH --dataset=sample",)),
-                                      Runs(DEMO, None, ("#SBATCH --dataset=sample",))],
+    "#SBATCH --dataset=imagenet22t": [Runs(CLUSTER, "HASH_JOB", ("#SBATCH --dataset=sample",))],
     "#BB_LUA dataset=imagenet22t": [Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
                                          ("#BB_LUA dataset=bbd\\n",))],
     # submitting
     "sbatch train.sbatch": [Runs(CLUSTER, "test_job_reads_the_verified_local_copy", ("cluster.submit(hash_job()",)),
-                            Runs(DEMO, None, ('sbatch --parsable -o "$jobs/demo-%j.out" "$@" "$jobs/demo.sbatch"',))],
+                            Runs(DEMO, None, ('id=$(sbatch --parsable -o "$jobs/demo-%j.out" "$@" "$f")',))],
     "sbatch --dataset=imagenet22t train.sbatch": [
         Runs(CLUSTER, "test_forbidden_dataset_is_rejected", ('"--dataset=private", user="daemon"',))],
     "srun --dataset=imagenet22t python eval.py": [
@@ -44,14 +43,14 @@ COVERAGE: dict[str, list[Runs]] = {
              ('["srun", "--comment=mine", "-w", "n3", "echo", "RAN"]', 'f"--dataset={gone_source}"'))],
     "sbatch --dataset=sampel train.sbatch": [
         Runs(CLUSTER, "test_unknown_dataset_is_rejected_by_sbatch", ('"--dataset=sampel"',)),
-        Runs(DEMO, None, ('sbatch --dataset=sampel "$jobs/demo.sbatch"',))],
+        Runs(DEMO, None, ('sbatch --dataset=sampel "$jobs/typo.sbatch"',))],
     # asking why
     "dsstage ls": [Runs("tests/functional/test_stage.py", "test_cli_errors_are_one_line", ('env.cli("ls"',),
                         note="only with a configuration it refuses (exit 78)")],
     "dsstage status": [Runs(CLUSTER, "test_status_shows_copies_and_queue", ('cluster.dsstage("status")',)),
                        Runs(DEMO, None, ("\ndsstage status\n",))],
-    "dsstage status --job 4": [Runs(DEMO, None, ('dsstage status --job "$waiting"',))],
-    "dsstage status --job ID": [Runs(DEMO, None, ('dsstage status --job "$waiting"',))],
+    "dsstage status --job 4": [Runs(DEMO, None, ('dsstage status --job "$next"',))],
+    "dsstage status --job ID": [Runs(DEMO, None, ('dsstage status --job "$next"',))],
     "dsstage status --dataset imagenet22t": [
         Runs(PRESTAGE, "test_a_job_starts_where_its_data_is", ('"status", "--json", "--dataset", "plc"',),
              note="with --json"),
@@ -110,10 +109,10 @@ QUOTES = [
      'f"dsstage cancelled this job: {reason} (an interactive allocation cannot be requeued)"'),
     ("job requeued in held state\n", HOLD, 'assert reason == "job requeued in held state"'),
     ("`DSSTAGE_BB_DATASETS`", "sbatch_ext/burst_buffer.lua", "DSSTAGE_BB_DATASETS"),
-    ("Slurm has not planned when or where\nit starts yet.", "lib/dsstage/cluster/status.py",
-     '"Slurm has not planned when or where it starts yet."'),
-    ("Its Prolog stages what is missing on\neach node before the job starts; if that fails the job falls back to "
-     "the source\nor is held, as the dataset's on_failure says.", "lib/dsstage/cluster/status.py",
+    ("Slurm expects it to start in 1 min\non n2.", "lib/dsstage/cluster/status.py",
+     'f"Slurm expects it to start {when} on {job[\'nodes\']}."'),
+    ("Its Prolog stages what is\nmissing on each node before the job starts; if that fails the job falls back to\n"
+     "the source or is held, as the dataset's on_failure says.", "lib/dsstage/cluster/status.py",
      '"Its Prolog stages what is missing on each node before the job starts; if that fails the job "'),
 ]
 

@@ -68,16 +68,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     def text() -> None:
         out = console()
         plain = not out.is_terminal
+        if args.job:  # the question was about one job: its answer alone (--json has the rest)
+            if plain:
+                import textwrap
+                print(textwrap.fill(explain, status_view.WIDTH))
+            else:
+                out.print(explain)
+            return
         secs = status_view.sections(st, show_queue=not args.no_queue, plain=plain, all_rows=args.all)
         if plain:
             sys.stdout.write(status_view.render_plain(st, secs))
         else:
             status_view.render_rich(st, secs, out)
-        if args.job and plain:
-            import textwrap
-            print("\n" + textwrap.fill(explain, status_view.WIDTH))
-        elif args.job:
-            out.print(explain)
     if args.json:
         data = status.to_json(st)
         if args.job:

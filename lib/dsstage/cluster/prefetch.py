@@ -48,6 +48,7 @@ from typing import Any
 from dsstage import proc
 from dsstage.config import load
 from dsstage.config.model import Config
+from dsstage.fs import runfiles
 from dsstage.hostlist import fold_nodes
 from dsstage.node import eviction, inventory, report, staging
 from dsstage.policy.retention import Copy, Demand, Want
@@ -181,6 +182,23 @@ class Prefetcher:
         self.config_path = config_path
         self.clock = clock
         self.python = python
+        self._config_key = runfiles.config_key(conf.origin)
+
+    def follow_config(self) -> None:
+        """A prefetch runs for weeks: when the configuration file changes (a tier or a dataset
+        added), take the new one, or its reports would describe the node as it was."""
+        key = runfiles.config_key(self.conf.origin)
+        if key == self._config_key:
+            return
+        self._config_key = key
+        from dsstage.errors import DsstageError
+        from dsstage.node.store import Store
+        try:
+            conf = load.load(self.config_path or self.conf.origin)
+        except DsstageError as exc:
+            log.warning("prefetch on %s keeps the configuration it has: %s", self.node, exc)
+            return
+        self.conf, self.store = conf, Store(conf, self.node, clock=self.clock, run_dir=self.store.run_dir)
 
     def demand(self) -> Demand:
         return self.store.demand()[0]
@@ -296,6 +314,7 @@ class Prefetcher:
         from dsstage.errors import DsstageError
         while True:
             started = time.monotonic()
+            self.follow_config()
             try:
                 outcomes = self.round()
             except (DsstageError, OSError) as exc:

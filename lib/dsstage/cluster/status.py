@@ -276,7 +276,10 @@ def explain_job(st: Status, job_id: str) -> str:
     if job["state"] == "pending":
         when = f"in {human_duration(job['start'] - st.time)}" if job["start"] and job["start"] > st.time else \
             "as soon as it can" if job["start"] else ""
-        parts.append(f"Slurm expects it to start {when} on {job['nodes']}." if planned and when else
+        held = job.get("priority") == 0  # Slurm gives a held job priority 0
+        parts.append(f"It is held: it starts only once released (scontrol release {job_id}), and Slurm plans "
+                     "nothing for it until then." if held else
+                     f"Slurm expects it to start {when} on {job['nodes']}." if planned and when else
                      f"Slurm has planned it on {job['nodes']}." if planned else
                      f"Slurm expects it to start {when}; its nodes are not planned yet." if when else
                      "Slurm has not planned when or where it starts yet.")
@@ -314,7 +317,7 @@ def _dataset_sentence(name: str, planned: Sequence[str], by_node: Mapping[str, M
         text.append(("it" if ready else name) + f" is staging on {', '.join(staging)}")
     missing = [n for n in planned if n not in ready and not any(s.startswith(n + " ") for s in staging)]
     if planned and missing:
-        text.append(f"not yet on {fold(missing)}")
+        text.append(f"{'it' if text else name} is not yet on {fold(missing)}")
     if not planned and not ready and not staging:
         text.append(f"{name} is on no node yet" + (f" that reports (also on {fold(elsewhere)})" if elsewhere else ""))
     elif elsewhere and planned:
