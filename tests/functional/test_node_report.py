@@ -380,6 +380,25 @@ def test_progress_is_written_at_most_every_interval_and_at_the_end(run: Path, no
     assert seen == [(phase, delta, total) for _w, phase, delta, total in calls] + [("verifying", 6, 10)]
 
 
+def test_a_stage_of_empty_files_writes_its_progress_once_not_per_file(run: Path, note, monkeypatch):
+    """A byte total of 0 is 'at the end' at every file: the note was rewritten under the report's
+    lock for each of 30,000 empty files (30,010 flock calls). Its end is written once."""
+    note_, clock, _seen = note
+    writes = []
+    real = report.update
+    monkeypatch.setattr(report, "update", lambda *a, **kw: (writes.append(a[2]), real(*a, **kw))[1])
+    for i in range(2000):
+        clock.now = 1000.0 + i * 1e-4  # 2,000 files in 0.2 s
+        note_("copying", 0, 0)
+    assert len(writes) == 1
+    row = progress_now(run)
+    assert row is not None and row["progress"]["done"] == 0 and row["progress"]["total"] == 0
+    clock.now = 1001.5  # an interval later the state is written again, once
+    note_("copying", 0, 0)
+    note_("copying", 0, 0)
+    assert len(writes) == 2
+
+
 def test_progress_rate_counts_from_the_start_of_the_stage(run: Path, note):
     note_, clock, _seen = note
     for when in (1000.5, 1001.2):  # the stage began at 1000: 200 bytes in 1.2 s

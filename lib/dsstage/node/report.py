@@ -197,6 +197,7 @@ class ProgressNote:
         self.key = (tier, dataset, version)
         self.job_id, self.interval, self.clock = job_id, interval, clock
         self.phase, self.done, self.total = "", 0, 0
+        self.noted_end = ""  # the phase whose end was written: written once
         self.since = self.last = clock()
         self._mutex = threading.Lock()
         self.also = also
@@ -211,8 +212,13 @@ class ProgressNote:
                 self.phase, self.done = phase, 0
             self.done += delta
             self.total = total
-            if now - self.last < self.interval and self.done < self.total:
+            # between two intervals, only a phase's end is written, and once: a stage of many
+            # empty files (a byte total of 0) is at its end at every file
+            end = self.done >= self.total and self.noted_end != phase
+            if now - self.last < self.interval and not end:
                 return
+            if self.done >= self.total:
+                self.noted_end = phase
             self.last = now
             row = progress_row(phase, "files" if phase == "verifying" else "bytes", self.done, total, self.since, now)
         try:
