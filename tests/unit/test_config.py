@@ -234,11 +234,11 @@ def test_check_host(tmp_path):
 
     def check(c=conf):
         found, problems = check_host(c, str(slurm_conf))
-        return found, [p for p in problems if p.key != "PrivateData"]
+        return found, [p for p in problems if p.key not in ("PrivateData", "PrologFlags")]
     slurm_conf.write_text("PrologEpilogTimeout=600\nSchedulerParameters=bf_interval=5,ignore_prefer_validation\n")
     found, problems = check()
     assert found == {"slurm_conf": str(slurm_conf), "read": True, "prolog_epilog_timeout": 600.0,
-                     "private_jobs": False}
+                     "prolog_timeout_key": "PrologEpilogTimeout", "prolog_flags": [], "private_jobs": False}
     assert [(p.level, p.key) for p in problems] == [("error", "prolog_budget"), ("note", "slurm_bin")]
     assert f"{tmp_path}/scontrol is not an executable" in problems[1].message
     slurm_conf.write_text("PrologEpilogTimeout=900\nSchedulerParameters=ignore_prefer_validation\n")
@@ -253,6 +253,34 @@ def test_check_host(tmp_path):
     found, problems = check_host(conf, str(tmp_path / "none.conf"))
     assert found["read"] is False
     assert problems[0].level == "note" and "cannot read" in problems[0].message
+
+
+@pytest.mark.parametrize("text, key, seconds", [
+    ("PrologEpilogTimeout=600\n", "PrologEpilogTimeout", 600.0),
+    ("PrologEpilogTimeout=600\nPrologTimeout=120\nEpilogTimeout=900\n", "PrologTimeout", 120.0),  # 25.05
+    ("PrologTimeout=0\n", "PrologTimeout", None),
+])
+def test_the_prolog_is_bounded_by_prologtimeout_where_slurm_has_it(text, key, seconds):
+    assert slurmconf.prolog_timeout(text) == (key, seconds)
+    conf = load.from_dict(base(prolog_budget=300))
+    msg = slurmconf.budget_problem(300, 120, "/s", key)
+    assert msg is not None and f"not below {key}=120" in msg and f"raise {key} in /s" in msg
+    assert conf.prolog_budget == 300
+
+
+@pytest.mark.parametrize("flags, errors", [
+    ("PrologFlags=Alloc", []), ("PrologFlags=alloc,serial", []), ("PrologFlags=Contain", []),
+    ("PrologFlags=X11", []), ("", ["no PrologFlags=Alloc"]), ("PrologFlags=Serial", ["no PrologFlags=Alloc"]),
+    ("PrologFlags=Alloc,RunInJob", ["RunInJob"]), ("PrologFlags=RunInJob", ["RunInJob"]),
+])
+def test_check_host_refuses_prologs_that_do_not_run_at_allocation_or_run_in_the_job(tmp_path, flags, errors):
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text(f"PrologEpilogTimeout=900\nSchedulerParameters=ignore_prefer_validation\n{flags}\n")
+    _found, problems = check_host(load.from_dict(base(prolog_budget=600)), str(slurm_conf))
+    got = [p for p in problems if p.key == "PrologFlags"]
+    assert [p.level for p in got] == ["error"] * len(errors)
+    for p, needle in zip(got, errors):
+        assert needle in p.message and ("add PrologFlags=Alloc" in p.message or "remove RunInJob" in p.message)
 
 
 @pytest.mark.parametrize("line, hidden", [("PrivateData=jobs", True), ("privatedata=usage,Jobs,users", True),

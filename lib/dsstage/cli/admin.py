@@ -44,8 +44,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"  slurm_bin      {conf.slurm_bin}")
         timeout = slurm["prolog_epilog_timeout"]
         limit = "not read" if not slurm["read"] else "none, slurmd waits" if timeout is None else f"{timeout:g}s"
-        print(f"  prolog_budget  {conf.prolog_budget:g}s (PrologEpilogTimeout: {limit}, "
-              f"margin {slurm_conf.PROLOG_MARGIN:g}s)")
+        key = slurm.get("prolog_timeout_key", "PrologEpilogTimeout")
+        print(f"  prolog_budget  {conf.prolog_budget:g}s ({key}: {limit}, margin {slurm_conf.PROLOG_MARGIN:g}s)")
         print(f"  source_user    {conf.source_user or 'root (default)'}")
         for t in conf.tiers.values():
             cap = f"{t.capacity:.0%} of the filesystem" if isinstance(t.capacity, float) else human(t.capacity)

@@ -42,41 +42,81 @@ def slurm_conf_path(environ: Mapping[str, str] = os.environ) -> str:
     return environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF
 
 
-def prolog_epilog_timeout(text: str) -> float | None:
-    """``PrologEpilogTimeout`` in slurm.conf ``text``, in seconds, as Slurm 22.05 reads it.
-
-    None: slurmd waits for the Prolog forever (the key absent, 0, or 65534). Keys are
-    case-insensitive, ``#`` starts a comment, the last setting wins. ``UNLIMITED`` and
-    ``INFINITE`` are stored as 65535, which slurmd takes as 65535 seconds. Raises
-    ValueError for a value Slurm itself would refuse. ``Include`` files are not read.
-    """
+def setting(text: str, key: str) -> str | None:
+    """The value of ``key`` in slurm.conf ``text`` (None if absent): keys are case-insensitive,
+    ``#`` starts a comment, the last setting wins. ``Include`` files are not read."""
     value = None
     for line in text.replace("\\\n", "").splitlines():
         line = re.sub(r"(?<!\\)#.*", "", line)
         for m in _SLURM_PAIR.finditer(line):
-            if m.group(1).lower() == "prologepilogtimeout":
+            if m.group(1).lower() == key.lower():
                 value = m.group(2) if m.group(2) is not None else m.group(3)
+    return value
+
+
+def prolog_epilog_timeout(text: str, key: str = "PrologEpilogTimeout") -> float | None:
+    """``PrologEpilogTimeout`` (or ``key``) in slurm.conf ``text``, in seconds, as slurmd reads it.
+
+    None: slurmd waits for the Prolog forever (the key absent, 0, or 65534). ``UNLIMITED``
+    and ``INFINITE`` are stored as 65535, which slurmd takes as 65535 seconds. Raises
+    ValueError for a value Slurm itself would refuse.
+    """
+    value = setting(text, key)
     if value is None:
         return None
     if value.lower() in ("unlimited", "infinite"):
         return 65535.0
     number = _SLURM_NUMBER.fullmatch(value)  # strtoul(value, 0): hexadecimal, octal, decimal
     if not number:
-        raise ValueError(f"PrologEpilogTimeout={value} is not a number of seconds")
+        raise ValueError(f"{key}={value} is not a number of seconds")
     seconds = int(value, 16 if number.group(1) else 8 if number.group(2) else 10)
     if seconds > 65535:
-        raise ValueError(f"PrologEpilogTimeout={value} is greater than 65535")
+        raise ValueError(f"{key}={value} is greater than 65535")
     return None if seconds in _NO_TIMEOUT else float(seconds)
 
 
-def budget_problem(budget: float, timeout: float | None, where: str) -> str | None:
+def prolog_timeout(text: str) -> tuple[str, float | None]:
+    """The setting that bounds the Prolog, and its seconds: ``PrologTimeout`` where it is set
+    (Slurm 25.05 split PrologEpilogTimeout into PrologTimeout and EpilogTimeout, and reads
+    the old key as both where the new ones are absent), else ``PrologEpilogTimeout``."""
+    if setting(text, "PrologTimeout") is not None:
+        return "PrologTimeout", prolog_epilog_timeout(text, "PrologTimeout")
+    return "PrologEpilogTimeout", prolog_epilog_timeout(text)
+
+
+#: PrologFlags that make the Prolog run at allocation on every node (Contain, X11 and
+#: RunInJob imply Alloc)
+_ALLOC_FLAGS = frozenset({"alloc", "contain", "x11", "runinjob"})
+
+
+def prolog_flags(text: str) -> frozenset[str]:
+    return frozenset(f.strip().lower() for f in (setting(text, "PrologFlags") or "").split(",") if f.strip())
+
+
+def flags_problems(flags: frozenset[str], where: str) -> list[Problem]:
+    """What PrologFlags mean for dsstage's hooks."""
+    out = []
+    if not flags & _ALLOC_FLAGS:
+        out.append(Problem("error", "PrologFlags", f"{where} has no PrologFlags=Alloc: the Prolog then runs on a node "
+                           "only when a step of the job reaches it, so the batch host starts the job before the "
+                           "other nodes have staged its data, and waits for peers whose Prologs have not run; add "
+                           "PrologFlags=Alloc"))
+    if "runinjob" in flags:
+        out.append(Problem("error", "PrologFlags", f"{where} has PrologFlags=RunInJob (Slurm 24.05 and later): the "
+                           "Prolog and Epilog then run inside the job's cgroup, where the flush and purge dsstage "
+                           "leaves running after a stage or an eviction die with the job's extern step, and the "
+                           "page cache a stage fills counts against the job's memory limit; remove RunInJob"))
+    return out
+
+
+def budget_problem(budget: float, timeout: float | None, where: str, key: str = "PrologEpilogTimeout") -> str | None:
     """Why a Prolog that spends ``budget`` seconds would be killed by slurmd, or None."""
     if timeout is None or budget + PROLOG_MARGIN < timeout:
         return None
-    fix = f"raise PrologEpilogTimeout in {where} above {budget + PROLOG_MARGIN:g}"
+    fix = f"raise {key} in {where} above {budget + PROLOG_MARGIN:g}"
     if timeout - PROLOG_MARGIN > 1:
         fix = f"lower prolog_budget below {timeout - PROLOG_MARGIN:g} or " + fix
-    return (f"{budget:g} s plus a safety margin of {PROLOG_MARGIN:g} s is not below PrologEpilogTimeout="
+    return (f"{budget:g} s plus a safety margin of {PROLOG_MARGIN:g} s is not below {key}="
             f"{timeout:g} in {where}: slurmd would kill a Prolog that used its budget and drain the node; {fix}")
 
 
@@ -98,14 +138,16 @@ def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, A
         text = None
     if text is not None:
         try:
-            timeout = prolog_epilog_timeout(text)
+            key, timeout = prolog_timeout(text)
         except ValueError as exc:
             problems.append(Problem("note", "prolog_budget", f"{path}: {exc}; prolog_budget is not checked"))
         else:
-            found.update(read=True, prolog_epilog_timeout=timeout)
-            problem = budget_problem(conf.prolog_budget, timeout, path)
+            found.update(read=True, prolog_epilog_timeout=timeout, prolog_timeout_key=key)
+            problem = budget_problem(conf.prolog_budget, timeout, path, key)
             if problem:
                 problems.append(Problem("error", "prolog_budget", problem))
+            found["prolog_flags"] = sorted(prolog_flags(text))
+            problems += flags_problems(prolog_flags(text), path)
             if conf.placement.prefer and not _IGNORE_PREFER.search(text):
                 problems.append(Problem("error", "placement.prefer", f"{path} has no SchedulerParameters="
                                         "ignore_prefer_validation: Slurm refuses a job that prefers a feature no "
