@@ -169,15 +169,26 @@ end
 -- bbstat.max_age, starts one in the background for the next caller (dsstage.cluster.bbstat).
 local USAGE = "usage: scontrol show bbstat [JOBID | job JOBID | dataset NAME | node HOSTLIST]\n"
 
--- The question asked: Slurm 22.05 passes only the words after "bbstat"; later series pass
--- the caller's uid and gid (numbers) first.
-local function question(...)
+-- Whether this Slurm passes the caller's uid and gid before the words: 23.02 and later do
+-- (24.11 as strings), 22.05 passes only the words after "bbstat". The catalog says which
+-- series `dsstage export-catalog` found; where it does not, two leading numbers are taken
+-- for them (on 22.05 a caller could then name any uid: only the series tells).
+local function passes_uid(cat, args)
+	local v = type(cat) == "table" and cat.slurm_version
+	local major, minor = string.match(type(v) == "string" and v or "", "^(%d+)%.(%d+)")
+	if major then return tonumber(major) * 100 + tonumber(minor) >= 2302 end
+	return args[2] ~= nil and string.match(tostring(args[1]), "^%d+$") ~= nil
+		and string.match(tostring(args[2]), "^%d+$") ~= nil
+end
+
+-- The question asked, as the key of its answer (nil: not a question bbstat answers).
+local function question(cat, ...)
 	local args = { ... }
 	local uid
-	if type(args[1]) == "number" then
-		uid = args[1]
+	if passes_uid(cat, args) then
+		uid = tonumber(args[1])
 		table.remove(args, 1)
-		if type(args[1]) == "number" then table.remove(args, 1) end
+		table.remove(args, 1)
 	end
 	local what, value = args[1], args[2]
 	if what ~= nil and string.match(what, "^%d+$") and value == nil then
@@ -221,10 +232,10 @@ local function refresh(dir, key, now)
 end
 
 function slurm_bb_get_status(...)
-	local key = question(...)
-	if key == nil then return slurm.SUCCESS, USAGE end
 	local cat, cerr = dsstage.catalog()
 	if cat == nil then return slurm.SUCCESS, cerr .. "\n" end
+	local key = question(cat, ...)
+	if key == nil then return slurm.SUCCESS, USAGE end
 	if type(cat.bbstat) ~= "table" or type(cat.bbstat.dir) ~= "string" then
 		return slurm.SUCCESS, "dsstage: the catalog names no bbstat directory: an admin must run " ..
 			"`dsstage export-catalog` as root on this host\n"

@@ -33,6 +33,16 @@ class Cluster:
         # the package pass (packaging/run-tests, DSSTAGE_FROM_PACKAGE=1) runs the installed command too
         from_package = os.environ.get("DSSTAGE_FROM_PACKAGE", "0") not in ("", "0")
         self.venv_bin = Path("/usr/bin") if from_package else top / ".venv" / "bin"
+        #: the Slurm series (packaging/devcluster, DEVCLUSTER_SLURM): another than this machine's
+        #: runs in a Debian root of its own, and its commands (and dsstage) are $DIR/bin's
+        self.series = os.environ.get("DEVCLUSTER_SLURM") or "22.05"
+        if self.series != "22.05":
+            self.venv_bin = directory / "bin"
+            self.env["PATH"] = f"{directory / 'bin'}:{self.env.get('PATH', '/usr/bin:/bin')}"
+
+    def in_root(self, *argv: str) -> list[str]:
+        """``argv`` where this cluster's Slurm is: in its series' root, or here (22.05)."""
+        return [str(self.dir / "bin" / "in-root"), *argv] if self.series != "22.05" else list(argv)
 
     # -- commands ------------------------------------------------------------------
 

@@ -120,7 +120,9 @@ def test_a_spank_plugin_of_the_users_own_cannot_change_what_is_staged(cluster, t
     mine = Path(cluster.jobs) / f"forger-{os.getpid()}"
     mine.mkdir(mode=0o755, exist_ok=True)
     (mine / "forger.c").write_text(SPANK_FORGER)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(mine / "forger.so"), str(mine / "forger.c")], check=True)
+    # against the cluster's own Slurm: a plugin is of one series
+    subprocess.run(cluster.in_root("gcc", "-shared", "-fPIC", "-o", str(mine / "forger.so"), str(mine / "forger.c")),
+                   check=True)
     plugstack = (cluster.etc / "plugstack.conf").read_text()
     (mine / "plugstack.conf").write_text(plugstack + f"required {mine / 'forger.so'}\n")
     conf = "".join(line for line in (cluster.etc / "slurm.conf").read_text().splitlines(keepends=True)

@@ -205,8 +205,10 @@ def test_where_slurm_hides_jobs_a_user_sees_their_own_and_counts_of_the_rest(clu
 
 
 def test_a_held_job_is_explained_as_held_not_as_unplanned(cluster: Env):
-    jobs = [Job("300", "ana", "PENDING", ("coco",), partition="gpu", priority=0)]
+    jobs = [Job("300", "ana", "PENDING", ("coco",), partition="gpu", priority=0, reason="JobHeldUser"),
+            Job("301", "ana", "PENDING", ("coco",), partition="gpu", priority=0, reason="Resources")]
     demand.write(str(cluster.state), demand.build(jobs, NOW - 10))
     text = status.explain_job(collect(cluster), "300")
     assert "It is held: it starts only once released (scontrol release 300)" in text, text
     assert "has not planned" not in text
+    assert "It is held" not in status.explain_job(collect(cluster), "301"), "priority 0 alone is no hold"

@@ -40,7 +40,7 @@ def test_snapshot_lists_each_datasets_jobs_and_every_running_job():
     # pending: known start first, then by priority
     assert [r["job_id"] for r in coco["pending"]] == ["10", "11"]
     assert coco["pending"][0] == {"job_id": "10", "user": "ana", "partition": "gpu", "priority": 500,
-                                  "start": NOW + 1200, "nodes": "n[1-2]"}
+                                  "start": NOW + 1200, "nodes": "n[1-2]", "held": False}
     assert coco["running"] == [{"job_id": "12", "user": "ana", "partition": "gpu", "nodes": "n3"}]
     assert [r["job_id"] for r in snap.datasets["in22k"]["running"]] == ["15"]  # its Epilog may still run
     assert snap.running == {"12": "n3", "13": "n[4-5]", "15": "n6"}  # a job without datasets too

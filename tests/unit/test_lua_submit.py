@@ -275,10 +275,10 @@ end
 """
 
 
-def bbstat(tmp_path: Path, calls: str) -> list[tuple[int, int, str, str]]:
+def bbstat(tmp_path: Path, calls: str, slurm_version: str | None = None) -> list[tuple[int, int, str, str]]:
     """burst_buffer.lua's slurm_bb_get_status under Lua 5.1, with os.execute recorded, not run."""
     etc = tmp_path / "etc"
-    etc.mkdir(exist_ok=True)
+    etc.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "sbatch_ext" / "burst_buffer.lua", etc)
     shutil.copy(ROOT / "sbatch_ext" / "dsstage_submit.lua", etc)
     answers = tmp_path / "answers"
@@ -286,7 +286,8 @@ def bbstat(tmp_path: Path, calls: str) -> list[tuple[int, int, str, str]]:
     conf = load.from_dict({"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
                            "burst_buffer": {"status_dir": str(answers), "status_max_age": 10},
                            "datasets": {"coco": {"source": "/d/c"}}})
-    (etc / "dsstage_catalog.lua").write_text(luacatalog.render(conf, command=["/usr/bin/dsstage"]))
+    (etc / "dsstage_catalog.lua").write_text(luacatalog.render(conf, command=["/usr/bin/dsstage"],
+                                                               slurm_version=slurm_version))
     out = subprocess.run([LUA, "-"], input=BBSTAT_HARNESS.format(script=etc / "burst_buffer.lua", calls=calls),
                          capture_output=True, text=True, check=True).stdout
     rows = []
@@ -338,3 +339,12 @@ def test_burst_buffer_lua_defines_every_function_slurm_requires(tmp_path, series
                          cwd=tmp_path).stdout.split()
     assert out[:len(REQUIRED_BB[series])] == ["function"] * len(REQUIRED_BB[series])
     assert out[-2:] == ["1", "0"], "stage-in is done at once: SUCCESS, never BUSY"
+
+
+def test_bbstat_reads_the_uid_only_where_the_catalogs_slurm_passes_one(tmp_path):
+    """24.11 passes uid and gid as strings; on 22.05 two numbers are a caller's words, never an
+    identity it could claim (the catalog says which series export-catalog found)."""
+    rows = bbstat(tmp_path, 'show("0", "0", "dataset", "coco")\nshow("1000", "1000")', slurm_version="24.11")
+    assert "'dataset=coco@0'" in rows[0][2] and "'all@1000'" in rows[1][2]
+    rows = bbstat(tmp_path / "old", 'show("1000", "1000")\nshow("dataset", "coco")', slurm_version="22.05")
+    assert rows[0][3].startswith("usage:") and "@" not in rows[1][2] and "'dataset=coco'" in rows[1][2]

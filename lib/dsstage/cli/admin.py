@@ -166,6 +166,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return simulate.main(args.args)
 
 
+def installed_series(conf: model.Config) -> str | None:
+    """The Slurm series of this host's commands (scontrol --version: no call to slurmctld), or
+    None where it cannot be told."""
+    from dsstage import proc
+    from dsstage.errors import CommandError
+    from dsstage.slurm import luacatalog
+    try:
+        out = proc.run([conf.slurm_command("scontrol"), "--version"], timeout=10, check=False).stdout
+    except (CommandError, OSError):
+        return None
+    return luacatalog.slurm_series(out)
+
+
 def make_status_dir(conf: model.Config) -> None:
     """``burst_buffer.status_dir``: Slurm's SlurmUser's (burst_buffer.user, else root) alone."""
     path = conf.burst_buffer.status_dir
@@ -195,7 +208,7 @@ def cmd_export_catalog(args: argparse.Namespace) -> int:
     # how burst_buffer.lua runs dsstage on this host: this installation, this configuration
     here = os.path.join(os.path.dirname(sys.executable), "dsstage")
     command = [here if os.access(here, os.X_OK) else "/usr/bin/dsstage", "--config", os.path.abspath(conf.origin)]
-    text = luacatalog.render(conf, command=command)
+    text = luacatalog.render(conf, command=command, slurm_version=installed_series(conf))
     if args.output:
         need_write("export-catalog", args.output)
         write_atomic(os.path.abspath(args.output), text)

@@ -154,6 +154,7 @@ def queue_rows(snap: Snapshot) -> list[dict[str, Any]]:
                 row = jobs.setdefault(job_id, {
                     "job_id": job_id, "user": str(w.get("user", "")), "state": state,
                     "partition": str(w.get("partition", "")), "priority": w.get("priority"),
+                    "held": bool(w.get("held")),
                     "start": w.get("start"), "nodes": str(w.get("nodes") or ""), "datasets": []})
                 row["datasets"].append(name)
     for row in jobs.values():
@@ -276,7 +277,7 @@ def explain_job(st: Status, job_id: str) -> str:
     if job["state"] == "pending":
         when = f"in {human_duration(job['start'] - st.time)}" if job["start"] and job["start"] > st.time else \
             "as soon as it can" if job["start"] else ""
-        held = job.get("priority") == 0  # Slurm gives a held job priority 0
+        held = job.get("held")  # by its user, an admin, or a requeue-hold (squeue's reason JobHeld*)
         parts.append(f"It is held: it starts only once released (scontrol release {job_id}), and Slurm plans "
                      "nothing for it until then." if held else
                      f"Slurm expects it to start {when} on {job['nodes']}." if planned and when else

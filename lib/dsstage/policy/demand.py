@@ -153,7 +153,8 @@ def build(jobs: Iterable[Any], now: float, *, backend: str = "", host: str = "",
         for name in job.datasets:
             row: dict[str, Any] = {"job_id": job.job_id, "user": job.user, "partition": job.partition}
             if state == "pending":
-                row.update(priority=job.priority, start=job.start_time, nodes=job.sched_nodes)
+                row.update(priority=job.priority, start=job.start_time, nodes=job.sched_nodes,
+                           held=job.reason.startswith("JobHeld"))
             else:
                 row.update(nodes=job.nodes)
             datasets.setdefault(name, {"pending": [], "running": []})[state].append(row)

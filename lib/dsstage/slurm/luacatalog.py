@@ -15,6 +15,7 @@ from __future__ import annotations
 import grp
 import logging
 import pwd
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,9 +38,11 @@ def render(config: Config, *,
            getgrnam: Callable[[str], Any] = grp.getgrnam,
            getpwnam: Callable[[str], Any] = pwd.getpwnam,
            getpwall: Callable[[], list[Any]] = pwd.getpwall,
-           now: Callable[[], float] = time.time, command: Sequence[str] = ()) -> str:
+           now: Callable[[], float] = time.time, command: Sequence[str] = (),
+           slurm_version: str | None = None) -> str:
     """Lua source returning ``{generated = T, datasets = {name = {groups = {...}, uids = {...}}}, ...}``;
-    ``command``: how burst_buffer.lua runs dsstage on the controller (argv).
+    ``command``: how burst_buffer.lua runs dsstage on the controller (argv); ``slurm_version``:
+    the Slurm series there ("24.11"), which tells burst_buffer.lua how bbstat passes its words.
 
     Raises DsstageError when no group of any restricted dataset resolves (the directory
     service is most likely down): an empty table would refuse every restricted request."""
@@ -50,6 +53,7 @@ def render(config: Config, *,
             f"  placement = {{ prefer = {'true' if config.placement.prefer else 'false'}, "
             f"prefix = {_lua_str(config.placement.prefix)} }},",
             "  command = {" + ", ".join(_lua_str(a) for a in command) + "},",
+            *([f"  slurm_version = {_lua_str(slurm_version)},"] if slurm_version else []),
             f"  bbstat = {{ dir = {_lua_str(config.burst_buffer.status_dir)}, "
             f"max_age = {int(config.burst_buffer.status_max_age)} }},",
             "  datasets = {"]
@@ -80,3 +84,9 @@ def render(config: Config, *,
     stamp = blake3.blake3(text.encode()).hexdigest()[:16]
     # the first line changes with the content: job_submit.lua re-reads the file when it does
     return f"-- dsstage catalog {stamp}, generated from {config.origin}: edit that file, not this one\n" + text
+
+
+def slurm_series(version_text: str) -> str | None:
+    """"24.11" from what ``scontrol --version`` prints ("slurm 24.11.5", "slurm-wlm 26.05.5")."""
+    m = re.search(r"\b(\d+)\.(\d+)(?:\.\d+)?\s*$", version_text.strip())
+    return f"{int(m.group(1))}.{m.group(2)}" if m else None
