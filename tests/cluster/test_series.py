@@ -20,6 +20,7 @@ pytestmark = pytest.mark.cluster
 @pytest.mark.parametrize("series, port", [("24.11", 29817), ("26.05", 30817)])
 def test_an_ordinary_user_stages_and_reads_data_on_slurm(another_devcluster, monkeypatch, series, port):
     monkeypatch.setenv("DEVCLUSTER_SLURM", series)
+    monkeypatch.delenv("DSSTAGE_FROM_PACKAGE", raising=False)  # the .debs are built for 22.05: the checkout runs
     with another_devcluster(f"dsstage-series-{series}", port, sample_files=30) as cluster:
         assert cluster.series == series
         for user in (None, "daemon"):  # as a login node of that series has them, for everyone
