@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsstage import privatedata
 from dsstage.cluster import reports as reports_of
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError
@@ -59,15 +60,13 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
     """The cluster's state: the published reports (or ``reports``, from --live), which
     are stale, and the queue's demand (unless ``slurm`` is None). ``offline``: from
     dsstage's own files only, never asking Slurm (what a Slurm callback may do): the
-    demand snapshot whatever its age (the headline says how old), and no list of down
+    demand snapshot whatever its age (a note says when it is stale), and no list of down
     nodes (reports are stale by their age alone)."""
-    if offline:
-        return _offline(config, clock(), reports)
     now = clock()
     st = Status(time=now, unreachable=dict(unreachable or {}))
     raw = reports_of.read_all(config.state_dir) if reports is None else [reports_of.normalize(r) for r in reports]
     down: dict[str, str] = {}
-    if slurm is not None:
+    if slurm is not None and not offline:
         try:
             down = down_nodes(slurm.nodes())
         except DsstageError as exc:
@@ -75,38 +74,28 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
     for r in raw:
         r["stale"] = reports_of.stale_reason(r, now, config.report.max_age, down) or None
         st.nodes.append(r)
-    if slurm is None:
+    if slurm is None and not offline:
         return st
     snap = demand.read(config.state_dir)
     st.demand_source = "snapshot"
+    if offline and not snap.time:
+        st.queue_error = snap.problem or "there is no demand snapshot: is the demand poller running?"
+        st.demand_source = ""
+        return st
     if snap.stale(now, config.retention.demand_max_age):
-        try:
-            snap = demand.build(slurm.queue(), now)
-            st.demand_source = "slurm"
-        except DsstageError as exc:
-            st.queue_error = str(exc)
-            st.demand_source = ""
-            return st
+        if offline or slurm is None:
+            st.queue_note = (f"the demand snapshot is {human_duration(now - snap.time)} old, older than "
+                             "retention.demand_max_age: is the demand poller running?")
+        else:
+            try:
+                snap = demand.build(slurm.queue(), now)
+                st.demand_source = "slurm"
+            except DsstageError as exc:
+                st.queue_error = str(exc)
+                st.demand_source = ""
+                return st
     st.demand_time = snap.time
     st.queue = queue_rows(snap)
-    return st
-
-
-def _offline(config: Config, now: float, reports: Iterable[Mapping[str, Any]] | None) -> Status:
-    st = Status(time=now)
-    raw = reports_of.read_all(config.state_dir) if reports is None else [reports_of.normalize(r) for r in reports]
-    for r in raw:
-        r["stale"] = reports_of.stale_reason(r, now, config.report.max_age, {}) or None
-        st.nodes.append(r)
-    snap = demand.read(config.state_dir)
-    if snap.time:
-        st.demand_source, st.demand_time = "snapshot", snap.time
-        st.queue = queue_rows(snap)
-        if snap.stale(now, config.retention.demand_max_age):
-            st.queue_note = (f"the demand snapshot is {human_duration(now - snap.time)} old, older than "
-                              "retention.demand_max_age: is the demand poller running?")
-    else:
-        st.queue_error = snap.problem or "there is no demand snapshot: is the demand poller running?"
     return st
 
 
@@ -136,9 +125,7 @@ def private_view(st: Status, user: str | None, counts: Mapping[str, Mapping[str,
                 for state in ("pending", "running")}
         if left["pending"] or left["running"]:
             hidden[name] = left
-    nodes = [{**r, "copies": [{**c, "leases": [{"since": x.get("since")} for x in c.get("leases") or []],
-                               "job_id": "" if c.get("job_id") else c.get("job_id")}
-                              for c in r["copies"]]} for r in st.nodes]
+    nodes = [privatedata.redact_report(r) for r in st.nodes]
     return Status(time=st.time, nodes=nodes, queue=own, demand_time=st.demand_time, demand_source=st.demand_source,
                   queue_error=st.queue_error, queue_note=st.queue_note, unreachable=st.unreachable,
                   down_error=st.down_error, hidden=hidden)
