@@ -215,14 +215,15 @@ local function read_answer(path)
 	return when, text
 end
 
--- Start `dsstage bb status KEY` detached, unless one for KEY started less than 60 s ago.
+-- Start `dsstage bb status KEY` detached, unless one for KEY started less than 20 s ago
+-- (one that died before it could say so blocks no longer).
 local function refresh(dir, key, now)
 	local mark = dir .. "/" .. key .. ".refreshing"
 	local f = io.open(mark, "r")
 	if f ~= nil then
 		local started = tonumber(f:read("*l") or "")
 		f:close()
-		if started ~= nil and now - started < 60 then return end
+		if started ~= nil and now - started < 20 then return end
 	end
 	f = io.open(mark, "w")
 	if f == nil then return end

@@ -21,6 +21,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+#: burst_buffer.status_max_age in packaging/devcluster's configuration
+BBSTAT_MAX_AGE = 2
 
 
 class Cluster:
@@ -39,6 +41,23 @@ class Cluster:
         if self.series != "22.05":
             self.venv_bin = directory / "bin"
             self.env["PATH"] = f"{directory / 'bin'}:{self.env.get('PATH', '/usr/bin:/bin')}"
+
+    def bbstat(self, *words: str, user: str = "daemon", since: float | None = None, timeout: float = 60) -> str:
+        """`scontrol show bbstat WORDS` as ``user``: an answer computed after ``since`` (epoch
+        seconds; default: now), asking again while it is computed (bbstat answers at once with
+        what it has, and starts a newer answer in the background)."""
+        since = time.time() if since is None else since
+        deadline = time.monotonic() + timeout
+        out = ""
+        while time.monotonic() < deadline:
+            out = self.run("scontrol", "show", "bbstat", *words, user=user).stdout
+            age = re.match(r"\(computed (\d+) s ago", out)
+            # an answer given as current is at most status_max_age (the devcluster's: 2 s) old
+            computed = time.time() - (int(age.group(1)) if age else BBSTAT_MAX_AGE)
+            if not out.startswith("dsstage: the answer is being computed") and computed >= since - 1:
+                return out.split("\n", 1)[1] if age else out
+            time.sleep(0.5)
+        raise AssertionError(f"bbstat {words} never answered with what came after {since}: {out}")
 
     def in_root(self, *argv: str) -> list[str]:
         """``argv`` where this cluster's Slurm is: in its series' root, or here (22.05)."""

@@ -41,18 +41,6 @@ def dsstage_as(cluster, user: str, *args: str) -> str:
     return cluster.run(*argv).stdout
 
 
-def bbstat(cluster, *words: str, user: str = "daemon", timeout: float = 30) -> str:
-    """A current answer to `scontrol show bbstat WORDS` (asking again while it is computed)."""
-    deadline = time.monotonic() + timeout
-    out = ""
-    while time.monotonic() < deadline:
-        out = cluster.run(*as_user(user, "scontrol", "show", "bbstat", *words)).stdout
-        if "being computed" not in out.splitlines()[0]:
-            return out
-        time.sleep(0.5)
-    raise AssertionError(f"bbstat {words} never answered: {out}")
-
-
 def test_a_users_bbstat_loops_never_delay_anothers_submissions(cluster):
     """Four shells of `while :; do scontrol show bbstat; done` (they made every sbatch of
     another user time out after MessageTimeout, 10 s): submissions are answered at once."""
@@ -85,17 +73,15 @@ def test_bbstat_filters_filter_on_every_series(cluster):
     for name, node in (("bbfa", "n1"), ("bbfb", "n2")):
         job = cluster.submit("true\n", f"--dataset={name}", "-w", node)
         assert cluster.wait(job)["JobState"] == "COMPLETED"
-    time.sleep(3)  # older than status_max_age: the next question computes a new answer
-    bbstat(cluster, "dataset", "bbfa")
-    time.sleep(3)
+    since = time.time()  # the Epilogs have published the nodes' reports
     for words, shown, hidden in ((("dataset", "bbfa"), "bbfa", "bbfb"), (("node", "n2"), "bbfb", "bbfa")):
-        out = bbstat(cluster, *words)
+        out = cluster.bbstat(*words, since=since)
         datasets = out.split("Tiers")[0]
         assert shown in datasets and hidden not in datasets, out
     assert "usage: scontrol show bbstat" in cluster.run("scontrol", "show", "bbstat", "nodes", "n1").stdout
     # a hostlist of 10^8 names is refused from its text, before a name is made (it took gigabytes)
     t = time.monotonic()
-    out = bbstat(cluster, "node", "n[1-99999999]")
+    out = cluster.bbstat("node", "n[1-99999999]")
     assert "names 99999999 nodes, more than 100000" in out and time.monotonic() - t < 20, out
 
 
@@ -179,10 +165,7 @@ def test_where_slurm_hides_jobs_dsstage_hides_them_too(cluster):
         out = dsstage_as(cluster, "nobody", "status")
         assert pending not in out and "daemon" not in out, out
         assert "Other users' jobs are not shown" in out and "sample: 1 pending" in " ".join(out.split()), out
-        time.sleep(3)
-        bbstat(cluster, user="nobody")
-        time.sleep(3)
-        out = bbstat(cluster, user="nobody")
+        out = cluster.bbstat(user="nobody")
         assert pending not in out and "daemon" not in out and "Other users' jobs are not shown" in out, out
         own = dsstage_as(cluster, "daemon", "status")
         assert pending in own, own

@@ -169,11 +169,11 @@ COVERAGE: dict[str, list[Runs]] = {
              note="the job_desc.burst_buffer sbatch --bb fills, through job_submit.lua; not through sbatch")],
     "scontrol show bbstat [JOBID | job ID | dataset NAME | node HOSTLIST]": [
         Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
-             ('"scontrol", "show", "bbstat", "dataset", "bbd"',), note="the dataset form only")],
+             ('cluster.bbstat("dataset", "bbd", user="root")',), note="the dataset form only")],
     "scontrol show bbstat": [
         Runs(CALLBACKS, "test_a_users_bbstat_loops_never_delay_anothers_submissions",
              ('"scontrol show bbstat node \'n[1-3]\' >/dev/null 2>&1; scontrol show bbstat',)),
-        Runs(CALLBACKS, "test_where_slurm_hides_jobs_dsstage_hides_them_too", ('bbstat(cluster, user="nobody")',))],
+        Runs(CALLBACKS, "test_where_slurm_hides_jobs_dsstage_hides_them_too", ('cluster.bbstat(user="nobody")',))],
     "dsstage bb status": [
         Runs("tests/unit/test_lua_submit.py", "test_bbstat_reads_its_answer_and_starts_one_refresh_in_the_background",
              ("\"'bb' 'status' 'dataset=coco'\" in rows[0][2]",)),

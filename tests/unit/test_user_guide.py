@@ -61,10 +61,10 @@ COVERAGE: dict[str, list[Runs]] = {
              note="with --json")],
     "scontrol show bbstat dataset imagenet22t": [
         Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
-             ('"scontrol", "show", "bbstat", "dataset", "bbd"',))],
+             ('cluster.bbstat("dataset", "bbd", user="root")',))],
     "scontrol show bbstat dataset NAME": [
         Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
-             ('"scontrol", "show", "bbstat", "dataset", "bbd"',))],
+             ('cluster.bbstat("dataset", "bbd", user="root")',))],
     # a held job
     "squeue -h -j 1234 -o %r": [Runs(HOLD, "test_hold_requeues_and_holds_a_running_batch_job",
                                      ('"squeue", "-h", "-j", job, "-o", "%r", user=USER',))],

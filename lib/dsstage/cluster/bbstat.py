@@ -102,6 +102,8 @@ def refresh(config: Config, key: str, clock: Callable[[], float] = time.time) ->
                 text = answer(config, q, clock)
             except DsstageError as exc:
                 text = f"dsstage: error: {exc}\n"
+            except Exception as exc:  # noqa: BLE001 - a bug: the caller still gets an answer, not silence
+                text = f"dsstage: internal error: {type(exc).__name__}: {exc}\n"
             safe.write_at(dfd, key, f"{HEADER}{int(clock())}\n{text}", mode=0o600, fsync=False)
             _prune(dfd)
         finally:
