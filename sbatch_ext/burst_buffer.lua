@@ -244,13 +244,15 @@ function slurm_bb_get_status(...)
 	local now = os.time()
 	local when, text = read_answer(cat.bbstat.dir .. "/" .. key)
 	local age = when and (now - when) or nil
-	if age == nil or age > (tonumber(cat.bbstat.max_age) or 10) then refresh(cat.bbstat.dir, key, now) end
+	local old = age == nil or age > (tonumber(cat.bbstat.max_age) or 10)
+	if old then refresh(cat.bbstat.dir, key, now) end
 	if text == nil then
 		return slurm.SUCCESS, "dsstage: the answer is being computed (never in slurmctld's time); " ..
 			"ask again in a few seconds\n"
 	end
-	if age > (tonumber(cat.bbstat.max_age) or 10) then
-		text = "(computed " .. age .. " s ago; a newer answer is being computed)\n" .. text
+	if old then
+		text = "(computed " .. (age and (age .. " s ago") or "at an unknown time") ..
+			"; a newer answer is being computed)\n" .. text
 	end
 	return slurm.SUCCESS, text
 end

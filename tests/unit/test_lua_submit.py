@@ -309,6 +309,9 @@ def test_bbstat_reads_its_answer_and_starts_one_refresh_in_the_background(tmp_pa
     assert rows[0][1] == 0 and rows[0][3] == "fresh answer\n"
     assert rows[1][1] == 1 and "'all'" in rows[1][2]
     assert rows[1][3].startswith("(computed 10") and rows[1][3].endswith("old answer\n")
+    (tmp_path / "answers" / "all").write_text("no header\n")  # damaged: still an answer, never a Lua error
+    rows = bbstat(tmp_path, 'show()')
+    assert rows[0][0] == 0 and rows[0][3].startswith("(computed at an unknown time;")
 
 
 def test_bbstat_reads_the_arguments_as_each_series_passes_them(tmp_path):
