@@ -9,11 +9,9 @@ import os
 import sys
 from dataclasses import asdict
 
-from dsstage import privatedata
-from dsstage.cli.common import caller_name, emit, live_reports, load_config
+from dsstage.cli.common import emit, live_reports, load_config
 from dsstage.cluster import poller as cluster_poller
 from dsstage.cluster import status, status_view
-from dsstage.policy import demand
 from dsstage.slurm import client as slurm_client
 
 log = logging.getLogger("dsstage")
@@ -60,8 +58,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.live:
         reports, unreachable = live_reports(args, conf, args.nodes, client)
     whole = status.collect(conf, client, reports=reports, unreachable=unreachable)
-    if privatedata.hides_jobs() and not status.sees_all_jobs(conf, os.getuid()):
-        whole = status.private_view(whole, caller_name(), demand.read_summary(conf.state_dir))
+    whole = status.as_seen_by(conf, whole, os.getuid())
     st = status.select(whole, filt) if filt else whole
     explain = status.explain_job(whole, args.job) if args.job else ""
 

@@ -28,15 +28,6 @@ def load_config(args: argparse.Namespace) -> model.Config:
     return load.load(args.config)
 
 
-def caller_name() -> str | None:
-    """The user running this command, by name (None if the uid has none)."""
-    import pwd
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return None
-
-
 def need_root(verb: str, what: str) -> None:
     """Before a verb that changes or reads this node's root-owned store: say so to anyone
     else, rather than let the store's first EACCES read as a failing disk."""

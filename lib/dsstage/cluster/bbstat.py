@@ -29,12 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dsstage import privatedata
 from dsstage.cluster import status, status_view
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError
 from dsstage.fs import safe
-from dsstage.policy import demand
 
 #: refreshes running at once, over every question
 SLOTS = 2
@@ -65,8 +63,7 @@ def parse_key(key: str) -> Question:
 def answer(config: Config, q: Question, clock: Callable[[], float] = time.time) -> str:
     """The text of the answer: status for the question, from dsstage's own files only."""
     st = status.collect(config, None, clock, offline=True)
-    if privatedata.hides_jobs() and not (q.uid is not None and status.sees_all_jobs(config, q.uid)):
-        st = status.private_view(st, _user_name(q.uid), demand.read_summary(config.state_dir))
+    st = status.as_seen_by(config, st, q.uid)
     filt = status.Filter.parse(job=q.value if q.what == "job" else None,
                                dataset=q.value if q.what == "dataset" else None,
                                nodes=q.value if q.what == "node" else None)
@@ -75,16 +72,6 @@ def answer(config: Config, q: Question, clock: Callable[[], float] = time.time) 
     if q.what == "job":
         text += "\n" + textwrap.fill(status.explain_job(st, q.value), status_view.WIDTH) + "\n"
     return text
-
-
-def _user_name(uid: int | None) -> str | None:
-    if uid is None:
-        return None
-    import pwd
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
 
 
 def refresh(config: Config, key: str, clock: Callable[[], float] = time.time) -> bool:

@@ -113,6 +113,24 @@ def sees_all_jobs(config: Config, uid: int) -> bool:
     return False
 
 
+def as_seen_by(config: Config, st: Status, uid: int | None) -> Status:
+    """``st`` as Slurm would show it to ``uid`` (None: a caller nobody knows, as Slurm 22.05's
+    bbstat): whole, unless PrivateData hides jobs and the caller is neither root nor SlurmUser."""
+    if not privatedata.hides_jobs() or (uid is not None and sees_all_jobs(config, uid)):
+        return st
+    return private_view(st, _user_name(uid), demand.read_summary(config.state_dir))
+
+
+def _user_name(uid: int | None) -> str | None:
+    if uid is None:
+        return None
+    import pwd
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
 def private_view(st: Status, user: str | None, counts: Mapping[str, Mapping[str, int]]) -> Status:
     """``st`` as Slurm's PrivateData=jobs lets ``user`` see it (None: a caller nobody knows):
     their own jobs, and how many jobs of others want each dataset (``counts``: the demand
