@@ -389,7 +389,7 @@ def remove_tree_at(dir_fd: int, name: str) -> None:
                         if entry.is_dir(follow_symlinks=False):
                             pending.append(entry.name)
                         else:
-                            _unlink_missing_ok(fd, entry.name)
+                            unlink_at(fd, entry.name)
                 stack[-1] = (here, ident, pending)
             if pending:
                 child = pending.pop()
@@ -400,7 +400,7 @@ def remove_tree_at(dir_fd: int, name: str) -> None:
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
-                    _unlink_missing_ok(fd, child)  # swapped for a file or a link: removed as such
+                    unlink_at(fd, child)  # swapped for a file or a link: removed as such
                     continue
                 os.close(fd)
                 fd = sub
@@ -424,9 +424,3 @@ def _ident(fd: int) -> tuple[int, int]:
     st = os.fstat(fd)
     return st.st_dev, st.st_ino
 
-
-def _unlink_missing_ok(dir_fd: int, name: str) -> None:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
