@@ -146,8 +146,9 @@ def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, A
             problem = budget_problem(conf.prolog_budget, timeout, path, key)
             if problem:
                 problems.append(Problem("error", "prolog_budget", problem))
-            found["prolog_flags"] = sorted(prolog_flags(text))
-            problems += flags_problems(prolog_flags(text), path)
+            flags = prolog_flags(text)
+            found["prolog_flags"] = sorted(flags)
+            problems += flags_problems(flags, path)
             if conf.placement.prefer and not _IGNORE_PREFER.search(text):
                 problems.append(Problem("error", "placement.prefer", f"{path} has no SchedulerParameters="
                                         "ignore_prefer_validation: Slurm refuses a job that prefers a feature no "
