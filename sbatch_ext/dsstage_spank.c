@@ -9,15 +9,23 @@
  * that can never be valid, so the user hears of a typo before anything is submitted.
  *
  * Build: make -C sbatch_ext   (needs slurm/spank.h: Debian package libslurm-dev)
- * Rebuild for every Slurm major release.
+ * Rebuild for every Slurm major release: Slurm refuses a plugin built for another one.
  */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <slurm/spank.h>
+#include <slurm/slurm_version.h>
 
 SPANK_PLUGIN(dsstage, 1);
+
+/* Read from the file by `dsstage check-config` (Slurm refuses to load a plugin built for
+ * another release, before any code of ours runs, so the check reads the file instead). */
+#define DSSTAGE_STR(x) #x
+#define DSSTAGE_XSTR(x) DSSTAGE_STR(x)
+__attribute__((used)) static const char built_for[] =
+	"dsstage-spank built for SLURM_VERSION_NUMBER=" DSSTAGE_XSTR(SLURM_VERSION_NUMBER) ";";
 
 #define DSSTAGE_VALUE_MAX 1024
 #define DSSTAGE_NAME_MAX 64

@@ -163,6 +163,11 @@ COVERAGE: dict[str, list[Runs]] = {
         Runs("lib/dsstage/slurm/client.py", "CliSlurm", ('"scontrol", "update", f"NodeName={nodes}"',))],
     "scontrol reconfigure": [Runs(PRESTAGE, "test_a_job_starts_where_its_data_is",
                                   ('cluster.run("scontrol", "reconfigure")',))],
+    "sbatch --dataset=...": [
+        Runs("tests/cluster/test_series.py",
+             "test_a_plugin_built_for_another_series_costs_only_dataset_and_check_config_says_rebuild",
+             ('"sbatch", "--dataset=sample", "--wrap", "true"', "unrecognized option '--dataset=sample'"),
+             note="with a plugin built for another series, loaded optional")],
     "sbatch --bb \"#BB_LUA dataset=NAME\"": [
         Runs("tests/unit/test_lua_submit.py", "test_job_submit_records_burst_buffer_directives",
              ('burst_buffer = "#BB_LUA dataset=coco"',),
@@ -318,7 +323,13 @@ def test_make_install_puts_the_plugin_in_the_multiarch_directory(tmp_path):
     plugin = f"/usr/lib/{arch}/slurm-wlm/dsstage_spank.so"
     assert (tmp_path / "root" / plugin.lstrip("/")).is_file()
     lines = [x for x in (src / "plugstack.conf").read_text().splitlines() if x and not x.startswith("#")]
-    assert lines == [f"required {plugin}"]
+    assert lines == [f"optional {plugin}"]
+    # the release it was built for, where check-config reads it (dsstage.slurm.spank)
+    from dsstage.slurm import spank
+    header = Path("/usr/include/slurm/slurm_version.h").read_text()
+    number = int(header.split("#define SLURM_VERSION_NUMBER", 1)[1].split()[0], 16)
+    built = spank.built_for((tmp_path / "root" / plugin.lstrip("/")).read_bytes())
+    assert built == ((number >> 16) & 0xFF, (number >> 8) & 0xFF, number & 0xFF)
 
 
 @pytest.fixture

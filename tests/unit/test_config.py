@@ -234,7 +234,7 @@ def test_check_host(tmp_path):
 
     def check(c=conf):
         found, problems = check_host(c, str(slurm_conf))
-        return found, [p for p in problems if p.key not in ("PrivateData", "PrologFlags")]
+        return found, [p for p in problems if p.key not in ("PrivateData", "PrologFlags", "spank")]
     slurm_conf.write_text("PrologEpilogTimeout=600\nSchedulerParameters=bf_interval=5,ignore_prefer_validation\n")
     found, problems = check()
     assert found == {"slurm_conf": str(slurm_conf), "read": True, "prolog_epilog_timeout": 600.0,

@@ -27,7 +27,7 @@ log = logging.getLogger("dsstage")
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     conf = load_config(args)
-    slurm, problems = slurm_conf.check_host(conf)
+    slurm, problems = slurm_conf.check_host(conf, series=installed_series(conf))
     problems += tier_problems(conf, args.node or node_name())
     errors = [p for p in problems if p.level == "error"]
     data = {"config": conf.origin, "ok": not errors, "state_dir": conf.state_dir, "on_failure": conf.on_failure,

@@ -123,8 +123,27 @@ def budget_problem(budget: float, timeout: float | None, where: str, key: str = 
 _IGNORE_PREFER = re.compile(r"(?im)^\s*SchedulerParameters\s*=\s*\S*\bignore_prefer_validation\b")
 
 
-def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, Any], list[Problem]]:
-    """The configuration against this host's Slurm: what was found, and the problems."""
+def spank_problems(text: str, slurm_conf: str, series: str | None) -> list[Problem]:
+    """How this host's plugstack.conf (slurm.conf's PlugStackConfig, else beside slurm.conf)
+    loads dsstage's SPANK plugin, against the Slurm ``series`` here."""
+    from dsstage.slurm import spank
+    plugstack = setting(text, "PlugStackConfig") or os.path.join(os.path.dirname(slurm_conf), "plugstack.conf")
+    plugin_dirs = [d for d in (setting(text, "PluginDir") or "").split(":") if d]
+    found = spank.loads(plugstack, plugin_dirs)
+    read: dict[str, bytes | None] = {}
+    for load in found:
+        try:
+            with open(load.path, "rb") as fh:
+                read[load.path] = fh.read()
+        except OSError:
+            read[load.path] = None
+    return [Problem(level, "spank", message) for level, message in spank.problems(found, series, read)]
+
+
+def check_host(conf: Config, slurm_conf: str | None = None,
+               series: str | None = None) -> tuple[dict[str, Any], list[Problem]]:
+    """The configuration against this host's Slurm (of ``series``, where known): what was
+    found, and the problems."""
     path = slurm_conf or slurm_conf_path()
     found: dict[str, Any] = {"slurm_conf": path, "read": False, "prolog_epilog_timeout": None}
     problems: list[Problem] = []
@@ -154,6 +173,7 @@ def check_host(conf: Config, slurm_conf: str | None = None) -> tuple[dict[str, A
                                         "ignore_prefer_validation: Slurm refuses a job that prefers a feature no "
                                         "node has yet, so jobs asking for a dataset that no node holds ready would "
                                         "be refused at submit; add it, or set placement.prefer: false"))
+            problems += spank_problems(text, path, series)
             found["private_jobs"] = privatedata.hides_jobs_in(text)
             problems.append(Problem("note", "PrivateData", (
                 f"{path} has PrivateData=jobs: dsstage hides other users' jobs too (demand.json readable by its "
