@@ -174,9 +174,8 @@ local USAGE = "usage: scontrol show bbstat [JOBID | job JOBID | dataset NAME | n
 -- series `dsstage export-catalog` found; where it does not, two leading numbers are taken
 -- for them (on 22.05 a caller could then name any uid: only the series tells).
 local function passes_uid(cat, args)
-	local v = type(cat) == "table" and cat.slurm_version
-	local major, minor = string.match(type(v) == "string" and v or "", "^(%d+)%.(%d+)")
-	if major then return tonumber(major) * 100 + tonumber(minor) >= 2302 end
+	local series = dsstage.series(cat)
+	if series then return series >= 2302 end
 	return args[2] ~= nil and string.match(tostring(args[1]), "^%d+$") ~= nil
 		and string.match(tostring(args[2]), "^%d+$") ~= nil
 end

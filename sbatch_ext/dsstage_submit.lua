@@ -251,14 +251,29 @@ function M.validate(cat, names, submit_uid)
 	return slurm.SUCCESS
 end
 
+-- The Slurm series `dsstage export-catalog` found (the catalog's slurm_version), as a number
+-- (22.05 is 2205), or nil where the catalog does not say.
+function M.series(cat)
+	local v = type(cat) == "table" and cat.slurm_version
+	local major, minor = string.match(type(v) == "string" and v or "", "^(%d+)%.(%d+)")
+	if major then return tonumber(major) * 100 + tonumber(minor) end
+	return nil
+end
+
 -- A soft preference for nodes that hold the datasets ready (the demand poller keeps a node
 -- feature per ready dataset, see dsstage.cluster.features): the job starts where its data is when
 -- such a node is free, anywhere otherwise. A job's own --prefer is left as the user gave it.
 -- Needs SchedulerParameters=ignore_prefer_validation: a feature no node has yet is
--- otherwise refused at submit.
+-- otherwise refused at submit. Not for a job array on Slurm 22.05 (or a catalog that does
+-- not say its series): there an array that prefers a feature no node has stays pending
+-- (BadConstraints) for good; 23.02 and later schedule it anywhere, as any other job.
 function M.prefer(job_desc, names, cat)
 	local p = cat.placement
 	if type(p) ~= "table" or not p.prefer or (job_desc.prefer ~= nil and job_desc.prefer ~= "") then
+		return
+	end
+	local series = M.series(cat)
+	if (series == nil or series < 2302) and job_desc.array_inx ~= nil and job_desc.array_inx ~= "" then
 		return
 	end
 	local feats = {}

@@ -72,7 +72,7 @@ class Cluster:
             import pwd
             gid = pwd.getpwnam(user).pw_gid
             cmd = ["setpriv", f"--reuid={user}", f"--regid={gid}", "--init-groups", "--", *cmd]
-        res = subprocess.run(cmd, env=self.env, text=True, capture_output=True, timeout=120,
+        res = subprocess.run(cmd, env=self.env, text=True, capture_output=True, timeout=kw.pop("timeout", 120),
                              cwd=kw.pop("cwd", str(self.jobs)), **kw)
         if check and res.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} -> {res.returncode}\n{res.stdout}\n{res.stderr}")

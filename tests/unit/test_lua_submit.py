@@ -35,9 +35,9 @@ def getpwnam(name):
     raise KeyError(name)
 
 
-def render(conf=CONF, groups=GROUPS):
+def render(conf=CONF, groups=GROUPS, slurm_version=None):
     return luacatalog.render(conf, getgrnam=groups.__getitem__, getpwnam=getpwnam, getpwall=lambda: USERS,
-                             now=lambda: GENERATED)
+                             now=lambda: GENERATED, slurm_version=slurm_version)
 
 HARNESS = """
 slurm = {{ SUCCESS = 0, ERROR = -1 }}
@@ -49,6 +49,7 @@ local i = 0
 for entry in string.gmatch("{env}", "[^|]+") do env[i] = entry; i = i + 1 end
 local job = {{ spank_job_env = (i > 0) and env or nil, admin_comment = "{admin}" }}
 if "{prefer}" ~= "" then job.prefer = "{prefer}" end
+if "{array}" ~= "" then job.array_inx = "{array}" end
 local rc, msg = d.check(job, {uid})
 print(rc, msg or "", job.admin_comment or "", job.prefer or "")
 """
@@ -60,12 +61,12 @@ def check(tmp_path, env: list[str], uid: int = 0, admin: str = "") -> tuple[int,
 
 
 def run_check(tmp_path, env: list[str], uid: int = 0, admin: str = "", prefer: str = "",
-              conf=CONF) -> tuple[int, str, str, str]:
+              conf=CONF, array: str = "") -> tuple[int, str, str, str]:
     catalog = tmp_path / "dsstage_catalog.lua"
     if not catalog.exists():
         catalog.write_text(render(conf))
     script = HARNESS.format(sbatch_ext=ROOT / "sbatch_ext", catalog=catalog, env="|".join(env), uid=uid,
-                            admin=admin, prefer=prefer)
+                            admin=admin, prefer=prefer, array=array)
     out = subprocess.run([LUA, "-e", script], capture_output=True, text=True, check=True).stdout
     rc, msg, comment, prefer_out = out.rstrip("\n").split("\t")
     return int(rc), msg, comment, prefer_out
@@ -81,6 +82,16 @@ def test_accepted_request_prefers_nodes_holding_the_data(tmp_path):
                             "placement": {"prefer": False, "prefix": "data-"}})
     (tmp_path / "dsstage_catalog.lua").unlink()
     assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], conf=off)[3] == ""
+
+
+@pytest.mark.parametrize("version, prefer", [("22.05.8", ""), (None, ""), ("23.02.1", "ds_coco"),
+                                             ("24.11.6", "ds_coco")])
+def test_a_job_array_prefers_the_data_only_where_slurm_can_schedule_it(tmp_path, version, prefer):
+    """Slurm 22.05 leaves an array that prefers a feature no node has pending for good
+    (BadConstraints, seen on the devcluster); 23.02 and later start it anywhere."""
+    (tmp_path / "dsstage_catalog.lua").write_text(render(slurm_version=version))
+    assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], array="0-2")[3] == prefer
+    assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"])[3] == "ds_coco"  # not an array: always
 
 
 def test_no_dataset_is_accepted_untouched(tmp_path):

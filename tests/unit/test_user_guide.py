@@ -40,7 +40,12 @@ COVERAGE: dict[str, list[Runs]] = {
         Runs(CLUSTER, "test_forbidden_dataset_is_rejected", ('"--dataset=private", user="daemon"',))],
     "srun --dataset=imagenet22t python eval.py": [
         Runs(HOLD, "test_prolog_cancels_an_interactive_allocation_with_the_reason_on_its_terminal",
-             ('["srun", "--comment=mine", "-w", "n3", "echo", "RAN"]', 'f"--dataset={gone_source}"'))],
+             ('["srun", "--comment=mine", "-w", "n3", "echo", "RAN"]', 'f"--dataset={gone_source}"')),
+        Runs("tests/cluster/test_job_kinds.py", "test_an_interactive_job_reads_the_dataset",
+             ('cluster.run(argv[0], "--dataset=sample"',))],
+    "sbatch --array=0-99 --dataset=imagenet22t": [
+        Runs("tests/cluster/test_job_kinds.py", "test_each_task_of_an_array_reads_the_dataset_on_its_node",
+             ('"--dataset=sample", "--array=0-2"',))],
     "sbatch --dataset=sampel train.sbatch": [
         Runs(CLUSTER, "test_unknown_dataset_is_rejected_by_sbatch", ('"--dataset=sampel"',)),
         Runs(DEMO, None, ('sbatch --dataset=sampel "$jobs/typo.sbatch"',))],
