@@ -151,6 +151,17 @@ COVERAGE: dict[str, list[Runs]] = {
     "scontrol show job": [Runs(HOLD, "user_view", ('"scontrol", "show", "job", job_id',))],
     "scontrol release JOBID": [Runs(HOLD, "test_hold_requeues_and_holds_a_running_batch_job",
                                     ('"scontrol", "release", job',))],
+    "scontrol update": [
+        Runs(HOLD, "test_prolog_holds_a_batch_job_and_keeps_its_comment",
+             ('admin.startswith(f"dsstage={gone_source} dsstage held this job: ")',),
+             note="the Prolog runs it (CliSlurm.hold: the AdminComment)"),
+        Runs("tests/unit/test_slurm.py", "test_cli_hold_requeues_and_holds_a_batch_job",
+             ('"/opt/slurm/bin/scontrol", "update", "JobId=42"',))],
+    "scontrol requeuehold": [
+        Runs(HOLD, "test_prolog_holds_a_batch_job_and_keeps_its_comment",
+             ('info["Reason"] == "job_requeued_in_held_state"',), note="the Prolog runs it (CliSlurm.hold)"),
+        Runs("tests/unit/test_slurm.py", "test_cli_hold_requeues_and_holds_a_batch_job",
+             ('"/opt/slurm/bin/scontrol", "requeuehold", "Incomplete", "42"',))],
     "scontrol notify": [
         Runs(HOLD, "test_prolog_cancels_an_interactive_allocation_with_the_reason_on_its_terminal",
              ('dsstage cancelled this job: " in terminal',), note="the Prolog runs it (CliSlurm.hold)"),
