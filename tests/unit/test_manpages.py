@@ -147,3 +147,12 @@ def test_pages_render_without_warnings(tool):
     assert pages
     problems = {p.name: out for p in pages if (out := lint(tool, p))}
     assert not problems, problems
+
+
+def test_every_verb_is_in_the_readmes_command_table_and_every_row_is_a_verb():
+    verbs = set(cli_verbs(build_parser()))
+    readme = (MAN.parents[1] / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `dsstage ")]
+    listed = {line.split("`dsstage ", 1)[1].split()[0].rstrip("`") for line in rows}
+    assert verbs - listed == set(), f"README.md's command table leaves out {sorted(verbs - listed)}"
+    assert listed - verbs == set(), f"README.md's command table names commands that are gone: {sorted(listed - verbs)}"
