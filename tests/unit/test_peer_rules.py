@@ -234,3 +234,27 @@ def test_peers_that_lack_the_version_cost_the_job_one_wait_and_linear_rounds(mon
     assert len(out.given_up) == 16
     assert now[0] <= 2 * 10.0  # one wait for the job (before: about 10 s for each of the 16 peers)
     assert len(rounds) <= 16 + 16  # the first peer's polls, then one round each (before: hundreds)
+
+
+def test_a_source_that_is_gone_ends_the_stage_at_once_even_with_an_empty_share_of_its_own(monkeypatch):
+    """A dataset of one file over two nodes: this node's share is empty, its peer's Prolog
+    fails on the same gone source. The source is asked anyway, and its error ends the fill
+    without waiting peers.wait for a peer that will never serve (seen: 120 s on Slurm 24.11)."""
+    import time
+
+    from dsstage.errors import SourceError
+    monkeypatch.setattr(peers, "fetch_round", lambda group, node, *a: peers.Round(3, MISSING))
+    entries = [Entry("only", 10, 0, "0" * 64)]
+    empty = next(n for n, share in peers.shares(entries, ("n1", "n2")).items() if not share)
+    group = peers.Group(nodes=("n1", "n2"), me=empty, conf=model.Peers(enabled=True, wait=120.0), secret="s")
+    asked: list[list[str]] = []
+
+    def source(todo):
+        asked.append([e.path for e in todo])
+        raise SourceError("source /d is not reachable from this node")
+    start = time.monotonic()
+    with pytest.raises(SourceError):
+        peers.cooperate(group, peers.Where("ds", "a" * 64, "nvme"), "/nonexistent", entries,
+                        present=lambda todo: [], check=lambda got: [], remove=lambda bad: None, from_source=source)
+    assert asked == [[]]  # its own (empty) share asked, not the peer's file after peers.wait
+    assert time.monotonic() - start < 30  # the peer thread's wait is cut short (real time)

@@ -291,8 +291,10 @@ class _Cooperation:
         if self.deadline is not None and self.clock() > self.deadline:
             raise OutOfTime("the transfer used up the time budget; what arrived is kept and the next stage resumes")
 
-    def source(self, todo: Sequence[Entry]) -> None:
-        if not todo:
+    def source(self, todo: Sequence[Entry], *, probe: bool = False) -> None:
+        """``todo`` from the source; with ``probe``, the source is asked even for nothing (a
+        source that is gone raises SourceError at once)."""
+        if not todo and not probe:
             return
         stats, bad = self.from_source(todo)
         with self.lock:
@@ -394,7 +396,10 @@ class _Cooperation:
         try:
             futures = [pool.submit(self.from_peer, node) for node in peers]
             try:
-                self.source(_without(mine, self.present(mine)))
+                # asked even when this node's share is empty (fewer files than nodes, or
+                # resumed): a source that is gone then ends the stage now, not after peers.wait
+                # spent on peers that fail the same way
+                self.source(_without(mine, self.present(mine)), probe=True)
             except BaseException:
                 self.stop.set()
                 raise
