@@ -207,3 +207,47 @@ def test_a_burst_buffer_job_on_a_node_that_cannot_see_its_request_fails_with_wha
     assert ("dsstage: error: this job asked for bbm with #BB_LUA but no Prolog staged it on "
             f"{info['NodeList']}: the admins must set DSSTAGE_BB_REQUESTS in {defaults}") in out, out
 
+
+
+def features_of(cluster, node: str) -> tuple[set[str], set[str]]:
+    """(available, active) features of ``node`` as sinfo shows them."""
+    out = cluster.run("sinfo", "-h", "-N", "-n", node, "-o", "%f|%b").stdout.split()[0]
+    available, active = ({f for f in part.split(",") if f and f != "(null)"} for part in out.split("|"))
+    return available, active
+
+
+def ours(feats: set[str]) -> set[str]:
+    return {f for f in feats if f.startswith("ds_")}
+
+
+def site_features(cluster, node: str) -> tuple[set[str], set[str]]:
+    available, active = features_of(cluster, node)
+    return available - ours(available), active - ours(active)
+
+
+def test_the_poller_changes_only_its_own_features(cluster, jobs):
+    """The admin's features stay as they were, available and active alike, also where they
+    differ (as a NodeFeaturesPlugins node's do): dsstage adds and removes only its own."""
+    cluster.add_dataset("plf", files("plf", n=2))
+    available, active = features_of(cluster, "n2")
+    cluster.run("scontrol", "update", "NodeName=n2",
+                "AvailableFeatures=" + ",".join(["gpu", "bigmem", *ours(available)]),
+                "ActiveFeatures=" + ",".join(["gpu", *ours(active)]))
+    try:
+        cluster.dsstage("--node", "n2", "warm", "plf")
+        for node in ("n1", "n3"):
+            cluster.dsstage("--node", node, "report")
+        cluster.dsstage("demand-poller", "--once")
+        assert site_features(cluster, "n2") == ({"gpu", "bigmem"}, {"gpu"}), features_of(cluster, "n2")
+        available, active = features_of(cluster, "n2")
+        assert "ds_plf" in available & active
+        cluster.dsstage("--node", "n2", "evict", "plf")
+        cluster.dsstage("--node", "n2", "report")
+        cluster.dsstage("demand-poller", "--once")
+        assert site_features(cluster, "n2") == ({"gpu", "bigmem"}, {"gpu"}), features_of(cluster, "n2")
+        available, active = features_of(cluster, "n2")
+        assert "ds_plf" not in available | active
+    finally:  # the site's features gone again, dsstage's as they are
+        available, active = features_of(cluster, "n2")
+        cluster.run("scontrol", "update", "NodeName=n2", "AvailableFeatures=" + ",".join(sorted(ours(available))),
+                    "ActiveFeatures=" + ",".join(sorted(ours(active))))

@@ -8,11 +8,14 @@ scheduler starts it where its data is when such a node is free, and anywhere oth
 
 ``changes`` (pure) compares what the reports say with the features Slurm has (one
 ``sinfo`` per round) and gives one ``scontrol update`` per group of nodes that end with
-the same feature list: one Slurm call per change, none when nothing changed, and the
+the same feature lists: one Slurm call per change, none when nothing changed, and the
 features come back by themselves after ``scontrol reconfigure`` (which resets them to
-slurm.conf's) at the next round. The site's own features (any without the prefix) are
-kept as they are. A node whose report is stale or missing is left alone: what it holds is
-not known (a down node is not scheduled anyway).
+slurm.conf's) at the next round. dsstage changes only features with its prefix: every
+other feature, available or active, is written back as Slurm had it (slurm.conf's,
+configuration management's, a NodeFeaturesPlugins' whose active features differ from the
+available ones), and a node whose own features are all that would change is not touched.
+A node whose report is stale or missing is left alone: what it holds is not known (a down
+node is not scheduled anyway).
 """
 
 from __future__ import annotations
@@ -48,29 +51,32 @@ def held(reports: Iterable[Mapping[str, Any]], prefix: str, now: float, max_age:
     return out
 
 
-def changes(current: Mapping[str, Sequence[str]], wanted: Mapping[str, set[str]],
-            prefix: str) -> list[tuple[list[str], list[str]]]:
-    """The updates to make: (nodes, their whole new feature list), one per distinct list.
-    ``current``: node -> its features in Slurm now; only nodes in both are changed."""
-    by_list: dict[tuple[str, ...], list[str]] = {}
+def changes(current: Mapping[str, tuple[Sequence[str], Sequence[str]]], wanted: Mapping[str, set[str]],
+            prefix: str) -> list[tuple[list[str], list[str], list[str]]]:
+    """The updates to make: (nodes, their whole new available list, their whole new active
+    list), one per distinct pair. ``current``: node -> (available, active) in Slurm now;
+    only nodes in both are changed, and only in the features with ``prefix``."""
+    by_lists: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
     for node in sorted(set(current) & set(wanted), key=natural_key):
-        have = list(current[node])
-        site = [f for f in have if not f.startswith(prefix)]
-        new = site + sorted(wanted[node])
-        if set(new) != set(have):
-            by_list.setdefault(tuple(new), []).append(node)
-    return [(nodes, list(feats)) for feats, nodes in by_list.items()]
+        available, active = (list(x) for x in current[node])
+        ours = sorted(wanted[node])
+        new_available = [f for f in available if not f.startswith(prefix)] + ours
+        new_active = [f for f in active if not f.startswith(prefix)] + ours
+        if set(new_available) != set(available) or set(new_active) != set(active):
+            by_lists.setdefault((tuple(new_available), tuple(new_active)), []).append(node)
+    return [(nodes, list(avail), list(act)) for (avail, act), nodes in by_lists.items()]
 
 
-def sync(conf: Any, slurm: Any, *, now: float | None = None) -> list[tuple[list[str], list[str]]]:
+def sync(conf: Any, slurm: Any, *, now: float | None = None) -> list[tuple[list[str], list[str], list[str]]]:
     """One round: read the reports and Slurm's features, make the changes; what was changed.
     Raises CommandError if Slurm cannot be asked."""
     now = time.time() if now is None else now
     nodes = slurm.nodes()
     down = down_nodes(nodes)
     wanted = held(cluster_reports.read_all(conf.state_dir), conf.placement.prefix, now, conf.report.max_age, down)
-    todo = changes({n.name: n.features for n in nodes.values()}, wanted, conf.placement.prefix)
-    for names, feats in todo:
-        slurm.set_features(fold_nodes(names), feats)
-        log.info("node features of %s: %s", fold_nodes(names), ",".join(feats) or "(none)")
+    todo = changes({n.name: (n.features, n.active_features) for n in nodes.values()}, wanted, conf.placement.prefix)
+    for names, available, active in todo:
+        slurm.set_features(fold_nodes(names), available, active)
+        log.info("node features of %s: available %s, active %s", fold_nodes(names), ",".join(available) or "(none)",
+                 ",".join(active) or "(none)")
     return todo

@@ -49,7 +49,7 @@ class SlurmClient(Protocol):
     def nodes(self) -> dict[str, Node]: ...
     def job_alive(self, job_id: str) -> bool: ...
     def hold(self, job_id: str, reason: str) -> str: ...
-    def set_features(self, nodes: str, features: list[str]) -> None: ...
+    def set_features(self, nodes: str, available: list[str], active: list[str]) -> None: ...
 
 
 #: what Slurm's clients read from the environment that would change what they print, what
@@ -102,12 +102,11 @@ class CliSlurm:
         Raises CommandError if it fails."""
         return parse_nodes(self._run("sinfo", "-h", "-a", "-N", "-o", NODE_FORMAT).stdout)
 
-    def set_features(self, nodes: str, features: list[str]) -> None:
-        """Make ``features`` the available and active features of ``nodes`` (a hostlist):
-        one ``scontrol update``. Raises CommandError if Slurm refuses."""
-        feats = ",".join(features)
-        self._run("scontrol", "update", f"NodeName={nodes}", f"AvailableFeatures={feats}",
-                  f"ActiveFeatures={feats}")
+    def set_features(self, nodes: str, available: list[str], active: list[str]) -> None:
+        """Make ``available`` and ``active`` the available and active features of ``nodes``
+        (a hostlist): one ``scontrol update``. Raises CommandError if Slurm refuses."""
+        self._run("scontrol", "update", f"NodeName={nodes}", f"AvailableFeatures={','.join(available)}",
+                  f"ActiveFeatures={','.join(active)}")
 
     def job_alive(self, job_id: str) -> bool:
         try:
@@ -237,8 +236,8 @@ class PySlurm:
     def nodes(self) -> dict[str, Node]:
         return self.cli.nodes()
 
-    def set_features(self, nodes: str, features: list[str]) -> None:
-        self.cli.set_features(nodes, features)
+    def set_features(self, nodes: str, available: list[str], active: list[str]) -> None:
+        self.cli.set_features(nodes, available, active)
 
     def hold(self, job_id: str, reason: str) -> str:
         """CliSlurm.hold (see the class docstring for why)."""

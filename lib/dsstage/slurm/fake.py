@@ -39,7 +39,7 @@ class FakeSlurm:
     held: dict[str, str] = field(default_factory=dict)
     cancelled: dict[str, str] = field(default_factory=dict)
     notified: dict[str, str] = field(default_factory=dict)
-    feature_calls: list[tuple[str, list[str]]] = field(default_factory=list)
+    feature_calls: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
 
     def submit(self, job: Job) -> None:
         self.jobs[job.job_id] = job
@@ -55,11 +55,12 @@ class FakeSlurm:
     def nodes(self) -> dict[str, Node]:
         return dict(self.node_table)
 
-    def set_features(self, nodes: str, features: list[str]) -> None:
-        self.feature_calls.append((nodes, list(features)))
+    def set_features(self, nodes: str, available: list[str], active: list[str]) -> None:
+        self.feature_calls.append((nodes, list(available), list(active)))
         for name in expand_nodes(nodes):
             if name in self.node_table:
-                self.node_table[name] = replace(self.node_table[name], features=tuple(features))
+                self.node_table[name] = replace(self.node_table[name], features=tuple(available),
+                                                active=tuple(active))
 
     def job_alive(self, job_id: str) -> bool:
         return job_id in self.jobs

@@ -59,6 +59,11 @@ class Node:
     addr: str
     state: str  # lower case, as sinfo %T prints it: idle, mixed, allocated, down*, drained, ...
     features: tuple[str, ...] = ()  # its available features (sinfo %f)
+    active: tuple[str, ...] | None = None  # its active features (sinfo %b); None: as available
+
+    @property
+    def active_features(self) -> tuple[str, ...]:
+        return self.features if self.active is None else self.active
 
     @property
     def down(self) -> str:
@@ -77,20 +82,25 @@ def down_nodes(nodes: Mapping[str, Node]) -> dict[str, str]:
 
 
 #: ``sinfo -o`` of ``nodes``: name, address, state, available features
-NODE_FORMAT = "%N|%o|%T|%f"
+NODE_FORMAT = "%N|%o|%T|%f|%b"
+
+
+def _features(field: str) -> tuple[str, ...]:
+    return () if field in _NONE else tuple(f for f in field.split(",") if f)
 
 
 def parse_nodes(text: str) -> dict[str, Node]:
     """``sinfo -h -N -o NODE_FORMAT`` output: one line per node and partition (the first
     line of a node wins; Slurm prints the same for each). Other lines are skipped; lines
-    without the features field (older callers) are read with none."""
+    without the features fields (older callers) are read with none, without the active
+    ones with the available ones active."""
     out: dict[str, Node] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) in (3, 4) and parts[0] and parts[0] not in out:
-            feats = parts[3] if len(parts) == 4 and parts[3] not in _NONE else ""
+        if len(parts) in (3, 4, 5) and parts[0] and parts[0] not in out:
             out[parts[0]] = Node(parts[0], parts[1] or parts[0], parts[2].lower(),
-                                 tuple(f for f in feats.split(",") if f))
+                                 _features(parts[3]) if len(parts) > 3 else (),
+                                 _features(parts[4]) if len(parts) > 4 else None)
     return out
 
 
