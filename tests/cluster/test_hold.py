@@ -33,7 +33,7 @@ def as_user(argv: list[str]) -> list[str]:
 @pytest.fixture
 def client(cluster, monkeypatch) -> slurm_client.CliSlurm:
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
-    scontrol = shutil.which("scontrol")
+    scontrol = shutil.which("scontrol", path=cluster.env["PATH"])  # this cluster's series
     assert scontrol
     c = slurm_client.client(bin_dir=os.path.dirname(scontrol))
     assert isinstance(c, slurm_client.CliSlurm)
@@ -72,12 +72,15 @@ class Allocation:
     def job_id(self, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            out = self.cluster.run("squeue", "-h", "-t", "all", "-u", USER, "-n", self.name, "-o", "%A").stdout
+            # by name alone (each test's own): squeue and scancel of 26.05 refuse `-u nobody`
+            out = self.cluster.run("squeue", "-h", "-t", "all", "-n", self.name, "-o", "%A").stdout
             ids = [int(j) for j in out.split() if int(j) > self.after]
             if ids:
                 return str(max(ids))
             time.sleep(0.2)
-        raise AssertionError(f"no job named {self.name}")
+        self.stop()
+        out, err = self.proc.communicate()
+        raise AssertionError(f"no job named {self.name}: {self.proc.args} said:\n{out}\n{err}")
 
     def finish(self, timeout: float = 90) -> tuple[int, str]:
         try:
@@ -91,7 +94,7 @@ class Allocation:
     def stop(self) -> None:
         """Cancel the allocation (a killed salloc would leave it) and end the client."""
         if self.proc.poll() is None:
-            self.cluster.run("scancel", "-u", USER, "-n", self.name, check=False)
+            self.cluster.run("scancel", "-n", self.name, check=False)
             self.proc.kill()
 
 
@@ -149,7 +152,9 @@ def test_hold_leaves_a_no_requeue_batch_job_running(cluster, client):
 
 
 def test_hold_cancels_an_allocation_and_tells_its_terminal(cluster, client):
-    alloc = Allocation(cluster, ["salloc", "--comment=mine", "-w", "n3", "sleep", "300"], "hold-salloc")
+    # a step of the allocation (salloc of 24.11 and later leaves its local command running when
+    # the allocation is revoked; the step ends with it)
+    alloc = Allocation(cluster, ["salloc", "--comment=mine", "-w", "n3", "srun", "sleep", "300"], "hold-salloc")
     try:
         job = alloc.job_id()
         cluster.state(job, "RUNNING")
