@@ -220,7 +220,8 @@ class Bench:
         self.datasets[name] = {"source": source, "tier": "nvme", **spec}
         self.conf.write_text(yaml.safe_dump({
             "state_dir": str(self.dir / "state"),
-            "tiers": {"nvme": {"path": str(self.dir / "nvme" / "{node}"), "capacity": "95%"}, **self.tiers},
+            "tiers": {"nvme": {"path": str(self.dir / "nvme" / "{node}"), "capacity": "95%", "root_filesystem": True},
+                      **self.tiers},
             "datasets": self.datasets, "retention": {"min_keep": 0}}))
         os.chmod(self.conf, 0o644)
 
@@ -638,7 +639,7 @@ class Bench:
         root = self.make_files(name, files, 64)
         total = sum(p.stat().st_size for p in root.rglob("*.bin"))
         self.tiers["small"] = {"path": str(self.dir / "small" / "{node}"), "capacity": int(total * 1.05),
-                               "high_watermark": "90%", "low_watermark": "50%"}
+                               "high_watermark": "90%", "low_watermark": "50%", "root_filesystem": True}
         self.configure(name, str(root), tier="small")
         self.ds("manifest", "build", name)
         defaults = self.dir / "defaults"

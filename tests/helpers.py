@@ -65,7 +65,7 @@ class Env:
 
     def write(self) -> Path:
         data = {"state_dir": str(self.state),
-                "tiers": {"nvme": {"path": str(self.nvme) + "/{node}", "capacity": "100GiB"}},
+                "tiers": {"nvme": {"path": str(self.nvme) + "/{node}", "capacity": "100GiB", "root_filesystem": True}},
                 "datasets": self.datasets, **self.extra}
         self.config_path.write_text(yaml.safe_dump(data))
         os.chmod(self.config_path, 0o644)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,44 @@ def test_reclaim_removes_leases_of_gone_jobs_only(cluster):
     finally:
         marker.write_text("go")
     assert cluster.wait(job)["JobState"] == "COMPLETED"
+
+
+def test_a_tier_whose_disk_is_not_mounted_drains_the_node_and_nothing_is_written(cluster):
+    """A tier that is not meant to be on the root filesystem (no root_filesystem: true) whose
+    directory is there: the disk is not mounted. The Prolog writes nothing, the node drains
+    (its store is broken), the reason is in the log; mounted again (here: the flag), it runs."""
+    import yaml
+    conf_path = cluster.etc / "dsstage.yaml"
+    kept = conf_path.read_text()
+    conf = yaml.safe_load(kept)
+    conf["tiers"]["unmounted"] = {"path": str(cluster.dir / "unmounted" / "{node}"), "capacity": "1GB"}
+    for spec in conf["datasets"].values():
+        spec.setdefault("tier", "nvme")
+    conf_path.write_text(yaml.safe_dump(conf))
+    job = None
+    try:
+        cluster.add_dataset("unm", {"x/1.bin": b"1" * 1000}, tier="unmounted")
+        job = cluster.submit("#SBATCH --dataset=unm\necho RAN\n", "-w", "n3")
+        deadline = time.monotonic() + 60
+        while "drain" not in cluster.node_state("n3") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "drain" in cluster.node_state("n3"), cluster.node_state("n3")
+        assert not (cluster.dir / "unmounted").exists()  # nothing was created on the root filesystem
+        reason = cluster.run("sinfo", "-h", "-R", "-n", "n3", "-o", "%E").stdout
+        assert "dsstage: the local store of this node is broken: tier unmounted: " in reason and \
+            "is the disk mounted?" in reason, reason
+        log = (cluster.dir / "log" / "dsstage-hooks.log").read_text()
+        assert f"job {job}: draining n3: " in log and "tier unmounted: " in log and \
+            "is on the root filesystem: is the disk mounted?" in log, log[-3000:]
+        out = cluster.jobs / f"{job}.out"
+        assert "RAN" not in (out.read_text() if out.exists() else ""), cluster.job(job)
+    finally:
+        if job:
+            cluster.run("scancel", job, check=False)
+        conf_path.write_text(kept)
+        cluster.dsstage("export-catalog", "-o", str(cluster.etc / "dsstage_catalog.lua"))
+        cluster.run("scontrol", "update", "NodeName=n3", "State=RESUME", check=False)
+    deadline = time.monotonic() + 60
+    while cluster.node_state("n3") != "idle" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert cluster.node_state("n3") == "idle"

@@ -58,7 +58,7 @@ def small(cluster) -> Iterator[Path]:
     for spec in conf["datasets"].values():
         spec.setdefault("tier", next(iter(conf["tiers"])))
     conf["tiers"][TIER] = {"path": str(cluster.dir / TIER / "{node}"), "capacity": ROOMY,
-                           "high_watermark": "90%", "low_watermark": "50%"}
+                           "high_watermark": "90%", "low_watermark": "50%", "root_filesystem": True}
     conf["retention"] = {"min_keep": 0}
     write_config(cluster, conf)
     try:

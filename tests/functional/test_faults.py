@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from dsstage.config import manifest as config_manifest
 from dsstage.errors import OutOfTime, StateError, UnsafeStore
 from dsstage.fs import runfiles, safe
@@ -299,3 +300,44 @@ def test_failed_lookups_leave_no_more_than_the_bound_of_directories_open(tmp_pat
                 assert tree.open_count() <= 16
     finally:
         os.close(fd)
+
+
+def test_a_tier_on_the_root_filesystem_is_an_unmounted_disk_the_node_drains_and_nothing_is_written(
+        env: Env, coco: Path, tmp_path):
+    """/local/nvme not mounted: its directory is on /. A tier not meant to be there
+    (no root_filesystem: true) is refused before anything is created: the Prolog exits 1 (the
+    node's store is broken: drain), with the reason, and the tier's directory is never made."""
+    env.write()
+    data = yaml.safe_load(env.config_path.read_text())
+    data["tiers"]["nvme"]["root_filesystem"] = False  # tmp_path is on the root filesystem here
+    env.config_path.write_text(yaml.safe_dump(data))
+    assert os.stat(tmp_path).st_dev == os.stat("/").st_dev, "this test needs tmp_path on the root filesystem"
+    run = tmp_path / "run"
+    slurm = FakeSlurm()
+    assert prolog(env, run, slurm) == 1
+    assert not env.nvme.exists()  # no directory of the tier was created on /
+    # the reason, where the admin reads it (sinfo -R)
+    assert "tier nvme: " in slurm.drained[env.node] and "is the disk mounted?" in slurm.drained[env.node]
+    problem = safe.root_filesystem_problem(str(env.tier_root()))
+    assert problem and f"{env.tier_root()} (missing; {tmp_path} exists) is on the root filesystem: " \
+        "is the disk mounted?" in problem
+    with pytest.raises(Exception, match="tier nvme: .* is on the root filesystem: is the disk mounted"):
+        staging.stage(env.store(), "coco", user=__import__("dsstage.config.catalog", fromlist=["User"]).User.lookup(0),
+                      job_id="1")
+    assert not env.nvme.exists()
+
+
+def test_root_filesystem_problem_walks_up_to_what_exists():
+    devs = {"/": 1, "/local": 1, "/local/nvme": 2, "/mnt": 1}
+
+    def lstat(path: str) -> os.stat_result:
+        if path not in devs:
+            raise FileNotFoundError(path)
+        return os.stat_result((0o40755, 0, devs[path], 2, 0, 0, 0, 0, 0, 0))
+    assert safe.root_filesystem_problem("/local/nvme/dsstage", lstat) is None  # mounted: its own device
+    assert safe.root_filesystem_problem("/local/nvme", lstat) is None
+    problem = safe.root_filesystem_problem("/mnt/nvme/dsstage", lstat)
+    assert problem and problem.startswith("/mnt/nvme/dsstage (missing; /mnt exists) is on the root filesystem")
+    devs["/local/nvme"] = 1  # not mounted: the mount point is a directory of /
+    assert "/local/nvme/dsstage (missing; /local/nvme exists) is on the root filesystem" in \
+        (safe.root_filesystem_problem("/local/nvme/dsstage", lstat) or "")

@@ -33,7 +33,7 @@ def cluster(env: Env) -> Env:
     job 200 pending for coco on n[2-3] in 20 min, job 101 running on n1."""
     env.add("coco", _files("train", 20, 50_000))
     env.add("in22k", _files("img", 10, 200_000))
-    env.extra["tiers"] = {"nvme": {"path": str(env.nvme) + "/{node}", "capacity": "10MB"}}
+    env.extra["tiers"] = {"nvme": {"path": str(env.nvme) + "/{node}", "capacity": "10MB", "root_filesystem": True}}
     env.write()
     env.cli("manifest", "build", "coco")
     env.cli("manifest", "build", "in22k")

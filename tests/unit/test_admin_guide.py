@@ -167,6 +167,13 @@ COVERAGE: dict[str, list[Runs]] = {
              ('dsstage cancelled this job: " in terminal',), note="the Prolog runs it (CliSlurm.hold)"),
         Runs("tests/unit/test_slurm.py", "test_cli_hold_cancels_an_allocation_after_telling_its_terminal",
              ('scontrol", "notify", "27", message',))],
+    "sinfo -R": [Runs("tests/cluster/test_cluster.py",
+                      "test_a_tier_whose_disk_is_not_mounted_drains_the_node_and_nothing_is_written",
+                      ('cluster.run("sinfo", "-h", "-R", "-n", "n3", "-o", "%E")',))],
+    "scontrol update NodeName=... State=RESUME": [
+        Runs("tests/cluster/test_cluster.py",
+             "test_a_tier_whose_disk_is_not_mounted_drains_the_node_and_nothing_is_written",
+             ('cluster.run("scontrol", "update", "NodeName=n3", "State=RESUME", check=False)',))],
     "scontrol update NodeName=<hostlist> AvailableFeatures=... ActiveFeatures=...": [
         Runs(PRESTAGE, "test_a_job_starts_where_its_data_is",
              ('cluster.dsstage("demand-poller", "--once")', 'assert "ds_plc" in feats["n3"]'),

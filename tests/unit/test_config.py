@@ -404,3 +404,26 @@ def test_sources_budgets_are_checked_and_matched_by_the_longest_prefix():
 def test_a_nodes_share_of_a_sources_budget():
     from dsstage.transfer.parallel import source_share
     assert [source_share(12, n) for n in (1, 3, 5, 100)] == [12, 4, 2, 1]
+
+
+def test_a_tier_says_whether_it_may_be_on_the_root_filesystem():
+    tiers = load.from_dict(base(tiers={"nvme": {"path": "/local/nvme", "capacity": "1TB"},
+                                       "test": {"path": "/var/tmp/t", "capacity": "1GB", "root_filesystem": True}}))
+    assert tiers.tiers["nvme"].root_filesystem is False and tiers.tiers["test"].root_filesystem is True
+    msg = error(base(tiers={"nvme": {"path": "/l", "capacity": "1TB", "root_filesystem": "yes"}}))
+    assert "tiers.nvme.root_filesystem" in msg and "is not true or false" in msg
+
+
+def test_check_config_refuses_a_tier_found_on_the_root_filesystem(tmp_path, monkeypatch, capsys):
+    """tmp_path is on the root filesystem here, as an unmounted disk's mount point is."""
+    if os.stat(tmp_path).st_dev != os.stat("/").st_dev:
+        pytest.fail("this test needs tmp_path on the root filesystem")
+    (tmp_path / "nvme").mkdir()
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent.conf"))
+    for flag, rc in ((False, 78), (True, 0)):
+        data = base(prolog_budget=600, tiers={"nvme": {"path": str(tmp_path / "nvme"), "capacity": "1GB",
+                                                       "root_filesystem": flag}})
+        path = write(tmp_path, yaml.safe_dump(data))
+        assert cli.main(["--config", path, "check-config"]) == rc
+        _out, err = capsys.readouterr()
+        assert ("tiers.nvme: " in err and "is on the root filesystem: is the disk mounted?" in err) is (not flag), err

@@ -38,7 +38,7 @@ def job_env(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "src" / "a").write_text("a")
     (tmp_path / "dsstage.yaml").write_text(
         f"state_dir: {tmp_path}/state\non_failure: fallback\n"
-        f"tiers:\n  nvme:\n    path: {tmp_path}/nvme/{{node}}\n    capacity: 1GB\n"
+        f"tiers:\n  nvme:\n    path: {tmp_path}/nvme/{{node}}\n    capacity: 1GB\n    root_filesystem: true\n"
         f"datasets:\n  sample:\n    source: {tmp_path}/src\n")
     (tmp_path / "defaults").write_text(
         f"DSSTAGE_PYTHON={sys.executable}\nDSSTAGE_CONFIG={tmp_path}/dsstage.yaml\n"

@@ -65,10 +65,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def tier_problems(conf: model.Config, node: str) -> list[slurm_conf.Problem]:
-    """The tiers of this host that cannot hold what the catalog puts on them: a dataset with
-    several groups needs POSIX ACLs. A tier that does not exist here is not checked."""
+    """The tiers of this host that cannot hold what the catalog puts on them: one on the root
+    filesystem that is not meant to be there (a disk not mounted), and a dataset with several
+    groups needs POSIX ACLs. A tier that does not exist here is not checked for ACLs."""
+    from dsstage.fs import safe
     out = []
     for tier in conf.tiers.values():
+        on_root = None if tier.root_filesystem else safe.root_filesystem_problem(tier.root(node))
+        if on_root:  # an error where the tier is (a compute node); elsewhere what a node would do
+            there = os.path.isdir(tier.root(node))
+            out.append(slurm_conf.Problem("error" if there else "note", f"tiers.{tier.name}", on_root if there else
+                                          f"on this host, {on_root} (a compute node's Prolog refuses it and drains)"))
+            continue
         several = sorted(d.name for d in conf.datasets.values() if d.tier == tier.name and len(d.groups or ()) > 1)
         if not several:
             continue

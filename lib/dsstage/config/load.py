@@ -45,7 +45,7 @@ from dsstage.units import parse_duration, parse_percent, parse_size
 _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
              "prolog_budget", "source_user", "retention", "report", "fleet", "metrics", "prefetch", "placement",
              "burst_buffer", "peers", "sources")
-_TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark")
+_TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark", "root_filesystem")
 _DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit", "max_parallel")
 _RETENTION_KEYS = ("min_keep", "max_idle", "demand_max_age", "poll_interval", "manifest_keep")
@@ -386,7 +386,11 @@ class _Validator:
         if lw >= hw:
             self.fail(f"{key}.low_watermark", f"{lw:.0%} must be below high_watermark {hw:.0%}: "
                       "eviction runs from the high mark down to the low mark")
-        return Tier(name=name, path=path, capacity=capacity, high_watermark=hw, low_watermark=lw)
+        on_root = spec.get("root_filesystem", False)
+        if not isinstance(on_root, bool):
+            self.fail(f"{key}.root_filesystem", f"{on_root!r} is not true or false")
+        return Tier(name=name, path=path, capacity=capacity, high_watermark=hw, low_watermark=lw,
+                    root_filesystem=on_root)
 
     def _percent(self, value: Any, key: str) -> float:
         return self._parsed(parse_percent, value, key)

@@ -37,6 +37,10 @@ class Tier:
     capacity: int | float  # bytes, or a fraction (<= 1.0) of the filesystem
     high_watermark: float
     low_watermark: float
+    #: the tier is meant to be on the root filesystem (a test cluster, a RAM disk under /dev/shm
+    #: is not: it is a filesystem of its own); otherwise a tier found there is refused, as the
+    #: sign of a disk that is not mounted (dsstage.fs.safe.root_filesystem_problem)
+    root_filesystem: bool = False
 
     def root(self, node: str) -> str:
         return self.path.replace("{node}", node)

@@ -63,10 +63,14 @@ class Layout:
     """Paths of one tier on one node, as shown to people and jobs, and the lock files
     (the store reaches everything else through a RootDir)."""
 
-    __slots__ = ("root",)
+    __slots__ = ("root", "tier", "root_filesystem")
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, tier: str = "", root_filesystem: bool = True) -> None:
         self.root = root
+        #: the tier's name, and whether it may be on the root filesystem (Tier.root_filesystem);
+        #: a Layout made from a root alone opens what exists, and is not asked to create it
+        self.tier = tier
+        self.root_filesystem = root_filesystem
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and other.root == self.root

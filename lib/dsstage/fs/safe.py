@@ -38,7 +38,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -80,6 +80,30 @@ def _refuse(path: str, problem: str) -> UnsafeStore:
     return UnsafeStore(f"{path} {problem}: dsstage will not use it as root, a user could steer it; "
                        f"make every directory of the path root-owned and not writable by others "
                        f"(or remove {path} and let dsstage create it)")
+
+
+def root_filesystem_problem(path: str, lstat: Callable[[str], os.stat_result] = os.lstat) -> str | None:
+    """Why ``path`` (a tier's directory) must not be used: it, or where it would be created
+    (its nearest ancestor that exists), is on the filesystem of ``/``, the sign of a disk
+    that is not mounted; None where it is on a filesystem of its own. Nothing is created."""
+    root_dev = lstat("/").st_dev
+    here = os.path.normpath(path)
+    while True:
+        try:
+            st = lstat(here)
+            break
+        except FileNotFoundError:
+            if here == "/":
+                return None
+            here = os.path.dirname(here)
+        except OSError as exc:
+            return f"{here} cannot be examined ({exc.strerror}): is the disk mounted?"
+    if st.st_dev != root_dev:
+        return None
+    where = path if here == os.path.normpath(path) else f"{path} (missing; {here} exists)"
+    return (f"{where} is on the root filesystem: is the disk mounted? Nothing is written there; mount the "
+            "tier's disk (and make the directory on it), or say root_filesystem: true in the tier if it "
+            "is meant to be on /")
 
 
 def open_root(path: str, *, create: bool = True, mode: int = 0o755) -> int:

@@ -268,8 +268,12 @@ def decide(ctx: JobContext, outcomes: list[Verdict], *, run_dir: str, slurm: Slu
             # the task file's hold mark still stops the job's tasks (see dsstage-taskprolog)
             log.error("job %s: could not hold it in Slurm: %s", ctx.job_id, exc)
     if action == "drain":
-        log.error("job %s: draining %s: %s", ctx.job_id, ctx.node,
-                  "; ".join(o.reason for o in outcomes if o.action == "drain"))
+        why = "; ".join(o.reason for o in outcomes if o.action == "drain")
+        log.error("job %s: draining %s: %s", ctx.job_id, ctx.node, why)
+        try:  # the reason where the admin looks (sinfo -R); the exit drains the node regardless
+            slurm.drain(ctx.node, why)
+        except DsstageError as exc:
+            log.error("job %s: could not give Slurm the drain reason: %s", ctx.job_id, exc)
         return 1
     return 0
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from dsstage.config import catalog as cat
 from dsstage.config.manifest import Catalog, Manifest
 from dsstage.config.model import Config, Dataset, Tier
-from dsstage.errors import StateError, local_error
+from dsstage.errors import StateError, StoreError, local_error
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import runfiles, safe
 from dsstage.fs.layout import Layout
@@ -78,7 +78,13 @@ def local_errors(what: str) -> Iterator[None]:
 
 
 def open_tier(layout: Layout, *, create: bool = True) -> RootDir:
-    """The tier's RootDir with its directories (root-owned; staging, reserved, trash private)."""
+    """The tier's RootDir with its directories (root-owned; staging, reserved, trash private).
+    Before anything is created, a tier on the root filesystem that is not meant to be there
+    (a disk that is not mounted) is refused: StoreError, the node's store is broken."""
+    if create and not layout.root_filesystem:
+        problem = safe.root_filesystem_problem(layout.root)
+        if problem:
+            raise StoreError(f"tier {layout.tier}: {problem}")
     with local_errors(f"cannot open the store at {layout.root}"):
         tier = RootDir(layout.root, create=create)
         try:
@@ -171,7 +177,7 @@ class Store:
 
     def layout(self, tier: str | Tier) -> Layout:
         t = tier if isinstance(tier, Tier) else self.config.tiers[tier]
-        return Layout(t.root(self.node))
+        return Layout(t.root(self.node), t.name, t.root_filesystem)
 
     def dataset(self, name: str) -> Dataset:
         return cat.lookup(self.config, name)

@@ -49,6 +49,7 @@ class SlurmClient(Protocol):
     def nodes(self) -> dict[str, Node]: ...
     def job_alive(self, job_id: str) -> bool: ...
     def hold(self, job_id: str, reason: str) -> str: ...
+    def drain(self, node: str, reason: str) -> None: ...
     def set_features(self, nodes: str, available: list[str], active: list[str]) -> None: ...
 
 
@@ -114,6 +115,13 @@ class CliSlurm:
         except CommandError:
             return True  # cannot tell: keep the lease
         return job is not None and job.state in _ALIVE
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain ``node`` with ``reason`` (``dsstage: ...``), before the hook's non-zero exit
+        drains it with Slurm's own "Prolog error": the admin reads why in ``sinfo -R``.
+        Raises CommandError if Slurm refuses (the exit still drains the node)."""
+        self._run("scontrol", "update", f"NodeName={node}", "State=DRAIN",
+                  f"Reason=dsstage: {clean_reason(reason)}")
 
     def hold(self, job_id: str, reason: str) -> str:
         """Keep the job from running without its data; say what was done (see hold_message).
@@ -242,3 +250,6 @@ class PySlurm:
     def hold(self, job_id: str, reason: str) -> str:
         """CliSlurm.hold (see the class docstring for why)."""
         return self.cli.hold(job_id, reason)
+
+    def drain(self, node: str, reason: str) -> None:
+        self.cli.drain(node, reason)

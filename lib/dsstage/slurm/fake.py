@@ -40,6 +40,7 @@ class FakeSlurm:
     cancelled: dict[str, str] = field(default_factory=dict)
     notified: dict[str, str] = field(default_factory=dict)
     feature_calls: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
+    drained: dict[str, str] = field(default_factory=dict)
 
     def submit(self, job: Job) -> None:
         self.jobs[job.job_id] = job
@@ -64,6 +65,9 @@ class FakeSlurm:
 
     def job_alive(self, job_id: str) -> bool:
         return job_id in self.jobs
+
+    def drain(self, node: str, reason: str) -> None:
+        self.drained[node] = "dsstage: " + clean_reason(reason)
 
     def hold(self, job_id: str, reason: str) -> str:
         reason = clean_reason(reason)
