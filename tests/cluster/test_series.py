@@ -37,15 +37,22 @@ def test_the_cluster_runs_the_series_asked_for_and_an_ordinary_user_reads_staged
 
 
 def other_series_plugin(cluster, tmp_path) -> tuple[str, str]:
-    """A dsstage_spank.so built for another series than the cluster's (gcc with the other
-    series' headers: this machine's 22.05, or the 24.11 root's for a 22.05 cluster)."""
+    """A dsstage_spank.so built for another series than the cluster's: this machine's 22.05
+    headers for a newer cluster; for a 22.05 cluster, the same headers with slurm_version.h
+    saying 24.11 (what Slurm's loader and check-config read), so that no other root is needed."""
     other = "22.05" if cluster.series != "22.05" else "24.11"
     out = tmp_path / "dsstage_spank.so"
-    source = os.path.join(ROOT, "sbatch_ext", "dsstage_spank.c")
-    argv = ["gcc", "-O2", "-shared", "-fPIC", "-o", str(out), source]
-    if other != "22.05":  # slurm/*.h of the other series' root, before this machine's
-        (tmp_path / "include").mkdir()
-        (tmp_path / "include" / "slurm").symlink_to(f"/var/cache/dsstage/slurm-roots/{other}/usr/include/slurm")
+    argv = ["gcc", "-O2", "-shared", "-fPIC", "-o", str(out), os.path.join(ROOT, "sbatch_ext", "dsstage_spank.c")]
+    if other != "22.05":
+        fake = tmp_path / "include" / "slurm"
+        fake.mkdir(parents=True)
+        for header in os.listdir("/usr/include/slurm"):
+            if header != "slurm_version.h":
+                (fake / header).symlink_to(f"/usr/include/slurm/{header}")
+        (fake / "slurm_version.h").write_text(
+            "#define SLURM_VERSION_NUMBER 0x180b06\n#define SLURM_VERSION_NUM(a,b,c) (((a) << 16) + ((b) << 8) + (c))\n"
+            "#define SLURM_VERSION_MAJOR(a) (((a) >> 16) & 0xff)\n#define SLURM_VERSION_MINOR(a) (((a) >> 8) & 0xff)\n"
+            "#define SLURM_VERSION_MICRO(a) ((a) & 0xff)\n")
         argv[1:1] = ["-I", str(tmp_path / "include")]
     subprocess.run(argv, check=True, capture_output=True, text=True)
     return other, str(out)
