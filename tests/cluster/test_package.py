@@ -86,6 +86,13 @@ def test_the_cluster_runs_the_selected_dsstage(cluster):
         assert package_of(str(path)) == "dsstage", path
     for name in LUA:  # linked, as docs/install.md tells sites to
         assert os.readlink(cluster.etc / name) == f"{sel['lua']}/{name}"
+    # the live configuration is no conffile (an upgrade never asks about it): postinst wrote
+    # it from the packaged example; a machine that had an older package keeps that entry, obsolete
+    assert package_of("/usr/share/dsstage/dsstage.yaml.example") == "dsstage"
+    assert Path("/etc/dsstage/dsstage.yaml").is_file()
+    conffiles = subprocess.run(["dpkg-query", "-W", "-f=${Conffiles}\n", "dsstage"], text=True, capture_output=True,
+                               check=True).stdout.splitlines()
+    assert all(line.split()[-1] == "obsolete" for line in conffiles if "/etc/dsstage/dsstage.yaml" in line), conffiles
 
 
 def test_the_selected_command_reads_what_the_hooks_did(cluster):
