@@ -267,6 +267,9 @@ end
 -- otherwise refused at submit. Not for a job array on Slurm 22.05 (or a catalog that does
 -- not say its series): there an array that prefers a feature no node has stays pending
 -- (BadConstraints) for good; 23.02 and later schedule it anywhere, as any other job.
+-- Not for a job that names its nodes (-w): the choice is the user's, and on 24.11 and later a
+-- preference the named nodes cannot meet leaves the job BadConstraints while they are busy, at
+-- times for good (seen on the devcluster).
 function M.prefer(job_desc, names, cat)
 	local p = cat.placement
 	if type(p) ~= "table" or not p.prefer or (job_desc.prefer ~= nil and job_desc.prefer ~= "") then
@@ -276,9 +279,29 @@ function M.prefer(job_desc, names, cat)
 	if (series == nil or series < 2302) and job_desc.array_inx ~= nil and job_desc.array_inx ~= "" then
 		return
 	end
+	if job_desc.req_nodes ~= nil and job_desc.req_nodes ~= "" then
+		return
+	end
 	local feats = {}
 	for i, name in ipairs(names) do feats[i] = p.prefix .. name end
-	job_desc.prefer = table.concat(feats, "&")
+	job_desc.prefer = M.preference(job_desc.features, table.concat(feats, "&"))
+end
+
+-- The preference for a job with constraint FEATURES (its -C, or nil) and dataset features
+-- DATA ("ds_a&ds_b"), or nil for none. Slurm's --prefer "will override whatever is set
+-- [by --constraint] if possible" (sbatch(1)): with -C gpu --prefer=ds_x a job starts on a node
+-- with ds_x and no gpu, on 22.05, 24.11 and 26.05 alike. So the preference carries the
+-- constraint too: "gpu&ds_x", "(gpu|bigmem)&ds_x". A constraint --prefer cannot say (counts,
+-- brackets: refused at submit) gets no preference, and the job runs where its constraint says.
+function M.preference(features, data)
+	if features == nil or features == "" then return data end
+	if string.find(features, "^[%w_%-%.&]+$") then
+		return features .. "&" .. data
+	end
+	if string.find(features, "^[%w_%-%.&|]+$") then
+		return "(" .. features .. ")&" .. data
+	end
+	return nil
 end
 
 -- Record the accepted request in admin_comment (users cannot edit it).

@@ -137,6 +137,26 @@ def test_a_job_starts_where_its_data_is(cluster, jobs):
     assert "ds_plc" in info.values(), info  # job_submit set --prefer=ds_plc
     assert any("plc cached at" in line for line in hook_log(cluster, job))
 
+    # the user's constraint holds: Slurm's --prefer overrides --constraint where it can, so the
+    # preference carries it (gpu&ds_plc): n1 has the admin's gpu feature, n3 the data
+    own = ",".join(sorted(feats["n1"] | {"gpu"}))
+    cluster.run("scontrol", "update", "NodeName=n1", f"AvailableFeatures={own}", f"ActiveFeatures={own}")
+    gpu = jobs.submit("true\n", "--dataset=plc", "-C", "gpu", "--exclusive", "--hold")
+    assert cluster.job(gpu).get("Prefer") == "gpu&ds_plc"  # Slurm drops Prefer once the job runs
+    cluster.run("scontrol", "release", gpu)
+    info = cluster.wait(gpu)
+    assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n1", info
+
+    # a job that names its nodes gets no preference: on 24.11 and later -w n2 with a preference
+    # n2 cannot meet leaves it BadConstraints while n2 is busy, at times for good
+    busy = jobs.submit("sleep 8\n", "-w", "n2", "--exclusive")
+    cluster.state(busy, "RUNNING")
+    named = jobs.submit("true\n", "--dataset=plc", "-w", "n2", "--hold")
+    assert cluster.job(named).get("Prefer") in (None, "(null)"), cluster.job(named)
+    cluster.run("scontrol", "release", named)
+    info = cluster.wait(named, timeout=90)
+    assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n2", info
+
     # a dataset no node holds yet: accepted (ignore_prefer_validation), runs anywhere
     cluster.add_dataset("plnone", files("plnone", n=2))
     other = jobs.submit("true\n", "--dataset=plnone", "--exclusive")

@@ -50,6 +50,8 @@ for entry in string.gmatch("{env}", "[^|]+") do env[i] = entry; i = i + 1 end
 local job = {{ spank_job_env = (i > 0) and env or nil, admin_comment = "{admin}" }}
 if "{prefer}" ~= "" then job.prefer = "{prefer}" end
 if "{array}" ~= "" then job.array_inx = "{array}" end
+if "{features}" ~= "" then job.features = "{features}" end
+if "{nodes}" ~= "" then job.req_nodes = "{nodes}" end
 local rc, msg = d.check(job, {uid})
 print(rc, msg or "", job.admin_comment or "", job.prefer or "")
 """
@@ -61,12 +63,12 @@ def check(tmp_path, env: list[str], uid: int = 0, admin: str = "") -> tuple[int,
 
 
 def run_check(tmp_path, env: list[str], uid: int = 0, admin: str = "", prefer: str = "",
-              conf=CONF, array: str = "") -> tuple[int, str, str, str]:
+              conf=CONF, array: str = "", features: str = "", nodes: str = "") -> tuple[int, str, str, str]:
     catalog = tmp_path / "dsstage_catalog.lua"
     if not catalog.exists():
         catalog.write_text(render(conf))
     script = HARNESS.format(sbatch_ext=ROOT / "sbatch_ext", catalog=catalog, env="|".join(env), uid=uid,
-                            admin=admin, prefer=prefer, array=array)
+                            admin=admin, prefer=prefer, array=array, features=features, nodes=nodes)
     out = subprocess.run([LUA, "-e", script], capture_output=True, text=True, check=True).stdout
     rc, msg, comment, prefer_out = out.rstrip("\n").split("\t")
     return int(rc), msg, comment, prefer_out
@@ -92,6 +94,22 @@ def test_a_job_array_prefers_the_data_only_where_slurm_can_schedule_it(tmp_path,
     (tmp_path / "dsstage_catalog.lua").write_text(render(slurm_version=version))
     assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], array="0-2")[3] == prefer
     assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"])[3] == "ds_coco"  # not an array: always
+
+
+@pytest.mark.parametrize("constraint, prefer", [
+    ("gpu", "gpu&ds_coco"), ("gpu&nvme", "gpu&nvme&ds_coco"), ("a100|h100", "(a100|h100)&ds_coco"),
+    ("[rack1|rack2]", ""), ("gpu*2", ""), ("gpu,nvme", ""), ("!gpu", "")])
+def test_the_preference_keeps_the_users_constraint(tmp_path, constraint, prefer):
+    """Slurm's --prefer overrides --constraint where it can (sbatch(1); -C gpu --prefer=ds_x ran on
+    a node without gpu on 22.05, 24.11 and 26.05): the preference carries the constraint, or is
+    left out where --prefer cannot say it."""
+    assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], features=constraint)[3] == prefer
+
+
+def test_a_job_that_names_its_nodes_gets_no_preference(tmp_path):
+    """-w n1 with a preference n1 cannot meet: BadConstraints on 24.11+ while n1 is busy."""
+    assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], nodes="n1")[3] == ""
+    assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], nodes="n1", features="gpu")[3] == ""
 
 
 def test_no_dataset_is_accepted_untouched(tmp_path):
