@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 from dsstage.config import manifest as config_manifest
-from dsstage.errors import OutOfTime, StateError, UnsafeStore
+from dsstage.config.catalog import User
+from dsstage.errors import NoSpace, OutOfTime, StateError, UnsafeStore
 from dsstage.fs import runfiles, safe
 from dsstage.hooks import job as hooks
-from dsstage.node import inventory, staging
+from dsstage.node import inventory, space, staging
+from dsstage.node.store import open_tier
 from dsstage.slurm.fake import FakeSlurm
 from dsstage.transfer import copier
 from helpers import Env
@@ -189,6 +191,69 @@ def test_a_full_tier_mid_copy_is_no_space_and_the_left_staging_area_is_counted(e
     assert os.listdir(env.tier_root() / "reserved") == []  # the mark counts it now
     evicted = env.cli_json("evict", "coco")
     assert [e["action"] for e in evicted] == ["kept"]
+
+
+def test_a_full_tier_as_the_copy_is_published_leaves_it_resumable_and_counted_once(env: Env, coco: Path,
+                                                                                   tmp_path, monkeypatch):
+    """The filesystem fills exactly when the ready mark is written: nothing is published, the
+    copy goes back to its staging area (which its reservation counts) and the next stage
+    publishes it without copying again; no reservation outlives it."""
+    real = safe.write_json_at
+    ready = str(env.tier_root() / "ready")
+
+    def enospc(fd: int, name: str, data, **kw) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(ready):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, name, data, **kw)
+    monkeypatch.setattr(safe, "write_json_at", enospc)
+    with pytest.raises(NoSpace):
+        staging.stage(env.store(), "coco", user=User.lookup(0), job_id="1")
+    monkeypatch.undo()
+    tier = env.tier_root()
+    assert os.listdir(tier / "datasets" / "coco") == []  # nothing published
+    areas = os.listdir(tier / "staging")
+    assert [f"stage-{a}.json" for a in areas] == os.listdir(tier / "reserved"), (areas, os.listdir(tier / "reserved"))
+    again = env.cli_json("stage", "coco", "--job-id", "2")
+    assert again["action"] == "staged" and again["transferred_files"] == 0, again
+    assert os.listdir(tier / "reserved") == []
+
+
+def test_a_reservation_of_a_gone_stage_that_left_nothing_is_reclaimed(env: Env, coco: Path):
+    """A stage killed between its reservation and its staging area (or one that took its area
+    away) leaves a record nothing holds: it counts for nothing and the next stage removes it.
+    A gone stage's area that still holds data keeps counting until the dataset's next stage."""
+    env.cli("stage", "coco", "--job-id", "1")
+    tier = env.tier_root()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    reserved = tier / "reserved"
+    (reserved / "stage-gone.0123456789abcdef.json").write_text(json.dumps(
+        {"bytes": 10**9, "pid": int(dead), "since": time.time() - 5, "what": "dataset 'gone'"}))
+    (tier / "staging" / "left.0123456789abcdef").mkdir(mode=0o700)
+    (reserved / "stage-left.0123456789abcdef.json").write_text(json.dumps(
+        {"bytes": 5, "pid": int(dead), "since": time.time() - 5, "what": "dataset 'left'"}))
+    (reserved / "stage-live.0123456789abcdef.json").write_text(json.dumps(
+        {"bytes": 7, "pid": os.getpid(), "since": time.time(), "what": "dataset 'live'"}))
+    with open_tier(env.store().layout("nvme")) as root:
+        assert space.usage(root).reserved == 12  # the gone stage's record without an area: nothing
+    (coco / "new").write_bytes(b"n")
+    env.cli("manifest", "build", "coco")
+    env.cli("stage", "coco", "--job-id", "2")  # its reservation reclaims the orphan
+    assert sorted(os.listdir(reserved)) == ["stage-left.0123456789abcdef.json", "stage-live.0123456789abcdef.json"]
+
+
+def test_a_prolog_that_stops_waiting_for_a_stage_names_its_budget(env: Env, coco: Path, tmp_path):
+    """Another stage holds the dataset's lock past what is left of the Prolog's budget: the job
+    falls back, and the reason names the budget, not lock_timeout (6 h, not what ended the wait)."""
+    from dsstage.node.lock import DatasetLock
+    store = env.store()
+    budget = store.config.prolog_budget
+    run = tmp_path / "run"
+    with DatasetLock(store.layout("nvme").lock("coco"), timeout=5, what="coco"):
+        assert prolog(env, run, started=time.monotonic() - budget + hooks.DECIDE_MARGIN + 1.5) == 0
+    lines = task_lines(run, env)
+    assert any(f"prolog_budget: {budget:g}s" in line for line in lines), lines
+    assert not any("lock_timeout" in line for line in lines), lines
 
 
 def test_superseded_staging_areas_are_removed_and_shown(env: Env, coco: Path):

@@ -22,8 +22,11 @@ YIELD = ".yield"
 
 
 class DatasetLock:
-    def __init__(self, path: str, *, timeout: float, job_id: str = "", what: str = "", action: str = "") -> None:
+    def __init__(self, path: str, *, timeout: float, job_id: str = "", what: str = "", action: str = "",
+                 bound: str = "") -> None:
         self.path = path
+        # what ends the wait, when not lock_timeout: the hook's budget
+        self.bound = bound
         self.owner_path = path + ".owner"
         self.timeout = timeout
         self.job_id = job_id
@@ -38,6 +41,10 @@ class DatasetLock:
             holder = read_owner(self.path)
             who = f" (held by {holder.get('host')} pid {holder.get('pid')} job {holder.get('job_id') or '-'})" \
                 if holder else ""
+            if self.bound:
+                raise LockTimeout(f"waited {self.timeout:g}s for the lock on {self.what}{who}, all that is left of "
+                                  f"{self.bound}; another stage is still running: the job starts as the dataset's "
+                                  "on_failure says, and a later job finds the copy") from None
             raise LockTimeout(f"waited {self.timeout:g}s for the lock on {self.what}{who}; another stage is "
                               "still running: wait for it, or raise lock_timeout in the configuration") from None
         except OSError as exc:

@@ -80,11 +80,20 @@ def publish(tier: RootDir, name: str, digest: str, record: Mapping[str, Any]) ->
     os.rename(staging, vid, src_dir_fd=tier.dir("staging"), dst_dir_fd=dfd)
     # what rsync kept of files cut short is of no use once the copy is whole
     safe.remove_at(tier.dir("staging"), layout.partial_dir(staging))
-    st = os.stat(vid, dir_fd=dfd, follow_symlinks=False)
-    mark = {**record, "digest": digest, "ino": st.st_ino, "dev": st.st_dev, "boot": layout.boot_id(),
-            "durable": False}
-    safe.write_json_at(tier.dir("ready", name), layout.mark_name(digest), mark)
-    os.fsync(dfd)
+    try:
+        st = os.stat(vid, dir_fd=dfd, follow_symlinks=False)
+        mark = {**record, "digest": digest, "ino": st.st_ino, "dev": st.st_dev, "boot": layout.boot_id(),
+                "durable": False}
+        safe.write_json_at(tier.dir("ready", name), layout.mark_name(digest), mark)
+        os.fsync(dfd)
+    except BaseException:
+        # no mark (a full filesystem, a signal): the copy goes back to its staging area, which
+        # its reservation counts and the next stage resumes, rather than stay unseen in datasets/
+        try:
+            take_back(tier, name, digest)
+        except OSError:
+            pass  # the next stage of this version takes it back before anything else
+        raise
 
 
 def unmark(tier: RootDir, name: str, digest: str) -> dict[str, Any]:

@@ -10,6 +10,10 @@ so two datasets staging at once cannot both take the last free bytes. What count
   interrupted stage left, until the dataset's next stage resumes or removes it), and an
   evicted copy in the trash until the background deletion is done.
 
+A stage's reservation lives as long as its process or its staging area: one whose process is
+gone (or whose pid now belongs to a later process) and that left no staging area holds no
+bytes, counts for nothing, and the next reservation on the tier removes it.
+
 The accounting errs on the side of counting too much, never too little.
 """
 
@@ -77,10 +81,73 @@ def copies_usage(tier: RootDir) -> int:
 
 
 def usage(tier: RootDir, *, besides: str = "") -> Usage:
-    """What the tier holds and has promised, leaving out reservation ``besides``."""
+    """What the tier holds and has promised, leaving out reservation ``besides`` and those
+    of stages that are gone and left nothing (see ``orphaned``)."""
     fd = tier.dir("reserved")
-    reserved = sum(as_bytes(safe.read_json_at(fd, r).get("bytes")) for r in tier.names("reserved") if r != besides)
+    reserved = 0
+    for r in tier.names("reserved"):
+        record = safe.read_json_at(fd, r)
+        if r != besides and not orphaned(tier, r, record):
+            reserved += as_bytes(record.get("bytes"))
     return Usage(copies_usage(tier), reserved)
+
+
+def orphaned(tier: RootDir, name: str, record: dict[str, object]) -> bool:
+    """Whether reservation ``name`` belongs to a stage that is gone and left no staging area
+    (killed before it made one, or it failed and took its area away): nothing holds its bytes."""
+    if not (name.startswith("stage-") and name.endswith(".json")):
+        return False  # the trash: the background deletion removes its own
+    if not process_gone(record.get("pid"), as_float(record.get("since"))):
+        return False
+    staging = tier.has_dir("staging")
+    if staging is None:
+        return True
+    try:
+        os.stat(name[len("stage-"):-len(".json")], dir_fd=staging, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def reclaim(tier: RootDir) -> list[str]:
+    """Remove the reservations ``orphaned`` says hold nothing; their names (under the tier lock)."""
+    fd = tier.dir("reserved")
+    gone = [r for r in tier.names("reserved") if orphaned(tier, r, safe.read_json_at(fd, r))]
+    for r in gone:
+        forget(tier, r)
+    return gone
+
+
+def process_gone(pid: object, since: float) -> bool:
+    """Whether the process that wrote a record at ``since`` is gone: no process has ``pid``, or
+    the one that has it started after the record was written (the pid was reused). A record
+    that does not say (damaged, written by another host's process) is never gone."""
+    try:
+        number = int(str(pid))
+    except ValueError:
+        return False
+    if number <= 0:
+        return False
+    try:
+        os.kill(number, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    started = process_start(number)
+    return started is not None and since > 0 and started > since + 1
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), or None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+        with open("/proc/stat", "rb") as fh:
+            btime = next(int(line.split()[1]) for line in fh if line.startswith(b"btime "))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def capacity_of(tier_capacity: int | float, root_fd: int) -> tuple[int, int]:
@@ -100,9 +167,11 @@ def tier_lock(tier: RootDir, timeout: float = 600) -> object:
 def reservation(tier: RootDir, tier_name: str, tier_capacity: int | float, record: str, needed: int,
                 what: str, node: str) -> Iterator[None]:
     """Reserve ``needed`` bytes (NoSpace if the tier cannot hold them) for the block; the
-    record stays if the block fails (its staging area still holds data), and goes when
-    the block succeeds (the ready mark now counts the bytes)."""
+    record stays if the block fails (its staging area still holds data: the next stage of the
+    dataset resumes or removes it, and ``orphaned`` lets it go once the area is gone), and goes
+    when the block succeeds (the ready mark now counts the bytes)."""
     with tier_lock(tier):  # type: ignore[attr-defined]
+        reclaim(tier)
         use = usage(tier, besides=record)
         cap, free = capacity_of(tier_capacity, tier.fd)
         if use.total + needed > cap:

@@ -134,12 +134,14 @@ def dataset_lock(store: Store, layout: Layout, name: str, job: StageRequest) -> 
     first asks a prefetch holding it to yield, a prefetch waits for nobody."""
     from dsstage.node.lock import DatasetLock, ask_to_yield
     wait = 0.0 if job.prefetch else store.config.lock_timeout
-    if job.deadline is not None:
-        wait = max(0.0, min(wait, job.deadline - time.monotonic()))
+    bound = ""
+    if job.deadline is not None and job.deadline - time.monotonic() < wait:
+        wait = max(0.0, job.deadline - time.monotonic())
+        bound = f"the Prolog's budget (prolog_budget: {store.config.prolog_budget:g}s)"
     if not job.prefetch:
         ask_to_yield(layout.lock(name), job.job_id)
     return DatasetLock(layout.lock(name), timeout=wait, job_id=job.job_id, what=f"dataset {name!r} on {store.node}",
-                       action="prefetch" if job.prefetch else "stage")
+                       action="prefetch" if job.prefetch else "stage", bound=bound)
 
 
 def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageRequest, result: StageResult, *,
