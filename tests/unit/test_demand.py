@@ -201,3 +201,86 @@ def test_the_systemd_unit_runs_the_poller_verb():
     [start] = [line.split("=", 1)[1].split() for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
     args = build_parser().parse_args(start[1:])
     assert args.handler.__name__ == "cmd_demand_poller" and not args.once
+
+
+def test_of_two_pollers_one_acts_and_the_other_takes_over_when_it_stops(tmp_path):
+    """A controller pair runs a poller on each host: one writes the snapshot each round, the
+    other stands by, and acts once the first has not renewed its lease for 3 rounds."""
+    from dsstage.cluster import leader
+    c = conf(tmp_path, poll_interval="20s")
+    os.makedirs(c.state_dir)
+    t = [NOW]
+    rounds: dict[str, int] = {"ctl1": 0, "ctl2": 0}
+
+    class Counting(FakeSlurm):
+        def __init__(self, host: str) -> None:
+            super().__init__()
+            self.host = host
+
+        def queue(self) -> list[Job]:
+            rounds[self.host] += 1
+            return []
+
+    def one_round(host: str) -> None:
+        def stop(_s: float) -> None:
+            raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            poller.run(c, Counting(host), clock=lambda: t[0], sleep=stop, me=leader.Me(host, 100))
+
+    for _ in range(3):  # both poll every 20 s; ctl1 started first
+        one_round("ctl1")
+        one_round("ctl2")
+        t[0] += 20
+    assert rounds == {"ctl1": 3, "ctl2": 0}
+    t[0] += 40  # ctl1 stopped: 60 s (3 rounds of 20 s) after its last round, still its lease
+    one_round("ctl2")
+    assert rounds["ctl2"] == 0
+    t[0] += 1
+    one_round("ctl2")
+    assert rounds["ctl2"] == 1 and json.loads((tmp_path / "state" / "poller.json").read_text())["host"] == "ctl2"
+    t[0] += 20
+    one_round("ctl1")  # back: it stands by now
+    assert rounds["ctl1"] == 3
+
+
+@pytest.mark.parametrize("lease, act", [
+    ({}, True), ({"host": "a", "pid": "x", "time": NOW}, True),
+    ({"host": "me", "pid": 1, "time": NOW - 999}, True),
+    ({"host": "other", "pid": 1, "time": NOW - 29}, False), ({"host": "other", "pid": 1, "time": NOW - 31}, True),
+    ({"host": "me", "pid": 2, "time": NOW}, False)])  # a second poller on the same host
+def test_the_lease_rule(lease, act):
+    from dsstage.cluster import leader
+    decision = leader.decide(lease, leader.Me("me", 1), NOW, leader.ttl(3))
+    assert decision.act is act and decision.reason
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+def test_under_root_squash_the_poller_writes_as_report_user(tmp_path):
+    """NFS squashes root: the state directory belongs to report.user, and the poller writes its
+    snapshot, summary and lease as that user."""
+    import pwd
+    import shutil
+    import tempfile
+    daemon = pwd.getpwnam("daemon")
+    top = tempfile.mkdtemp(dir="/var/tmp", prefix="dsstage-squash-")  # pytest's tmp_path is root's only
+    os.chmod(top, 0o755)
+    try:
+        squashed(os.path.join(top, "state"), tmp_path, daemon)
+    finally:
+        shutil.rmtree(top)
+
+
+def squashed(state: str, tmp_path: Path, daemon) -> None:
+    c = load.from_dict({"state_dir": state,
+                        "tiers": {"nvme": {"path": str(tmp_path / "nvme"), "capacity": "1GB"}},
+                        "datasets": {"coco": {"source": "/data/coco"}}, "report": {"user": "daemon"}})
+    os.makedirs(c.state_dir)
+    os.chown(c.state_dir, daemon.pw_uid, daemon.pw_gid)
+    os.chmod(c.state_dir, 0o755)
+
+    def stop(_s: float) -> None:
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        poller.run(c, FakeSlurm(), clock=lambda: NOW, sleep=stop)
+    for name in ("demand.json", "demand-summary.json", "poller.json"):
+        assert os.stat(os.path.join(c.state_dir, name)).st_uid == daemon.pw_uid, name

@@ -1,6 +1,10 @@
 """The demand poller (``dsstage demand-poller``): on the controller or a login node, ask Slurm
 once a round for the active jobs, write the demand snapshot (dsstage.policy.demand), update
 the node features of ready datasets and prune manifests no node holds.
+
+Where several pollers run (a controller pair, a login node), one acts at a time
+(dsstage.cluster.leader); the others stand by and take over when it stops. What the poller
+writes in ``state_dir`` it writes as ``report.user`` where that is set (NFS ``root_squash``).
 """
 
 from __future__ import annotations
@@ -8,9 +12,11 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from dsstage import privatedata
+from dsstage.cluster import leader
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError
 from dsstage.policy.demand import Snapshot, build, read, write
@@ -27,7 +33,8 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
     previous = read(conf.state_dir)
     snap = build(jobs, clock(), backend=type(slurm).__name__, host=socket.gethostname(),
                  previous=previous if previous.time else None)
-    write(conf.state_dir, snap, private=privatedata.hides_jobs())
+    with as_writer(conf):
+        write(conf.state_dir, snap, private=privatedata.hides_jobs())
     if conf.placement.features:
         from dsstage.cluster import features
         try:
@@ -40,12 +47,42 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
     return snap
 
 
+@contextmanager
+def as_writer(conf: Config) -> Iterator[None]:
+    """Write in ``state_dir`` as ``report.user`` where set (NFS squashes root), else as root."""
+    if not conf.report.user:
+        yield
+        return
+    from dsstage.fs import identity
+    with identity.acting_as(identity.lookup(conf.report.user, "report.user")):
+        yield
+
+
 def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float | None = None,
-        clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> int:
-    """Poll until stopped; ``once``: one round, exit code 1 if it failed."""
+        clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+        me: leader.Me | None = None) -> int:
+    """Poll until stopped, acting in the rounds this poller holds the lease (``leader``);
+    ``once``: one round now, lease or not (an admin's command), exit code 1 if it failed."""
     interval = interval or conf.retention.poll_interval
+    me = me or leader.Me.here()
+    standing = ""
     while True:
         started = clock()
+        if not once:
+            try:
+                with as_writer(conf):
+                    decision = leader.round_(conf.state_dir, me, started, leader.ttl(interval))
+            except (DsstageError, OSError) as exc:
+                decision = leader.Decision(False, f"cannot write the poller's lease in {conf.state_dir}: {exc}")
+            if not decision.act:
+                if decision.reason.split(" (")[0] != standing.split(" (")[0]:
+                    log.info("standing by: %s", decision.reason)
+                standing = decision.reason
+                sleep(max(0.0, interval - (clock() - started)))
+                continue
+            if standing:
+                log.info("acting: %s", decision.reason)
+                standing = ""
         try:
             snap = poll_once(conf, slurm, clock)
             n = sum(len(r["pending"]) + len(r["running"]) for r in snap.datasets.values())
