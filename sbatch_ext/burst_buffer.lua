@@ -41,7 +41,7 @@ uid and gid (and a job_info table), which job_process then uses for the access c
 local here = string.match(debug.getinfo(1, "S").source, "^@(.*/)") or "/etc/slurm/"
 package.path = here .. "?.lua;" .. package.path
 local dsstage = require("dsstage_submit")
-dsstage.catalog_path = here .. "dsstage_catalog.lua"
+table.insert(dsstage.catalog_search, here .. "dsstage_catalog.lua")  -- a catalog kept next to slurm.conf
 
 -- the job script's text: Slurm passes the path of the script file
 local function script_text(script)

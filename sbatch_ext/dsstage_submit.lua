@@ -5,7 +5,7 @@ Call it from your site's job_submit.lua:
 
     package.path = "/etc/slurm/?.lua;" .. package.path
     local dsstage = require("dsstage_submit")
-    dsstage.catalog_path = "/etc/slurm/dsstage_catalog.lua"   -- from `dsstage export-catalog`
+    -- the catalog `dsstage export-catalog` writes: /var/lib/dsstage/dsstage_catalog.lua
 
     function slurm_job_submit(job_desc, part_list, submit_uid)
         local rc, msg = dsstage.check(job_desc, submit_uid)
@@ -33,7 +33,12 @@ the groups again with the node's own lookups and has the last word.
 
 local M = {}
 
-M.catalog_path = "/etc/slurm/dsstage_catalog.lua"
+-- The generated catalog: dsstage's own state directory, which configuration management
+-- that owns /etc/slurm does not purge (the catalog timer writes it there). A loader may add
+-- a place to look (job_submit.lua: the directory it is loaded from, for a catalog written
+-- next to slurm.conf); the first that exists is read. catalog_path, if set, is the only one.
+M.catalog_search = { "/var/lib/dsstage/dsstage_catalog.lua" }
+M.catalog_path = nil
 M.value_max = 1024
 M.name_max = 64
 
@@ -49,16 +54,43 @@ local function file_key(path)
 	return first .. ":" .. tostring(size)
 end
 
-function M.catalog()
-	local key = file_key(M.catalog_path)
-	if key == nil then
-		return nil, "dsstage: the dataset catalog " .. M.catalog_path ..
-			" is missing; an admin must run `dsstage export-catalog`"
+local function readable(path)
+	local f = io.open(path, "r")
+	if not f then return false end
+	f:close()
+	return true
+end
+
+-- The catalog file to read now: catalog_path, or the first of catalog_search that exists
+-- (nil, and where it was looked for, when none does).
+function M.catalog_file()
+	if M.catalog_path then return M.catalog_path, M.catalog_path end
+	for _, path in ipairs(M.catalog_search) do
+		if readable(path) then return path, path end
 	end
+	return nil, table.concat(M.catalog_search, " or ")
+end
+
+local reported = false  -- slurmctld's log says once that the catalog is missing, not per job
+
+function M.catalog()
+	local path, where = M.catalog_file()
+	local key = path and file_key(path)
+	if key == nil then
+		local msg = "dsstage: the dataset catalog " .. where .. " is missing, so no job may ask for a " ..
+			"dataset; an admin must run `dsstage export-catalog -o " .. (M.catalog_path or M.catalog_search[1]) ..
+			"` (the dsstage-catalog.timer does)"
+		if not reported and type(slurm) == "table" and type(slurm.log_error) == "function" then
+			slurm.log_error("%s", msg)
+			reported = true
+		end
+		return nil, msg
+	end
+	reported = false
 	if key ~= cached_key then
-		local ok, cat = pcall(dofile, M.catalog_path)
+		local ok, cat = pcall(dofile, path)
 		if not ok or type(cat) ~= "table" or type(cat.datasets) ~= "table" then
-			return nil, "dsstage: the dataset catalog " .. M.catalog_path ..
+			return nil, "dsstage: the dataset catalog " .. path ..
 				" is damaged; an admin must run `dsstage export-catalog`"
 		end
 		cached, cached_key = cat, key
@@ -185,7 +217,7 @@ end
 local function may_use(name, ds, uid)
 	if ds.groups == nil or uid == 0 then return true end
 	if type(ds.uids) ~= "table" then
-		return nil, "dsstage: the dataset catalog " .. M.catalog_path .. " lists no users for '" .. name ..
+		return nil, "dsstage: the dataset catalog " .. (M.catalog_file()) .. " lists no users for '" .. name ..
 			"'; an admin must run `dsstage export-catalog`"
 	end
 	return ds.uids[uid] == true

@@ -8,7 +8,7 @@ dsstage_submit.lua for the three lines to add.
 local here = string.match(debug.getinfo(1, "S").source, "^@(.*/)") or "/etc/slurm/"
 package.path = here .. "?.lua;" .. package.path
 local dsstage = require("dsstage_submit")
-dsstage.catalog_path = here .. "dsstage_catalog.lua"
+table.insert(dsstage.catalog_search, here .. "dsstage_catalog.lua")  -- a catalog kept next to slurm.conf
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
 	local rc, msg = dsstage.check(job_desc, submit_uid)

@@ -90,7 +90,7 @@ COVERAGE: dict[str, list[Runs]] = {
     "dsstage check-config": [Runs("tests/unit/test_config.py", "test_check_config_command",
                                   ('cli.main(["--config", path, "check-config"])',))],
     "dsstage export-catalog": [Runs("tests/cluster/conftest.py", "Cluster", ('self.dsstage("export-catalog", "-o"',))],
-    "dsstage export-catalog -o /etc/slurm/dsstage_catalog.lua": [
+    "dsstage export-catalog -o /var/lib/dsstage/dsstage_catalog.lua": [
         Runs(DEVCLUSTER, None, ('"$DSSTAGE" export-catalog -o "$ETC/dsstage_catalog.lua"',)),
         Runs("tests/cluster/conftest.py", "Cluster", ('self.dsstage("export-catalog", "-o"',))],
     # manifests and copies
@@ -279,7 +279,7 @@ def test_the_guide_has_commands_and_slurm_conf_lines():
     assert len(cmds) >= 40, cmds
     assert {"PrologFlags=Alloc", "Epilog=/usr/libexec/dsstage/dsstage-epilog", "make -C sbatch_ext install",
             "mkdir -m 0755 <state_dir>/bb; chown slurm <state_dir>/bb", "dsstage export-catalog -o "
-            "/etc/slurm/dsstage_catalog.lua", "JobSubmitPlugins=lua"} <= set(cmds)
+            "/var/lib/dsstage/dsstage_catalog.lua", "JobSubmitPlugins=lua"} <= set(cmds)
     assert not [c for c in cmds if c.startswith(("dsstage:", "<root>"))], "messages and layouts are no commands"
 
 

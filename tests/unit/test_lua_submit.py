@@ -218,6 +218,45 @@ def test_missing_or_damaged_catalog_is_an_admin_message(tmp_path):
     assert rc == -1 and "is damaged; an admin must run `dsstage export-catalog`" in msg
 
 
+SEARCH_HARNESS = """
+local logged = {{}}
+slurm = {{ SUCCESS = 0, ERROR = -1, log_error = function(fmt, ...) table.insert(logged, string.format(fmt, ...)) end }}
+package.path = "{sbatch_ext}/?.lua;" .. package.path
+local d = require("dsstage_submit")
+d.catalog_search = {{ "{first}", "{second}" }}
+for _ = 1, 3 do
+    local job = {{ spank_job_env = {{ [0] = "DSSTAGE_DATASETS=coco" }} }}
+    local rc, msg = d.check(job, 0)
+    print(rc, msg or "")
+end
+print(#logged, logged[1] or "")
+"""
+
+
+def search(tmp_path, first: Path, second: Path) -> list[str]:
+    code = SEARCH_HARNESS.format(sbatch_ext=ROOT / "sbatch_ext", first=first, second=second)
+    return subprocess.run([LUA, "-e", code], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def test_the_catalog_is_read_from_dsstages_own_directory_first(tmp_path):
+    """The generated catalog lives under /var/lib/dsstage, which configuration management
+    owning /etc/slurm does not purge; one beside the Lua is read when that one is missing.
+    None at all: every --dataset job is refused, and slurmctld's log says it once."""
+    first, second = tmp_path / "var" / "dsstage_catalog.lua", tmp_path / "etc" / "dsstage_catalog.lua"
+    out = search(tmp_path, first, second)
+    assert out[0].startswith("-1\tdsstage: the dataset catalog " f"{first} or {second} is missing"), out
+    assert f"run `dsstage export-catalog -o {first}`" in out[0]
+    assert out[3].startswith("1\tdsstage: the dataset catalog"), out  # logged once for three jobs
+    second.parent.mkdir()
+    second.write_text(render())
+    assert search(tmp_path, first, second)[:3] == ["0\t"] * 3
+    first.parent.mkdir()
+    first.write_text("return 42\n")  # the one in /var/lib/dsstage wins, here a damaged one
+    assert f"catalog {first} is damaged" in search(tmp_path, first, second)[0]
+    assert Path(ROOT / "sbatch_ext" / "dsstage_submit.lua").read_text().count(
+        'M.catalog_search = { "/var/lib/dsstage/dsstage_catalog.lua" }') == 1
+
+
 def test_generated_catalog_is_stamped_by_content():
     text = render()
     assert text.startswith("-- dsstage catalog ")
