@@ -122,6 +122,12 @@ COVERAGE: dict[str, list[Runs]] = {
              ("poller.run(c, FakeSlurm(), clock=", "sleep=sleep)"), note="the loop, with a fake Slurm")],
     "dsstage demand-poller --once": [Runs(PRESTAGE, "test_a_job_starts_where_its_data_is",
                                           ('cluster.dsstage("demand-poller", "--once")',))],
+    "dsstage prolog --dry-run --job ID": [
+        Runs("tests/cluster/test_dry_run.py", "test_a_prolog_dry_run_says_what_the_hook_would_do_and_changes_nothing",
+             ('"prolog", "--dry-run", "--job", job',))],
+    "dsstage epilog --dry-run --job ID": [
+        Runs("tests/cluster/test_dry_run.py", "test_an_epilog_dry_run_names_the_leases_it_would_release_and_keeps_them",
+             ('"epilog", "--dry-run", "--job", job',))],
     "dsstage prefetch": [
         Runs(UNITS, "test_a_service_runs_a_dsstage_command_that_exists", ("build_parser().parse_args(argv[1:])",),
              note="the unit's command, parsed"),

@@ -25,6 +25,7 @@ from dsstage.cli.node import (
     cmd_bb_record,
     cmd_bb_status,
     cmd_evict,
+    cmd_hook_dry_run,
     cmd_peers_serve,
     cmd_reclaim,
     cmd_release,
@@ -169,6 +170,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dry-run", action="store_true", help="show what would be evicted and why; change nothing")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_evict)
+
+    for hook, does in (("prolog", "stage, reuse, fall back, hold or drain"),
+                       ("epilog", "release and evict")):
+        c = sub.add_parser(hook, help=f"what a job's {hook.capitalize()} would do on this node (--dry-run)",
+                           description=f"Print what job ID's {hook.capitalize()} would {does} on this node (or "
+                                       "--node NAME), and why, from the inputs the hook reads: the configuration, "
+                                       "the job's request as Slurm recorded it, the manifests, the node's store, "
+                                       "the demand snapshot. Nothing is changed: no lease, no lock, no copy, no "
+                                       "report, nothing asked of Slurm but the job's record. For trying a node "
+                                       "before enabling the hooks there. The hook itself runs from slurm.conf's "
+                                       f"{hook.capitalize()}=.")
+        c.add_argument("--dry-run", action="store_true", required=True, help="say what would be done; do nothing")
+        c.add_argument("--job", required=True, metavar="ID", help="the job (pending or running)")
+        c.add_argument("--json", action="store_true", help="machine-readable output")
+        c.set_defaults(handler=cmd_hook_dry_run, hook=hook)
 
     c = sub.add_parser("reclaim", help="remove this node's leases whose job is gone",
                        description="Uses the demand snapshot when it is fresh (no Slurm call); otherwise asks Slurm "

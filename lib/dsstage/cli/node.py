@@ -123,6 +123,39 @@ def cmd_evict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hook_dry_run(args: argparse.Namespace) -> int:
+    """``dsstage prolog|epilog --dry-run --job ID``: what that hook would do here."""
+    from dsstage.hooks import dryrun
+    need_root(args.hook, "reads this node's store as the hook does")
+    conf = load_config(args)
+    store = Store(conf, args.node)
+    if args.hook == "epilog":
+        leased, plan = dryrun.epilog(store, args.job)
+        data = {"job": args.job, "node": store.node, "released": leased, "retention": [asdict(e) for e in plan]}
+
+        def epilog_text() -> None:
+            print(f"job {args.job} on {store.node}: the Epilog would release "
+                  f"{', '.join(leased) or 'nothing (the job holds no lease here)'}, then apply retention:")
+            for e in plan:
+                print(f"  {e.tier} {e.dataset} {e.version} ({human(e.bytes)}): {e.action}: {e.reason}")
+            if not plan:
+                print("  no copy on this node")
+            print("  (dry run: no lease released, nothing evicted)")
+        emit(args, data, epilog_text)
+        return 0
+    job = next((j for j in slurm_client.client(conf.slurm_bin).queue() if j.job_id == args.job), None)
+    if job is None:
+        raise DsstageError(f"job {args.job} is not in Slurm's queue (pending or running): a finished job has no "
+                           "Prolog to try")
+    if not job.datasets:
+        emit(args, {"job": job.job_id, "node": store.node, "action": "run", "datasets": []},
+             lambda: print(f"job {job.job_id} asked for no dataset: its Prolog returns at once and the job runs"))
+        return 0
+    steps = dryrun.prolog(conf, store, job)
+    emit(args, dryrun.as_dict(job, store.node, steps), lambda: print(dryrun.render_prolog(job, store.node, steps)))
+    return 0
+
+
 def cmd_reclaim(args: argparse.Namespace) -> int:
     need_root("reclaim", "removes leases from this node's store")
     conf = load_config(args)

@@ -30,10 +30,11 @@ if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs i
 log = logging.getLogger(__name__)
 
 
-def copies(store: Store, tier: RootDir, tier_conf: Tier) -> list[retention.Copy]:
+def copies(store: Store, tier: RootDir, tier_conf: Tier, released: str = "") -> list[retention.Copy]:
     """This tier's copies as the retention planner sees them. Last use: the last lease
     taken or released on the dataset (the mtime of its leases directory), or when it
-    was staged. A copy whose current version cannot be read counts as current."""
+    was staged. A copy whose current version cannot be read counts as current. ``released``:
+    a job whose leases count as given back (what its Epilog would see, for a dry run)."""
     book = LeaseBook(tier)
     out = []
     for name in tier.names("datasets"):
@@ -51,7 +52,8 @@ def copies(store: Store, tier: RootDir, tier_conf: Tier) -> list[retention.Copy]
             out.append(retention.Copy(
                 dataset=name, version=version, bytes=space.as_bytes(mark.get("bytes")), tier=tier_conf.name,
                 last_used=max(touched, space.as_float(mark.get("staged_at"))),
-                leases=tuple(sorted(x.job_id for x in leases if version_id(x.digest) == version)),
+                leases=tuple(sorted(x.job_id for x in leases
+                                    if version_id(x.digest) == version and x.job_id != (released or None))),
                 current=current is None or version_id(current) == version,
                 ready=bool(mark) and not mark.get("bad"),
                 shared={str(v): space.as_bytes(b) for v, b in linked.items()} if isinstance(linked, dict) else {}))
@@ -74,27 +76,32 @@ def policy(store: Store) -> retention.Policy:
 
 
 def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, space: retention.Space | None = None,
-         protect: tuple[str, ...] = (), evict: tuple[str, ...] = (), force: bool = False) -> retention.Plan:
+         protect: tuple[str, ...] = (), evict: tuple[str, ...] = (), force: bool = False,
+         released: str = "") -> retention.Plan:
     """The planner on this tier; ``space``: the tier's, if the caller has it already."""
-    return retention.plan(copies(store, tier, tier_conf), dem, space or space_of(store, tier, tier_conf), store.clock(),
+    return retention.plan(copies(store, tier, tier_conf, released), dem, space or space_of(store, tier, tier_conf),
+                          store.clock(),
                           policy=policy(store), node=store.node, protect=protect, evict=evict, force=force)
 
 
 def retain(store: Store, dem: retention.Demand | None = None, *, evict: tuple[str, ...] = (), force: bool = False,
-           dry_run: bool = False, wait: float = 0.0, held: str = "") -> list[Eviction]:
+           dry_run: bool = False, wait: float = 0.0, held: str = "", released: str = "") -> list[Eviction]:
     """Plan every tier of this node and carry the plan out (what the Epilog does).
 
     ``evict``: only these datasets, as an admin asked (``dsstage evict``), with their
     interrupted staging areas. A copy whose dataset lock is busy (a stage or a verify
     in progress) is kept for now; ``wait`` is how long to try for each lock; ``held``
-    is a dataset whose lock the caller holds."""
+    is a dataset whose lock the caller holds; ``released``: a job whose leases count as given
+    back (only with ``dry_run``: what that job's Epilog would do)."""
+    if released and not dry_run:
+        raise ValueError("released is for a dry run")
     if dem is None:
         dem = store.demand()[0]
     out: list[Eviction] = []
     for tier_conf in store.config.tiers.values():
         layout = store.layout(tier_conf)
         with open_tier(layout) as tier, local_errors(f"applying retention in {layout.root}"):
-            p = plan(store, tier, tier_conf, dem, evict=evict, force=force)
+            p = plan(store, tier, tier_conf, dem, evict=evict, force=force, released=released)
             decisions = [d for d in p.decisions if not evict or d.copy.dataset in evict]
             out += _apply(store, tier, layout, decisions, dry_run=dry_run, wait=wait, held=held)
             if evict and not dry_run:
@@ -229,12 +236,7 @@ def make_room(store: Store, tier: RootDir, tier_conf: Tier, name: str, needed: i
             return
         p = plan(store, tier, tier_conf, dem, space=sp, protect=(name,))
     if not p.fits:
-        held = p.holding()
-        fix = ("the dataset alone is larger than the tier: raise the tier's capacity" if held == "nothing" else
-               f"it is held by {held}: wait for those jobs, or raise the tier's capacity")
-        raise NoSpace(f"tier {tier_conf.name!r} on {store.node} ({_human(sp.capacity)}, {_human(use.total)} in use) "
-                      f"cannot make room for {name!r}, which needs {_human(needed)} more, even by evicting every "
-                      f"copy that may go; {fix}")
+        raise NoSpace(no_room(store, tier_conf, name, needed, use, sp, p))
     spared = [(d.copy, why) for d in p.evictions() if spare and (why := spare(d.copy, dem))]
     if spared:
         c, why = spared[0]
@@ -247,6 +249,17 @@ def make_room(store: Store, tier: RootDir, tier_conf: Tier, name: str, needed: i
     if any(e.action == "evicted" for e in done):
         # the evicted bytes count until they are deleted: delete them now, the stage needs the room
         background.purge(tier.root)
+
+
+def no_room(store: Store, tier_conf: Tier, name: str, needed: int, use: space.Usage, sp: retention.Space,
+            p: retention.Plan) -> str:
+    """Why a stage of ``name`` cannot fit even after plan ``p``'s evictions, and what to do."""
+    held = p.holding()
+    fix = ("the dataset alone is larger than the tier: raise the tier's capacity" if held == "nothing" else
+           f"it is held by {held}: wait for those jobs, or raise the tier's capacity")
+    return (f"tier {tier_conf.name!r} on {store.node} ({_human(sp.capacity)}, {_human(use.total)} in use) "
+            f"cannot make room for {name!r}, which needs {_human(needed)} more, even by evicting every "
+            f"copy that may go; {fix}")
 
 
 def _stop_prefetches(store: Store, tier: RootDir, name: str, job_id: str, wait: float = PREEMPT_WAIT) -> list[str]:
