@@ -56,6 +56,9 @@ def conf(line: str) -> list[Runs]:
 
 
 #: guide command or slurm.conf line -> where it runs (at least one place)
+LIFECYCLE = "tests/functional/test_manifest_lifecycle.py"
+LIFE_TEST = "test_versions_are_listed_a_rollback_is_staged_and_a_moved_source_is_found"
+
 COVERAGE: dict[str, list[Runs]] = {
     # slurm.conf
     "PrologFlags=Alloc": conf("PrologFlags=Alloc"),
@@ -122,6 +125,13 @@ COVERAGE: dict[str, list[Runs]] = {
              ("poller.run(c, FakeSlurm(), clock=", "sleep=sleep)"), note="the loop, with a fake Slurm")],
     "dsstage demand-poller --once": [Runs(PRESTAGE, "test_a_job_starts_where_its_data_is",
                                           ('cluster.dsstage("demand-poller", "--once")',))],
+    "dsstage manifest list NAME": [Runs(LIFECYCLE, LIFE_TEST, ('env.cli("manifest", "list", "coco")',))],
+    "dsstage manifest use NAME VERSION": [
+        Runs(LIFECYCLE, LIFE_TEST, ('env.cli("manifest", "use", "coco", first[:10])',))],
+    "dsstage manifest check NAME": [Runs(LIFECYCLE, LIFE_TEST, ('env.cli("manifest", "check", "coco")',))],
+    "systemctl enable --now dsstage-manifest-check@NAME.timer": [
+        Runs("tests/unit/test_packaging_files.py", "test_a_timer_has_its_service_and_a_schedule",
+             ('sections["Install"]["WantedBy"] == "timers.target"',), note="the unit files; systemd is not run here")],
     "dsstage prolog --dry-run --job ID": [
         Runs("tests/cluster/test_dry_run.py", "test_a_prolog_dry_run_says_what_the_hook_would_do_and_changes_nothing",
              ('"prolog", "--dry-run", "--job", job',))],

@@ -41,7 +41,8 @@ def test_a_timer_has_its_service_and_a_schedule(timer: Path):
     assert service.exists()
     assert "Install" not in unit(service), "the timer starts it; it is not enabled on its own"
     sections = unit(timer)
-    assert "OnUnitActiveSec" in sections["Timer"] and sections["Install"]["WantedBy"] == "timers.target"
+    assert {"OnUnitActiveSec", "OnCalendar"} & set(sections["Timer"]) and \
+        sections["Install"]["WantedBy"] == "timers.target"
 
 
 def test_the_rpm_spec_parses_with_dsstage_s_version_and_every_unit():

@@ -169,6 +169,120 @@ def cmd_manifest_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _versions(conf: model.Config, name: str) -> list[dict[str, Any]]:
+    """Every manifest of ``name``, newest first: version, when, files, bytes, current, and the
+    nodes whose published reports hold it (ready or otherwise)."""
+    from dsstage.cluster import reports
+    from dsstage.hostlist import fold_nodes
+    manifests = config_manifest.Catalog(conf.state_dir)
+    current = manifests.current(name)
+    holders: dict[str, dict[str, list[str]]] = {}
+    for rep in reports.read_all(conf.state_dir):
+        for c in rep["copies"]:
+            if c.get("dataset") == name and isinstance(c.get("version"), str):
+                holders.setdefault(c["version"], {}).setdefault(str(c.get("state")), []).append(rep["node"])
+    out = []
+    try:
+        files = [f for f in os.listdir(manifests.dir(name)) if f.endswith(config_manifest.SUFFIX)]
+    except FileNotFoundError:
+        files = []
+    for f in files:
+        path = os.path.join(manifests.dir(name), f)
+        try:
+            header = config_manifest.read_header(path)
+        except DsstageError as exc:
+            out.append({"version": f[:16], "digest": f[:-len(config_manifest.SUFFIX)], "problem": str(exc),
+                        "current": False, "created": 0.0, "files": 0, "bytes": 0, "nodes": {}})
+            continue
+        digest = str(header["digest"])
+        out.append({"version": digest[:16], "digest": digest, "current": digest == current,
+                    "created": float(str(header.get("created") or 0)), "files": int(str(header.get("files") or 0)),
+                    "bytes": int(str(header.get("bytes") or 0)),
+                    "nodes": {state: fold_nodes(nodes) for state, nodes in
+                              sorted(holders.get(digest[:16], {}).items())}})
+    return sorted(out, key=lambda v: -v["created"])
+
+
+def cmd_manifest_list(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    ds = cat.lookup(conf, args.name)
+    rows = _versions(conf, ds.name)
+    if not rows:
+        raise DsstageError(f"dataset {ds.name!r} has no manifest yet: run `dsstage manifest build {ds.name}`")
+
+    def text() -> None:
+        import datetime
+        for v in rows:
+            when = datetime.datetime.fromtimestamp(v["created"]).strftime("%Y-%m-%d %H:%M") if v["created"] else "?"
+            held = "; ".join(f"{state} on {nodes}" for state, nodes in v["nodes"].items()) or "on no node"
+            mark = "* " if v["current"] else "  "
+            print(f"{mark}{v['version']}  {when}  {v['files']} files  {human(v['bytes'])}  {held}"
+                  + (f"  ({v['problem']})" if v.get("problem") else ""))
+        print("(* the current version: what jobs stage; `dsstage manifest use NAME VERSION` makes another one "
+              "current)")
+    emit(args, {"dataset": ds.name, "versions": rows}, text)
+    return 0
+
+
+def cmd_manifest_use(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    ds = cat.lookup(conf, args.name)
+    manifests = config_manifest.Catalog(conf.state_dir)
+    need_write("manifest use", manifests.dir(ds.name))
+    wanted = args.version.lower()
+    matches = [v for v in _versions(conf, ds.name) if v["digest"].startswith(wanted) and not v.get("problem")]
+    if len(wanted) < 8 or len(matches) != 1:
+        known = ", ".join(v["version"] for v in _versions(conf, ds.name)) or "none"
+        raise DsstageError(f"{ds.name}: {args.version!r} names {'no' if not matches else 'more than one'} version "
+                           f"(give at least 8 hex digits of one of: {known}); `dsstage manifest list {ds.name}`")
+    chosen = matches[0]
+    m = manifests.load(ds.name, chosen["digest"])  # checks it whole: its digest, its paths
+    before = manifests.current(ds.name)
+    write_atomic(os.path.join(manifests.dir(ds.name), config_manifest.CURRENT), m.digest + "\n")
+    log.warning("%s: current version set to %s (was %s) by `dsstage manifest use`", ds.name, m.digest[:16],
+                (before or "none")[:16])
+    data = {"dataset": ds.name, "current": m.digest, "previous": before}
+    emit(args, data, lambda: print(
+        f"{ds.name}: version {m.digest[:16]} ({m.files} files, {human(m.total_bytes)}) is current again "
+        f"(was {(before or 'none')[:16]}): jobs that start from now stage it; running jobs keep theirs. Nodes "
+        f"holding it: {'; '.join(f'{s} on {n}' for s, n in chosen['nodes'].items()) or 'none'}. Others stage "
+        f"it from the source, which must hold this version's data: `dsstage manifest check {ds.name}` says"))
+    return 0
+
+
+def cmd_manifest_check(args: argparse.Namespace) -> int:
+    conf = load_config(args)
+    ds = cat.lookup(conf, args.name)
+    manifests = config_manifest.Catalog(conf.state_dir)
+    m = manifests.load(ds.name)
+    if args.from_path:
+        root = args.from_path
+    elif ds.source.kind == "local":
+        root = ds.source.path
+    else:
+        raise DsstageError(f"dataset {ds.name!r} comes from {ds.source.raw}; check it where the data is mounted: "
+                           f"dsstage manifest check {ds.name} --from /mounted/path")
+    d = transfer_build.drift(m, root, reader=reader_of(conf), max_parallel=conf.transfer.max_parallel,
+                             threads=conf.transfer.hash_threads)
+    data = {"dataset": ds.name, "version": m.digest[:16], "same": d.same, "added": d.added, "removed": d.removed,
+            "changed": d.changed}
+
+    def text() -> None:
+        if d.same:
+            print(f"{ds.name}: {root} matches version {m.digest[:16]} ({m.files} files, by size and mtime)")
+            return
+        print(f"{ds.name}: {root} no longer matches version {m.digest[:16]}: {len(d.added)} added, "
+              f"{len(d.removed)} removed, {len(d.changed)} changed (size or mtime). Stages of this version now "
+              f"fail verification; run `dsstage manifest build {ds.name}` once the data is final.")
+        for kind, paths in (("added", d.added), ("removed", d.removed), ("changed", d.changed)):
+            for p in paths[:args.limit]:
+                print(f"  {kind}: {p}")
+            if len(paths) > args.limit:
+                print(f"  ... {len(paths) - args.limit} more {kind}")
+    emit(args, data, text)
+    return 0 if d.same else 1
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dsstage.policy.sim import cli as simulate
     return simulate.main(args.args)

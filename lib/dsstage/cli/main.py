@@ -17,6 +17,9 @@ from dsstage.cli.admin import (
     cmd_export_catalog,
     cmd_ls,
     cmd_manifest_build,
+    cmd_manifest_check,
+    cmd_manifest_list,
+    cmd_manifest_use,
     cmd_simulate,
 )
 from dsstage.cli.cluster import cmd_demand_poller, cmd_prefetch, cmd_status
@@ -92,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_ls)
 
-    m = sub.add_parser("manifest", help="build or show BLAKE3 manifests")
+    m = sub.add_parser("manifest", help="build, list, check BLAKE3 manifests; make a version current")
     msub = m.add_subparsers(title="manifest commands", metavar="ACTION")
     c = msub.add_parser("build", help="hash the source and record the dataset's current version")
     c.add_argument("name", help="dataset name")
@@ -101,6 +104,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "a mounted view of it)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_manifest_build)
+    c = msub.add_parser("list", help="a dataset's versions: when, how big, which is current, which nodes hold each")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_manifest_list)
+    c = msub.add_parser("use", help="make an earlier version current again (a rollback)",
+                        description="Set the dataset's CURRENT to VERSION, a manifest still in the state directory "
+                                    "(see `dsstage manifest list`): jobs that start from now stage it; running jobs "
+                                    "keep theirs. Build a new version with `dsstage manifest build`.")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("version", help="the version: at least 8 hex digits of it")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_manifest_use)
+    c = msub.add_parser("check", help="does the source still match the current manifest? exit 1 if not",
+                        description="Walk the source (as source_user, never following a link) and compare its files "
+                                    "with the current manifest by path, size and mtime, reading no content: what was "
+                                    "added, removed or changed since `dsstage manifest build`. Exit 1 when anything "
+                                    "differs: for a timer that tells the data owner "
+                                    "(dsstage-manifest-check@NAME.timer).")
+    c.add_argument("name", help="dataset name")
+    c.add_argument("--from", dest="from_path", metavar="PATH", help="check the data here instead of the source")
+    c.add_argument("--limit", type=int, default=20, metavar="N", help="paths listed per kind (default 20)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_manifest_check)
     m.set_defaults(handler=lambda _a: _usage(m))
 
     c = sub.add_parser("stage", help="stage datasets on this node and lease them")

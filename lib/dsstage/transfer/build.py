@@ -174,3 +174,44 @@ def _build(name: str, root: str, root_fd: int, source: str, previous: Manifest |
                         created=clock(), source=source)
     return BuildReport(manifest=manifest, hashed=len(todo), reused=len(final) - len(todo), skipped=skipped,
                        unchanged=previous is not None and previous.digest == digest)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How a source differs from a manifest, by path, size and mtime (no content is read)."""
+
+    added: list[str]
+    removed: list[str]
+    changed: list[str]  # size or mtime differ
+
+    @property
+    def same(self) -> bool:
+        return not (self.added or self.removed or self.changed)
+
+
+def compare(found: list[tuple[str, int, int]], manifest: Manifest) -> Drift:
+    """The drift between the source's files (path, size, mtime_ns) and ``manifest``."""
+    now = {rel: (size, mtime) for rel, size, mtime in found}
+    then = {e.path: (e.size, e.mtime_ns) for e in manifest.entries}
+    return Drift(added=sorted(set(now) - set(then)), removed=sorted(set(then) - set(now)),
+                 changed=sorted(p for p in set(now) & set(then) if now[p] != then[p]))
+
+
+def drift(manifest: Manifest, root: str, *, reader: Identity | None = None, max_parallel: int = 0,
+          threads: int = 0) -> Drift:
+    """Walk ``root`` as ``build`` does (as ``reader``, never following a link) and compare
+    what is there with ``manifest`` by size and mtime (``dsstage manifest check``)."""
+    name = manifest.name
+    try:
+        with acting_as(reader):
+            root_fd = open_source_dir(os.path.abspath(root))
+    except OSError as exc:
+        raise ManifestError(f"source {root!r} of dataset {name!r} is not a readable directory ({exc.strerror}); "
+                            "check that it is mounted here") from None
+    try:
+        gate = parallel.Limiter.for_source(hashing.default_threads(threads), max_parallel, f"reading {root}")
+        found = [(rel, st.st_size, st.st_mtime_ns) for rel, st, _kind in walk(root_fd, root, gate, reader)
+                 if st is not None]
+    finally:
+        os.close(root_fd)
+    return compare(found, manifest)
