@@ -129,18 +129,22 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def source_root(ds: model.Dataset, from_path: str | None, verb: str) -> str:
+    """Where ``manifest build|check`` reads the dataset: ``--from``, or a mounted source."""
+    if from_path:
+        return from_path
+    if ds.source.kind == "local":
+        return ds.source.path
+    raise DsstageError(f"dataset {ds.name!r} comes from {ds.source.raw}; {verb} its manifest where the data is "
+                       f"mounted: dsstage manifest {verb} {ds.name} --from /mounted/path")
+
+
 def cmd_manifest_build(args: argparse.Namespace) -> int:
     conf = load_config(args)
     ds = cat.lookup(conf, args.name)
     manifests = config_manifest.Catalog(conf.state_dir)
     need_write("manifest build", manifests.dir(ds.name))
-    if args.from_path:
-        root = args.from_path
-    elif ds.source.kind == "local":
-        root = ds.source.path
-    else:
-        raise DsstageError(f"dataset {ds.name!r} comes from {ds.source.raw}; build its manifest where the data is "
-                           f"mounted: dsstage manifest build {ds.name} --from /mounted/path")
+    root = source_root(ds, args.from_path, "build")
     previous = None
     if manifests.current(ds.name):
         try:
@@ -255,13 +259,7 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
     ds = cat.lookup(conf, args.name)
     manifests = config_manifest.Catalog(conf.state_dir)
     m = manifests.load(ds.name)
-    if args.from_path:
-        root = args.from_path
-    elif ds.source.kind == "local":
-        root = ds.source.path
-    else:
-        raise DsstageError(f"dataset {ds.name!r} comes from {ds.source.raw}; check it where the data is mounted: "
-                           f"dsstage manifest check {ds.name} --from /mounted/path")
+    root = source_root(ds, args.from_path, "check")
     d = transfer_build.drift(m, root, reader=reader_of(conf), max_parallel=conf.transfer.max_parallel,
                              threads=conf.transfer.hash_threads)
     data = {"dataset": ds.name, "version": m.digest[:16], "same": d.same, "added": d.added, "removed": d.removed,
