@@ -132,6 +132,12 @@ COVERAGE: dict[str, list[Runs]] = {
     "systemctl enable --now dsstage-manifest-check@NAME.timer": [
         Runs("tests/unit/test_packaging_files.py", "test_a_timer_has_its_service_and_a_schedule",
              ('sections["Install"]["WantedBy"] == "timers.target"',), note="the unit files; systemd is not run here")],
+    'dsstage disable --reason "NVMe firmware update until 14:00"': [
+        Runs("tests/functional/test_rollout.py", "test_the_cluster_wide_switch_sends_jobs_to_their_sources_and_back",
+             ('env.cli("disable", "--reason", "NVMe firmware update until 14:00")',))],
+    "dsstage enable": [
+        Runs("tests/functional/test_rollout.py", "test_the_cluster_wide_switch_sends_jobs_to_their_sources_and_back",
+             ('env.cli("enable")',))],
     "dsstage prolog --dry-run --job ID": [
         Runs("tests/cluster/test_dry_run.py", "test_a_prolog_dry_run_says_what_the_hook_would_do_and_changes_nothing",
              ('"prolog", "--dry-run", "--job", job',))],

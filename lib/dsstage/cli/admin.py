@@ -281,6 +281,41 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
     return 0 if d.same else 1
 
 
+def cmd_disable(args: argparse.Namespace) -> int:
+    """``dsstage disable --reason TEXT``: off on every node at once (jobs read their sources)."""
+    import getpass
+    import time
+
+    from dsstage.fs.identity import writing_as
+    from dsstage.node import rollout
+    conf = load_config(args)
+    need_write("disable", conf.state_dir)
+    record = {"reason": " ".join(args.reason.split()), "by": os.environ.get("SUDO_USER") or getpass.getuser(),
+              "time": time.time()}
+    with writing_as(conf.report.user):
+        path = rollout.write_switch(conf.state_dir, record)
+    log.warning("dsstage disabled on the whole cluster by %s: %s", record["by"], record["reason"])
+    emit(args, {"disabled": True, **record, "path": path}, lambda: print(
+        f"dsstage is disabled on every node ({path}): from the next job on, a job that asks for a dataset runs "
+        "against its source with a warning, never held; leases are still given back and nothing is prefetched. "
+        "`dsstage enable` turns it back on."))
+    return 0
+
+
+def cmd_enable(args: argparse.Namespace) -> int:
+    from dsstage.fs.identity import writing_as
+    from dsstage.node import rollout
+    conf = load_config(args)
+    need_write("enable", conf.state_dir)
+    with writing_as(conf.report.user):
+        was = rollout.clear_switch(conf.state_dir)
+    if was:
+        log.warning("dsstage enabled again on the whole cluster")
+    emit(args, {"disabled": False, "was_disabled": was}, lambda: print(
+        "dsstage is enabled again: the next Prologs stage" if was else "dsstage was not disabled"))
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dsstage.policy.sim import cli as simulate
     return simulate.main(args.args)

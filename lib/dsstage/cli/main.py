@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dsstage import __version__
 from dsstage.cli.admin import (
     cmd_check_config,
+    cmd_disable,
+    cmd_enable,
     cmd_export_catalog,
     cmd_ls,
     cmd_manifest_build,
@@ -211,6 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--job", required=True, metavar="ID", help="the job (pending or running)")
         c.add_argument("--json", action="store_true", help="machine-readable output")
         c.set_defaults(handler=cmd_hook_dry_run, hook=hook)
+
+    c = sub.add_parser("disable", help="turn dsstage off on every node at once (jobs read their sources)",
+                       description="Write <state_dir>/disabled.json, which every Prolog reads: from the next job on, "
+                                   "a job that asks for a dataset is not staged but runs against its source, with a "
+                                   "warning in its output that gives REASON; it is never held. Epilogs still give "
+                                   "leases back; prefetch stages nothing. `dsstage enable` turns it back on. For a "
+                                   "pilot, see rollout.partitions and rollout.nodes in the configuration.")
+    c.add_argument("--reason", required=True, help="why (shown to the jobs' users and in the logs)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_disable)
+    c = sub.add_parser("enable", help="turn dsstage back on after `dsstage disable`")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=cmd_enable)
 
     c = sub.add_parser("reclaim", help="remove this node's leases whose job is gone",
                        description="Uses the demand snapshot when it is fresh (no Slurm call); otherwise asks Slurm "

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from dsstage import privatedata
 from dsstage.cluster import leader
@@ -47,15 +47,10 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
     return snap
 
 
-@contextmanager
-def as_writer(conf: Config) -> Iterator[None]:
+def as_writer(conf: Config) -> AbstractContextManager[None]:
     """Write in ``state_dir`` as ``report.user`` where set (NFS squashes root), else as root."""
-    if not conf.report.user:
-        yield
-        return
-    from dsstage.fs import identity
-    with identity.acting_as(identity.lookup(conf.report.user, "report.user")):
-        yield
+    from dsstage.fs.identity import writing_as
+    return writing_as(conf.report.user)
 
 
 def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float | None = None,

@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ from dsstage import proc
 from dsstage.config import load
 from dsstage.config.model import Config
 from dsstage.fs import runfiles
-from dsstage.hostlist import fold_nodes
+from dsstage.hostlist import expand_nodes, fold_nodes
 from dsstage.node import eviction, inventory, report, staging
 from dsstage.policy.retention import Copy, Demand, Want
 
@@ -89,19 +89,21 @@ class Skip:
 # -- deciding (pure) -------------------------------------------------------------------------
 
 def select(demand: Demand, node: str, now: float, horizon: float, *, catalog: Sequence[str],
-           ready: set[str]) -> tuple[list[Candidate], list[Skip]]:
+           ready: set[str], partitions: Collection[str] | None = None) -> tuple[list[Candidate], list[Skip]]:
     """What to prefetch on ``node``, earliest job first, and what was passed over, why.
 
     ``catalog``: the datasets this node's configuration knows; ``ready``: those whose
     current version is ready here. Only pending jobs whose plan names ``node`` and whose
-    expected start is known and within ``horizon`` count."""
+    expected start is known and within ``horizon`` count, and with ``partitions`` (the
+    rollout's) only jobs that may run in one of them."""
     if demand.stale:
         return [], []
     out: list[Candidate] = []
     skipped: list[Skip] = []
     known = set(catalog)
     for name in sorted(demand.wants):
-        here = [w for w in demand.wants[name] if w.state == "pending" and node in w.nodes and w.start is not None]
+        here = [w for w in demand.wants[name] if w.state == "pending" and node in w.nodes and w.start is not None
+                and (partitions is None or any(p in partitions for p in w.partition.split(",")))]
         if not here:
             continue
         first = min(here, key=lambda w: (w.start, -w.priority, w.job_id))
@@ -205,9 +207,14 @@ class Prefetcher:
 
     def candidates(self) -> tuple[list[Candidate], list[Skip], Demand]:
         dem = self.demand()
+        from dsstage.node import rollout
+        nodes = set(expand_nodes(self.conf.rollout.nodes)) if self.conf.rollout.nodes is not None else None
+        off = rollout.off_reason(rollout.read_switch(self.conf.state_dir), None, nodes, "", self.node)
+        if off:
+            return [], [Skip("*", "", f"{off}: nothing is prefetched")], dem
         ready = self._ready()
         cands, skips = select(dem, self.node, self.clock(), self.conf.prefetch.horizon,
-                              catalog=list(self.conf.datasets), ready=ready)
+                              catalog=list(self.conf.datasets), ready=ready, partitions=self.conf.rollout.partitions)
         return cands, skips, dem
 
     def _ready(self) -> set[str]:

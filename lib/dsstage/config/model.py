@@ -137,6 +137,16 @@ class Peers:
 
 
 @dataclass(frozen=True)
+class Rollout:
+    """Where dsstage acts, for a pilot: jobs in these partitions, on these nodes (None: all).
+    Elsewhere, and while the cluster-wide switch (``dsstage disable``) is on, a job that asked
+    for a dataset runs against its source with a message."""
+
+    partitions: tuple[str, ...] | None = None
+    nodes: str | None = None  # a Slurm hostlist
+
+
+@dataclass(frozen=True)
 class Placement:
     """Data-aware placement: node features for ready datasets, and --prefer at submit."""
 
@@ -187,6 +197,7 @@ class Config:
     burst_buffer: BurstBuffer = field(default_factory=BurstBuffer)
     peers: Peers = field(default_factory=Peers)
     sources: Mapping[str, SourceBudget] = field(default_factory=dict)
+    rollout: Rollout = field(default_factory=Rollout)
 
     def budget_of(self, source: Source) -> SourceBudget | None:
         """The ``sources`` entry a dataset's source falls under (the longest prefix), if any."""

@@ -86,3 +86,14 @@ def acting_as(ident: Identity | None) -> Iterator[None]:
             _setfs(0, 0)
     finally:
         _setgroups(_ROOT_GROUPS)
+
+
+@contextmanager
+def writing_as(user: str | None, key: str = "report.user") -> Iterator[None]:
+    """Write in the shared state directory as ``user`` where set (NFS squashes root), else
+    as root."""
+    if not user:
+        yield
+        return
+    with acting_as(lookup(user, key)):
+        yield

@@ -22,7 +22,7 @@ from dsstage.errors import DsstageError, NoSpace, SourceError, StoreError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.safe import RootDir
-from dsstage.hooks.job import Verdict, job_action, on_failure, task_lines
+from dsstage.hooks.decisions import Verdict, job_action, on_failure, task_lines
 from dsstage.node import eviction, space
 from dsstage.node.lock import read_owner
 from dsstage.node.store import Store, open_tier

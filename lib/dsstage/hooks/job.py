@@ -24,12 +24,20 @@ from typing import TYPE_CHECKING
 
 from dsstage.config import catalog as cat
 from dsstage.config import load
-from dsstage.config.model import Config, Dataset
-from dsstage.errors import AccessDenied, DsstageError, StoreError, UnknownDataset, UnsafeStore, VerifyError
+from dsstage.config.model import Config
+from dsstage.errors import DsstageError, StoreError, UnsafeStore, VerifyError
 from dsstage.fs import runfiles
 from dsstage.hooks import bbrequest, joblog, jobrecord
+from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used from here too)
+    Verdict,
+    job_action,
+    off_verdicts,
+    on_failure,
+    task_lines,
+    why_held,
+)
 from dsstage.hostlist import expand_nodes
-from dsstage.node import eviction, inventory, staging
+from dsstage.node import eviction, inventory, rollout, staging
 from dsstage.node.store import Store
 
 if TYPE_CHECKING:
@@ -70,65 +78,6 @@ class JobContext:
                    gid=int(env.get("SLURM_JOB_GID", "-1") or -1), user=env.get("SLURM_JOB_USER", ""),
                    node=env.get("SLURMD_NODENAME", ""), request=request,
                    nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""))
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a job gets for one dataset, and why."""
-
-    dataset: str
-    action: str  # "local": the staged copy | "fallback": the source | "hold" | "drain"
-    path: str | None
-    reason: str
-
-
-# -- decisions (pure) -----------------------------------------------------------------
-
-def on_failure(name: str, ds: Dataset | None, error: DsstageError) -> Verdict:
-    """What to do for a dataset that could not be staged."""
-    if error.blame == "node":
-        return Verdict(name, "drain", None, f"the local store of this node is broken: {error}")
-    if ds is None or isinstance(error, (UnknownDataset, AccessDenied)) or error.blame in ("config", "user"):
-        # never fall back here: the user may not read the source, or there is none
-        return Verdict(name, "hold", None, str(error))
-    # "source" and "site": the source, the shared state, a full tier, an unsafe store path,
-    # the time budget: never this node's fault, so never a drain
-    if ds.on_failure == "fallback":
-        if ds.source.kind == "local":
-            return Verdict(name, "fallback", ds.source.path,
-                           f"could not stage {name!r} ({error}); reading {ds.source.path} directly, which is slower")
-        return Verdict(name, "hold", None, f"{error} (no fallback: the source {ds.source.raw} is not mounted here)")
-    return Verdict(name, "hold", None, str(error))
-
-
-def job_action(outcomes: Sequence[Verdict]) -> str:
-    """"drain" if the node is broken, else "hold" if any dataset must hold the job, else "run"."""
-    actions = {o.action for o in outcomes}
-    if "drain" in actions:
-        return "drain"
-    return "hold" if "hold" in actions else "run"
-
-
-def task_lines(outcomes: Sequence[Verdict]) -> list[str]:
-    """TaskProlog output: the variables a task needs, and warnings for its output."""
-    lines = runfiles.export_lines([(o.dataset, o.path) for o in outcomes if o.path])
-    for o in outcomes:
-        if o.action == "fallback":
-            lines.append(f"print dsstage: warning: {_one_line(o.reason)}")
-    if job_action(outcomes) != "run":
-        lines.append(runfiles.HOLD_MARK)
-        lines += [f"print dsstage: error: {_one_line(o.reason)}" for o in outcomes if o.action in ("hold", "drain")]
-    return lines
-
-
-def why_held(outcomes: Sequence[Verdict]) -> str:
-    """The one-line reason Slurm shows for a held job (slurm.hold bounds and cleans it)."""
-    bad = [o for o in outcomes if o.action == "hold"]
-    return _one_line("; ".join(_one_line(o.reason) for o in bad))
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 # -- the Prolog -------------------------------------------------------------------------
@@ -222,11 +171,28 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
         ctx = replace(ctx, request=",".join(r for r in (ctx.request, recorded) if r) or None)  # repeats go later
         if not ctx.request:
             return 0
+    why = off_here(conf, ctx, env.get("SLURM_JOB_PARTITION", ""))
+    if why:
+        log.info("job %s: %s: not staged, the job reads its sources", ctx.job_id, why)
+        return decide(ctx, off_verdicts(ctx.request or "", conf, why), run_dir=run_dir, slurm=slurm)
     store = Store(conf, ctx.node or None, run_dir=run_dir)
     budget = conf.prolog_budget
     outcomes = stage_all(ctx, conf, store, deadline=started + max(1.0, budget - DECIDE_MARGIN))
     write_config_cache(run_dir, conf)
     return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm, store=store)
+
+
+def off_here(conf: Config, ctx: JobContext, partition: str) -> str | None:
+    """Why dsstage does not act for this job here (the rollout's partitions and nodes, the
+    cluster-wide switch), or None."""
+    nodes = None
+    if conf.rollout.nodes is not None:
+        try:
+            nodes = set(expand_nodes(conf.rollout.nodes))
+        except ValueError:
+            nodes = set()
+    return rollout.off_reason(rollout.read_switch(conf.state_dir), conf.rollout.partitions, nodes, partition,
+                              ctx.node)
 
 
 def bb_request(ctx: JobContext, conf: Config, env: Mapping[str, str]) -> str | None:
@@ -366,6 +332,8 @@ def write_config_cache(run_dir: str, conf: Config) -> None:
         return
     try:
         record["bb_uid"] = bbrequest.writer_uid(conf.burst_buffer.user)
+        record["rollout_partitions"] = list(conf.rollout.partitions) if conf.rollout.partitions is not None else None
+        record["rollout_nodes"] = expand_nodes(conf.rollout.nodes) if conf.rollout.nodes is not None else None
         runfiles.write_cache(run_dir, record)
     except (OSError, DsstageError) as exc:
         log.warning("cannot write the configuration cache in %s: %s", run_dir, exc)

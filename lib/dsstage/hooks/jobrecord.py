@@ -23,8 +23,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import shared
@@ -43,15 +43,10 @@ def _job_ok(job_id: str) -> bool:
     return bool(job_id) and len(job_id) <= 64 and all(c.isdigit() or c in "_+" for c in job_id)
 
 
-@contextmanager
-def _as_writer(user: str | None) -> Iterator[None]:
+def _as_writer(user: str | None) -> AbstractContextManager[None]:
     """Act as ``report.user`` where set (root_squash), else as root."""
-    if not user:
-        yield
-        return
     from dsstage.fs import identity
-    with identity.acting_as(identity.lookup(user, "report.user")):
-        yield
+    return identity.writing_as(user)
 
 
 def _writers(user: str | None) -> tuple[int, ...]:

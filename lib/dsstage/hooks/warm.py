@@ -24,7 +24,7 @@ from dsstage.fs.groups import group_names
 from dsstage.fs.layout import Layout
 from dsstage.fs.safe import RootDir
 from dsstage.hooks import bbrequest, joblog
-from dsstage.node import metrics, report
+from dsstage.node import metrics, report, rollout
 
 
 def requested_names(request: str) -> list[str] | None:
@@ -59,6 +59,9 @@ def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
     if not names or not layout.job_id_ok(job_id) or not node or not user or cache is None:
         return None
     state_dir, catalog = cache["state_dir"], cache["datasets"]
+    if rollout.off_reason(rollout.read_switch(state_dir), cache.get("rollout_partitions"), cache.get("rollout_nodes"),
+                          env.get("SLURM_JOB_PARTITION", ""), node):
+        return None  # the full Prolog gives the job its sources and says why
     tiers: dict[str, RootDir] = {}
     try:
         return _lease_all(names, catalog, tiers, state_dir, run_dir, job_id, node, user, uid, gid, log,
