@@ -9,10 +9,12 @@ write it attempts is checked as that user's.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import Env
@@ -44,6 +46,13 @@ def staged(env: Env) -> Env:
     env.add("coco", {"a": b"a" * 100, "d/b": b"b" * 50})
     env.cli("manifest", "build", "coco")
     env.cli("stage", "coco", "--job-id", "1")
+    # the stage's detached flush takes the dataset lock and rewrites the mark: let it finish, or a
+    # test comparing the store before and after a refused verb sees the flush's files (seen under load)
+    deadline = time.monotonic() + 60
+    marks = env.tier_root() / "ready" / "coco"
+    while not all(json.loads(m.read_text()).get("durable") for m in marks.glob("*.json")):
+        assert time.monotonic() < deadline, "the stage's flush never marked the copy durable"
+        time.sleep(0.1)
     return env
 
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, fields
 
 import pytest
-from dsstage.fs import layout, runfiles, safe
+from dsstage.fs import formats, layout, runfiles, safe
 from dsstage.hooks import job as hooks
 from dsstage.hooks import warm
 from dsstage.hooks.__main__ import main as hook_main
@@ -84,9 +84,11 @@ def test_a_cache_not_written_by_root_is_ignored(env: Env, ready):
 
 
 def test_lease_record_is_what_lease_reads():
+    """The warm path and LeaseBook.take write the same record, format included."""
     record = layout.lease_record("coco", "d" * 64, "5", "alice", "n1", taken=1.0, host="h", pid=0)
-    assert set(record) == {f.name for f in fields(Lease)}
-    assert asdict(Lease(**record)) == record
+    assert set(record) == {f.name for f in fields(Lease)} | {"format"}
+    lease = Lease(**{k: v for k, v in record.items() if k != "format"})
+    assert formats.stamp("lease", asdict(lease)) == record
 
 
 def test_main_falls_through_to_the_full_prolog(env: Env, tmp_path, monkeypatch):

@@ -135,6 +135,9 @@ COVERAGE: dict[str, list[Runs]] = {
     'dsstage disable --reason "NVMe firmware update until 14:00"': [
         Runs("tests/functional/test_rollout.py", "test_the_cluster_wide_switch_sends_jobs_to_their_sources_and_back",
              ('env.cli("disable", "--reason", "NVMe firmware update until 14:00")',))],
+    "dsstage disable --reason TEXT": [
+        Runs("tests/functional/test_rollout.py", "test_the_cluster_wide_switch_sends_jobs_to_their_sources_and_back",
+             ('env.cli("disable", "--reason", "NVMe firmware update until 14:00")',))],
     "dsstage enable": [
         Runs("tests/functional/test_rollout.py", "test_the_cluster_wide_switch_sends_jobs_to_their_sources_and_back",
              ('env.cli("enable")',))],

@@ -68,7 +68,7 @@ def test_an_old_or_missing_snapshot_is_stale_and_says_why(tmp_path):
     demand.write(str(state), demand.build(JOBS, NOW))
     assert demand.read(str(state)).demand(NOW + 301, 300).stale
     (state / demand.FILE).write_text('{"format": 99}')
-    assert "format 99, expected 1" in demand.read(str(state)).problem
+    assert "format 99, written by a newer dsstage" in demand.read(str(state)).problem
 
 
 def test_job_starts_are_counted_once_and_decay_to_the_snapshots_time():

@@ -21,6 +21,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from dsstage.fs import formats
 from dsstage.fs.safe import read_json, write_json
 
 LEASE = "poller.json"
@@ -74,7 +75,8 @@ def round_(state_dir: str, me: Me, now: float, ttl_s: float) -> Decision:
     decision = decide(read_json(path(state_dir)), me, now, ttl_s)
     if not decision.act:
         return decision
-    write_json(path(state_dir), {"host": me.host, "pid": me.pid, "time": now}, fsync=False)
+    write_json(path(state_dir), formats.stamp("poller-lease", {"host": me.host, "pid": me.pid, "time": now}),
+               fsync=False)
     after = read_json(path(state_dir))
     if after.get("host") != me.host or after.get("pid") != me.pid:
         return Decision(False, f"the poller on {after.get('host')} (pid {after.get('pid')}) took the lease "

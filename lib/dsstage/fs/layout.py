@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from dsstage.fs import formats
 from dsstage.fs.safe import RootDir, read_json_at
 
 VERSION_LEN = 16
@@ -145,8 +146,8 @@ def not_ready(tier: RootDir, name: str, digest: str) -> str | None:
 
 def lease_record(dataset: str, digest: str, job_id: str, user: str, node: str, *, taken: float,
                  host: str = "", pid: int = 0) -> dict[str, Any]:
-    """What a lease file holds (lease.Lease reads it back)."""
-    return {"dataset": dataset, "digest": digest, "job_id": job_id, "user": user, "node": node,
-            "taken": taken, "host": host, "pid": pid}
+    """What a lease file holds (lease.Lease reads it back), in its format (dsstage.fs.formats)."""
+    return {"format": formats.CURRENT["lease"], "dataset": dataset, "digest": digest, "job_id": job_id,
+            "user": user, "node": node, "taken": taken, "host": host, "pid": pid}
 
 

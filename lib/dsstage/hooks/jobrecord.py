@@ -27,12 +27,12 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 
 from dsstage.errors import DsstageError, StateError
-from dsstage.fs import shared
+from dsstage.fs import formats, shared
 
 log = logging.getLogger(__name__)
 
 DIR = "jobs"
-FORMAT = 1
+FORMAT = formats.CURRENT["job-record"]
 
 
 def directory(state_dir: str) -> str:
@@ -81,6 +81,9 @@ def pin(state_dir: str, job_id: str, nodes: str, node: str, chosen: Mapping[str,
     record = _parse(raw)
     if record is None or record.get("job") != job_id:
         raise StateError(f"{os.path.join(where, job_id + '.json')} is not a dsstage job record for job {job_id}")
+    why = formats.problem("job-record", record, os.path.join(where, job_id + ".json"))
+    if why:
+        raise StateError(why)
     if record.get("nodes") != nodes:
         log.warning("job %s: %s names other nodes (%s): a job id used again; this node keeps its own versions",
                     job_id, os.path.join(where, f"{job_id}.json"), record.get("nodes"))

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from dsstage.errors import StoreError
-from dsstage.fs import safe
+from dsstage.fs import formats, safe
 from dsstage.fs.layout import job_id_ok
 from dsstage.fs.safe import RootDir
 
@@ -32,6 +32,10 @@ class Lease:
     @property
     def is_job(self) -> bool:
         return self.pid == 0
+
+
+#: what a lease file's keys may name (others, such as "format", are not Lease fields)
+LEASE_FIELDS = frozenset(f.name for f in fields(Lease))
 
 
 def check_job_id(job_id: str) -> str:
@@ -57,7 +61,8 @@ class LeaseBook:
         self.tier = tier
 
     def take(self, lease: Lease) -> None:
-        safe.write_json_at(self.tier.dir("leases", lease.dataset), _file(lease.job_id), asdict(lease), fsync=False)
+        safe.write_json_at(self.tier.dir("leases", lease.dataset), _file(lease.job_id),
+                           formats.stamp("lease", asdict(lease)), fsync=False)
 
     def release(self, dataset: str, job_id: str) -> bool:
         return safe.unlink_at(self.tier.has_dir("leases", dataset), _file(job_id))
@@ -70,7 +75,8 @@ class LeaseBook:
         for n in self.tier.names("leases", dataset):
             record = safe.read_json_at(fd, n) if n.endswith(".json") else {}
             try:
-                lease = Lease(**record)
+                # keys a newer writer added are read as absent (dsstage.fs.formats), not as damage
+                lease = Lease(**{k: v for k, v in record.items() if k in LEASE_FIELDS})
                 if lease.dataset != dataset or n != f"{lease.job_id}.json":
                     raise TypeError
                 good.append(lease)

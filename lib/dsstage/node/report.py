@@ -46,13 +46,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from dsstage.fs import formats
 from dsstage.fs.safe import RootDir
 
 if TYPE_CHECKING:
     pass
 from dsstage.fs import safe
 
-FORMAT = 2
+FORMAT = formats.CURRENT["node-report"]
 REPORTS = "reports"  # below the run directory
 NODES = "nodes"  # below the state directory
 #: the prefetch's last actions kept in a report (see note_prefetch)

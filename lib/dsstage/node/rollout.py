@@ -19,7 +19,7 @@ import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from dsstage.fs import safe
+from dsstage.fs import formats, safe
 
 SWITCH = "disabled.json"
 
@@ -56,7 +56,7 @@ def off_reason(switch: Mapping[str, Any] | None, partitions: Collection[str] | N
 
 def write_switch(state_dir: str, record: Mapping[str, Any]) -> str:
     path = switch_path(state_dir)
-    safe.write_json(path, dict(record), fsync=True)
+    safe.write_json(path, formats.stamp("switch", record), fsync=True)
     return path
 
 

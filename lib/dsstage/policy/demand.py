@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsstage.fs import formats
 from dsstage.fs.safe import read_json, write_json
 from dsstage.hostlist import expand_nodes
 from dsstage.policy.retention import HALF_LIFE, Demand, Want
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 
 
-FORMAT = 1
+FORMAT = formats.CURRENT["demand"]
 FILE = "demand.json"
 #: counts per dataset, readable by everyone where the snapshot is not (PrivateData=jobs)
 SUMMARY = "demand-summary.json"
@@ -170,9 +171,9 @@ def read(state_dir: str) -> Snapshot:
     data = read_json(p)
     if not data:
         return Snapshot(time=0, problem=f"no demand snapshot at {p}: is `dsstage demand-poller` running?")
-    if data.get("format") != FORMAT:
-        return Snapshot(time=0, problem=f"{p}: format {data.get('format')!r}, expected {FORMAT}: "
-                        "a different dsstage version writes it")
+    why = formats.problem("demand", data, p)
+    if why:
+        return Snapshot(time=0, problem=why)
     datasets = data.get("datasets") if isinstance(data.get("datasets"), dict) else {}
     running = data.get("running") if isinstance(data.get("running"), dict) else {}
     uses = data.get("uses") if isinstance(data.get("uses"), dict) else {}  # none before dsstage wrote them
@@ -193,7 +194,7 @@ def write(state_dir: str, snap: Snapshot, private: bool = False) -> str:
 
 def summary(snap: Snapshot) -> dict[str, Any]:
     """What anyone may know of the queue's demand: per dataset, how many jobs want it."""
-    return {"format": FORMAT, "time": snap.time,
+    return {"format": formats.CURRENT["demand-summary"], "time": snap.time,
             "datasets": {name: {state: len(wants.get(state, [])) for state in ("pending", "running")}
                          for name, wants in sorted(snap.datasets.items())}}
 
@@ -201,7 +202,7 @@ def summary(snap: Snapshot) -> dict[str, Any]:
 def read_summary(state_dir: str) -> dict[str, dict[str, int]]:
     """Per dataset, the pending and running jobs that want it ({} if unknown)."""
     data = read_json(os.path.join(state_dir, SUMMARY))
-    got = data.get("datasets") if data.get("format") == FORMAT else None
+    got = data.get("datasets") if formats.readable("demand-summary", data) else None
     if not isinstance(got, dict):
         return {}
     return {str(k): {s: int(v.get(s) or 0) for s in ("pending", "running")} for k, v in got.items()
