@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,8 +307,8 @@ def test_prolog_makes_room_by_evicting_an_unwanted_copy(lab):
     assert lab.copies("rx") == [rx] and lab.copies("ry") == []
     staged = [line for line in lab.log(job) if "rx staged" in line]
     assert staged, lab.log(job)
-    # the same Prolog process (lines start with dsstage-<pid>:) made the room
-    prolog = staged[0].split(":", 1)[0]
+    # the same Prolog process (lines carry dsstage-<pid>:) made the room
+    prolog = re.search(r"dsstage-\d+", staged[0]).group(0)
     log = (lab.cluster.dir / "log" / "dsstage-hooks.log").read_text()
     assert (f"{prolog}: INFO: job {job}: making room for rx on {NODE}: evicted ry {lab.version('ry')} "
             "(room for the stage in progress") in log, log[-3000:]

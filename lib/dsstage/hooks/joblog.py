@@ -1,6 +1,7 @@
 """Where the Prolog and Epilog log: syslog, so journald has them (``journalctl -t dsstage``),
 and the file ``DSSTAGE_LOG`` names (from the defaults file) if any; every line carries the
-job id (``job 123: ...``).
+job id (``job 123: ...``), and in the file its time (syslog adds its own). The file is made
+0640: it names jobs, users and paths.
 
 Syslog is the local datagram socket ``/dev/log`` (``DSSTAGE_SYSLOG`` names another one, or
 ``off``), facility daemon, tag ``dsstage``: journald and rsyslog both read it, and a node
@@ -50,6 +51,26 @@ def syslog(text: str, level: str = "INFO", env: Mapping[str, str] = os.environ) 
     return True
 
 
+def stamp(now: float | None = None) -> str:
+    """The time of a log line: local, with its offset (2026-11-26T18:52:01+0100)."""
+    import time
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))
+
+
+def append(path: str, line: str) -> None:
+    """Append ``line`` to the log file, made 0640 (it names jobs, users and paths: not for every
+    user to read), never through a symbolic link; a file an older version left readable by
+    everyone is closed to others."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o007 and st.st_uid == os.geteuid():
+            os.fchmod(fd, st.st_mode & 0o7770)
+        os.write(fd, line.encode(errors="replace"))
+    finally:
+        os.close(fd)
+
+
 def write(text: str, level: str = "INFO", *, job_id: str = "", env: Mapping[str, str] = os.environ) -> None:
     """One event: to syslog, and to the file DSSTAGE_LOG (else stderr if syslog is not there)."""
     line = with_job(job_id, text)
@@ -57,8 +78,7 @@ def write(text: str, level: str = "INFO", *, job_id: str = "", env: Mapping[str,
     path = env.get("DSSTAGE_LOG")
     if path:
         try:
-            with open(path, "a") as fh:
-                fh.write(f"{TAG}-{os.getpid()}: {level}: {line}\n")
+            append(path, f"{stamp()} {TAG}-{os.getpid()}: {level}: {line}\n")
             return
         except OSError:
             pass
