@@ -62,6 +62,9 @@ LIFE_TEST = "test_versions_are_listed_a_rollback_is_staged_and_a_moved_source_is
 COVERAGE: dict[str, list[Runs]] = {
     # slurm.conf
     "PrologFlags=Alloc": conf("PrologFlags=Alloc"),
+    "Prolog=/etc/slurm/prolog.d/*": [
+        Runs("tests/unit/test_slurm_conffile.py", "test_the_hooks_may_be_lists_globs_or_a_site_wrapper",
+             ('main.write_text(f"Prolog=site-prolog,prolog.d/*',), note="a glob of Prologs, checked by check-config")],
     "Prolog=/usr/libexec/dsstage/dsstage-prolog": conf("Prolog=$DIR/hooks/dsstage-prolog"),
     "TaskProlog=/usr/libexec/dsstage/dsstage-taskprolog": conf("TaskProlog=$DIR/hooks/dsstage-taskprolog"),
     "Epilog=/usr/libexec/dsstage/dsstage-epilog": conf("Epilog=$DIR/hooks/dsstage-epilog"),

@@ -234,11 +234,12 @@ def test_check_host(tmp_path):
 
     def check(c=conf):
         found, problems = check_host(c, str(slurm_conf))
-        return found, [p for p in problems if p.key not in ("PrivateData", "PrologFlags", "spank")]
+        return found, [p for p in problems if p.key not in ("PrivateData", "PrologFlags", "spank", "hooks")]
     slurm_conf.write_text("PrologEpilogTimeout=600\nSchedulerParameters=bf_interval=5,ignore_prefer_validation\n")
     found, problems = check()
     assert found == {"slurm_conf": str(slurm_conf), "read": True, "prolog_epilog_timeout": 600.0,
-                     "prolog_timeout_key": "PrologEpilogTimeout", "prolog_flags": [], "private_jobs": False}
+                     "prolog_timeout_key": "PrologEpilogTimeout", "prolog_flags": [], "private_jobs": False,
+                     "files": [str(slurm_conf)]}
     assert [(p.level, p.key) for p in problems] == [("error", "prolog_budget"), ("note", "slurm_bin")]
     assert f"{tmp_path}/scontrol is not an executable" in problems[1].message
     slurm_conf.write_text("PrologEpilogTimeout=900\nSchedulerParameters=ignore_prefer_validation\n")
@@ -247,9 +248,10 @@ def test_check_host(tmp_path):
     assert [(p.level, p.key) for p in check()[1]] == [("error", "placement.prefer"), ("note", "slurm_bin")]
     no_prefer = load.from_dict(base(prolog_budget=600, slurm_bin=str(tmp_path), placement={"prefer": False}))
     assert [p.level for p in check(no_prefer)[1]] == ["note"]
-    slurm_conf.write_text("include /etc/slurm/timeouts.conf\n")
+    slurm_conf.write_text("include timeouts.conf\n")
     problems = check(no_prefer)[1]
-    assert problems[0].level == "note" and "Include files are not read" in problems[0].message
+    message = problems[0].message
+    assert problems[0].level == "note" and f"Include {tmp_path}/timeouts.conf: No such file" in message, message
     found, problems = check_host(conf, str(tmp_path / "none.conf"))
     assert found["read"] is False
     assert problems[0].level == "note" and "cannot read" in problems[0].message

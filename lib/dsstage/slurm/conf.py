@@ -14,6 +14,7 @@ from typing import Any
 from dsstage import privatedata
 from dsstage.config.model import Config
 from dsstage.errors import ConfigError
+from dsstage.slurm import conffile
 
 #: seconds kept free between prolog_budget and slurm.conf's PrologEpilogTimeout: the Prolog
 #: starts, decides and writes its results around the budget it spends
@@ -120,7 +121,61 @@ def budget_problem(budget: float, timeout: float | None, where: str, key: str = 
             f"{timeout:g} in {where}: slurmd would kill a Prolog that used its budget and drain the node; {fix}")
 
 
-_IGNORE_PREFER = re.compile(r"(?im)^\s*SchedulerParameters\s*=\s*\S*\bignore_prefer_validation\b")
+#: the installed hooks (the packages'); a site may point slurm.conf at copies or wrappers
+HOOKS = {"Prolog": "dsstage-prolog", "Epilog": "dsstage-epilog", "TaskProlog": "dsstage-taskprolog"}
+HOOK_DIR = "/usr/libexec/dsstage"
+
+
+def runs_hook(path: str, name: str) -> bool:
+    """Whether program ``path`` is dsstage's hook ``name`` (dsstage-prolog, ...), or a site's
+    script that runs it (names it)."""
+    if os.path.basename(os.path.realpath(path)) == name:
+        return True
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(65536)
+    except OSError:
+        return False
+    return name.encode() in head
+
+
+def hooks_problems(text: str, base: str, where: str) -> list[Problem]:
+    """Whether slurm.conf runs dsstage's Prolog, Epilog and TaskProlog: each Prolog and Epilog
+    line (a program, a comma-separated list, globs) and the one TaskProlog."""
+    out = []
+    for key in ("Prolog", "Epilog"):
+        files, empty = conffile.programs(text, key, base)
+        if any(runs_hook(f, HOOKS[key]) for f in files):
+            continue
+        named = ", ".join(files + [f"{e} (no such file)" for e in empty]) or "none"
+        out.append(Problem("error", "hooks", f"{where}: no {key} runs dsstage's ({key}: {named}): jobs asking for "
+                           f"a dataset would get nothing; add {key}={HOOK_DIR}/{HOOKS[key]} (a {key} line of its "
+                           f"own, a comma after the site's, or a link in a {key}=/etc/slurm/{key.lower()}.d/* "
+                           "directory)"))
+    task = setting(text, "TaskProlog")
+    if task is None:
+        out.append(Problem("error", "hooks", f"{where}: no TaskProlog: tasks would not get DSSTAGE_DATASET_DIR and "
+                           f"the held job's message; add TaskProlog={HOOK_DIR}/{HOOKS['TaskProlog']}"))
+    else:
+        path = task if os.path.isabs(task) else os.path.join(base, task)
+        if not runs_hook(path, HOOKS["TaskProlog"]):
+            out.append(Problem("error", "hooks", f"{where}: TaskProlog={task} does not run dsstage's: Slurm runs one "
+                               "TaskProlog, so make it a script that runs the site's and then "
+                               f"{HOOK_DIR}/{HOOKS['TaskProlog']}, printing both outputs (admin guide, 'Where the "
+                               "pieces go')"))
+    return out
+
+
+def shm_problems(conf: Config, text: str, where: str) -> list[Problem]:
+    """A tier under /dev/shm where each job gets a /dev/shm of its own (job_container/tmpfs):
+    jobs would not see the copies there."""
+    container = setting(text, "JobContainerType") or ""
+    if "tmpfs" not in container:
+        return []
+    return [Problem("error", f"tiers.{t.name}", f"tier {t.name} is under /dev/shm ({t.path}), and {where} has "
+                    f"JobContainerType={container}, which gives each job its own /dev/shm: jobs would not see "
+                    "the copies; put the RAM tier on a tmpfs of its own (e.g. mount -t tmpfs ... /local/ram)")
+            for t in conf.tiers.values() if os.path.normpath(t.path).startswith("/dev/shm")]
 
 
 def spank_problems(text: str, slurm_conf: str, series: str | None) -> list[Problem]:
@@ -148,13 +203,19 @@ def check_host(conf: Config, slurm_conf: str | None = None,
     found: dict[str, Any] = {"slurm_conf": path, "read": False, "prolog_epilog_timeout": None}
     problems: list[Problem] = []
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
+        read = conffile.read(path)
     except OSError as exc:
         problems.append(Problem("note", "prolog_budget", f"cannot read {path} ({exc.strerror}): prolog_budget "
                                 "is not checked against PrologEpilogTimeout; run check-config where slurm.conf "
                                 "is, or point SLURM_CONF at it"))
         text = None
+    else:
+        text, path = read.text, read.path
+        found.update(slurm_conf=path, files=read.files)
+        if read.configless:
+            problems.append(Problem("note", "slurm.conf", f"configless node: read slurmd's copy {path}"))
+        for why in read.unread:
+            problems.append(Problem("note", "slurm.conf", f"Include {why}: what it sets is not checked"))
     if text is not None:
         try:
             key, timeout = prolog_timeout(text)
@@ -168,7 +229,8 @@ def check_host(conf: Config, slurm_conf: str | None = None,
             flags = prolog_flags(text)
             found["prolog_flags"] = sorted(flags)
             problems += flags_problems(flags, path)
-            if conf.placement.prefer and not _IGNORE_PREFER.search(text):
+            params = (setting(text, "SchedulerParameters") or "").split(",")  # the last line is the one in force
+            if conf.placement.prefer and "ignore_prefer_validation" not in params:
                 problems.append(Problem("error", "placement.prefer", f"{path} has no SchedulerParameters="
                                         "ignore_prefer_validation: Slurm refuses a job that prefers a feature no "
                                         "node has yet, so jobs asking for a dataset that no node holds ready would "
@@ -181,9 +243,8 @@ def check_host(conf: Config, slurm_conf: str | None = None,
                 "show their own jobs and counts of the rest)") if found["private_jobs"] else (
                 f"{path} has no PrivateData=jobs: every user sees every queued job's id, user, datasets and "
                 "nodes in dsstage status and bbstat, as in squeue")))
-            if timeout is None and re.search(r"(?im)^\s*include\s", text):
-                problems.append(Problem("note", "prolog_budget", f"no PrologEpilogTimeout in {path}, and its "
-                                        "Include files are not read: check prolog_budget against any setting there"))
+            problems += hooks_problems(text, os.path.dirname(path), path)
+            problems += shm_problems(conf, text, path)
     if conf.peers.enabled:
         from dsstage.transfer.peerd import read_secret
         ports = [conf.peers.port] + [int(h.rsplit(":", 1)[1]) for h in conf.peers.hosts.values() if ":" in h]
