@@ -10,6 +10,7 @@ writes in ``state_dir`` it writes as ``report.user`` where that is set (NFS ``ro
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from dsstage.config.model import Config
 from dsstage.errors import DsstageError
 from dsstage.policy.demand import Snapshot, build, read, write
 from dsstage.slurm.client import SlurmClient
+from dsstage.slurm.records import Job
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
                  previous=previous if previous.time else None)
     with as_writer(conf):
         write(conf.state_dir, snap, private=privatedata.hides_jobs())
+    export_metrics(conf, snap.time, jobs, acting=True)
     if conf.placement.features:
         from dsstage.cluster import features
         try:
@@ -45,6 +48,26 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
     for name, version in removed:
         log.info("removed manifest %s %s: superseded, and no node holds it", name, version[:16])
     return snap
+
+
+def export_metrics(conf: Config, snapshot_time: float, jobs: list[Job], *, acting: bool) -> None:
+    """The controller's metrics (cluster.controller_metrics), where metrics.controller_textfile
+    is set; a failure is logged, never the round's."""
+    path = conf.metrics.controller_textfile
+    if not path:
+        return
+    from dsstage.cluster import controller_metrics, reports
+    from dsstage.slurm.conf import slurm_conf_path
+    try:
+        fams = controller_metrics.families(
+            snapshot_time=snapshot_time, jobs=jobs, acting=acting,
+            ready=controller_metrics.ready_counts(reports.read_all(conf.state_dir)),
+            catalog_time=controller_metrics.catalog_time(
+                ["/var/lib/dsstage/dsstage_catalog.lua",
+                 os.path.join(os.path.dirname(slurm_conf_path()), "dsstage_catalog.lua")]))
+        controller_metrics.write(path, fams)
+    except (OSError, ValueError) as exc:
+        log.warning("controller metrics not written to %s: %s", path, exc)
 
 
 def as_writer(conf: Config) -> AbstractContextManager[None]:
@@ -73,6 +96,7 @@ def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float
                 if decision.reason.split(" (")[0] != standing.split(" (")[0]:
                     log.info("standing by: %s", decision.reason)
                 standing = decision.reason
+                export_metrics(conf, read(conf.state_dir).time, [], acting=False)
                 sleep(max(0.0, interval - (clock() - started)))
                 continue
             if standing:

@@ -106,6 +106,7 @@ class Fleet:
 @dataclass(frozen=True)
 class Metrics:
     textfile: str | None = None  # node_exporter textfile collector file; None: no metrics
+    controller_textfile: str | None = None  # the demand poller's (the controller's) file; None: none
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dsstage.errors import ConfigError
 from dsstage.units import parse_duration, parse_percent, parse_size
 
 _FLEET_KEYS = ("user", "port", "key", "known_hosts", "connect_timeout", "timeout", "parallel", "command")
-_METRICS_KEYS = ("textfile",)
+_METRICS_KEYS = ("textfile", "controller_textfile")
 _PREFETCH_KEYS = ("horizon", "interval", "bwlimit", "io_class")
 _PLACEMENT_KEYS = ("features", "prefer", "prefix")
 _ROLLOUT_KEYS = ("partitions", "nodes")
@@ -123,8 +123,10 @@ class Sections:
 
     def metrics(self, spec: Any) -> Metrics:
         self._section(spec, "metrics", _METRICS_KEYS)
-        textfile = spec.get("textfile")
-        return Metrics(textfile=self.abs_path(textfile, "metrics.textfile") if textfile is not None else None)
+        textfile, controller = spec.get("textfile"), spec.get("controller_textfile")
+        return Metrics(textfile=self.abs_path(textfile, "metrics.textfile") if textfile is not None else None,
+                       controller_textfile=self.abs_path(controller, "metrics.controller_textfile")
+                       if controller is not None else None)
 
     def prefetch(self, spec: Any) -> Prefetch:
         self._section(spec, "prefetch", _PREFETCH_KEYS)
