@@ -23,7 +23,7 @@ from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.safe import RootDir
 from dsstage.hooks.decisions import Verdict, job_action, on_failure, task_lines
-from dsstage.node import eviction, space
+from dsstage.node import eviction, space, staging
 from dsstage.node.lock import read_owner
 from dsstage.node.store import Store, open_tier
 from dsstage.slurm.records import Job
@@ -86,18 +86,9 @@ def _stage(conf: Config, store: Store, ds: Dataset, digest: str, path: str, step
     """The stage the Prolog would make, and whether it fits."""
     name = ds.name
     manifest = store.load_manifest(name, digest)
-    needed = manifest.total_bytes
-    older = []
-    if tier is not None:
-        for other in store.ready_digests(tier, name):
-            if other != digest and not fs_layout.not_ready(tier, name, other):
-                try:
-                    older.append(store.manifests.load(name, other))
-                except (DsstageError, OSError):
-                    continue
-    reusable = {(e.size, e.hash) for m in older for e in m.entries}
-    if reusable:
-        needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
+    older = [m for _fd, m in staging.older_versions(store, tier, name, digest)] if tier is not None else []
+    needed = staging.to_fetch(manifest, older)
+    if needed < manifest.total_bytes:
         step.notes.append(f"older versions here lend {human(manifest.total_bytes - needed)} by hard links")
     how = "the verifying copier" if ds.source.kind == "local" else f"rsync ({ds.source.kind})"
     if ds.source.kind == "local":

@@ -181,9 +181,8 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     record = space.stage_record(staging)
     store.remove_staging(tier, name, keep=staging)
     publish.take_back(tier, name, digest)
-    older = _older_versions(store, tier, name, digest)
-    reusable = {(e.size, e.hash) for _, m in older for e in m.entries}
-    needed = sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
+    older = older_versions(store, tier, name, digest)
+    needed = to_fetch(manifest, [m for _fd, m in older])
     tier_conf = store.config.tiers[ds.tier]
     eviction.make_room(store, tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
                        resumed=record, job_id=job.job_id)
@@ -229,7 +228,14 @@ def within_budget(store: Store, ds: Dataset, job: StageRequest) -> Transfer:
     return replace(transfer, max_parallel=min(transfer.max_parallel, share), streams=min(transfer.streams, share))
 
 
-def _older_versions(store: Store, tier: RootDir, name: str, digest: str) -> list[tuple[int, Manifest]]:
+def to_fetch(manifest: Manifest, older: list[Manifest]) -> int:
+    """The bytes of ``manifest`` that no file of an ``older`` version on the node can lend
+    (same size and hash: hard-linked, not fetched)."""
+    reusable = {(e.size, e.hash) for m in older for e in m.entries}
+    return sum(e.size for e in manifest.entries if (e.size, e.hash) not in reusable)
+
+
+def older_versions(store: Store, tier: RootDir, name: str, digest: str) -> list[tuple[int, Manifest]]:
     out = []
     for other in store.ready_digests(tier, name):
         if other == digest or fs_layout.not_ready(tier, name, other):

@@ -34,7 +34,6 @@ class Problem:
     message: str
 
 
-_SLURM_PAIR = re.compile(r'([A-Za-z0-9_.]+)\s*=\s*(?:"([^"]*)"|(\S+))')
 _SLURM_NUMBER = re.compile(r"(0[xX][0-9a-fA-F]+)|(0[0-7]*)|([1-9][0-9]*)")
 
 
@@ -45,14 +44,10 @@ def slurm_conf_path(environ: Mapping[str, str] = os.environ) -> str:
 
 def setting(text: str, key: str) -> str | None:
     """The value of ``key`` in slurm.conf ``text`` (None if absent): keys are case-insensitive,
-    ``#`` starts a comment, the last setting wins. ``Include`` files are not read."""
-    value = None
-    for line in text.replace("\\\n", "").splitlines():
-        line = re.sub(r"(?<!\\)#.*", "", line)
-        for m in _SLURM_PAIR.finditer(line):
-            if m.group(1).lower() == key.lower():
-                value = m.group(2) if m.group(2) is not None else m.group(3)
-    return value
+    ``#`` starts a comment, the last setting wins. ``Include`` files are read by
+    conffile.read, which puts their text in place."""
+    found = conffile.values(text, key)
+    return found[-1] if found else None
 
 
 def prolog_epilog_timeout(text: str, key: str = "PrologEpilogTimeout") -> float | None:

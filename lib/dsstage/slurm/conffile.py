@@ -19,6 +19,8 @@ CONFIGLESS_DIRS = ("/run/slurm/conf",)
 #: Include files nested deeper than this are not read (a loop)
 MAX_DEPTH = 8
 _INCLUDE = re.compile(r"^\s*include\s+(.+?)\s*$", re.I)
+#: a Key=Value pair of slurm.conf (a value in double quotes may hold spaces)
+_PAIR = re.compile(r'([A-Za-z0-9_.]+)\s*=\s*(?:"([^"]*)"|(\S+))')
 
 
 @dataclass
@@ -85,11 +87,10 @@ def _expand(text: str, base: str, conf: SlurmConf, depth: int) -> str:
 def values(text: str, key: str) -> list[str]:
     """Every value of ``key`` in slurm.conf ``text``, in order (keys case-insensitive): for
     keys Slurm takes more than once (Prolog, Epilog), where ``setting`` gives the last."""
-    pair = re.compile(r'([A-Za-z0-9_.]+)\s*=\s*(?:"([^"]*)"|(\S+))')
     out = []
     for line in text.replace("\\\n", "").splitlines():
         line = re.sub(r"(?<!\\)#.*", "", line)
-        for m in pair.finditer(line):
+        for m in _PAIR.finditer(line):
             if m.group(1).lower() == key.lower():
                 out.append(m.group(2) if m.group(2) is not None else m.group(3))
     return out
