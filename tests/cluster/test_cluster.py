@@ -139,7 +139,7 @@ def test_unreadable_source_with_hold_requeues_and_holds(cluster):
     assert not (cluster.jobs / f"{job}.out").exists() or "RAN" not in cluster.output(job)
     # once the source is back, releasing the job is all it takes
     cluster.run("scontrol", "release", job)
-    cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # skip Slurm's requeue delay
+    cluster.start_now(job, "n3")  # skip Slurm's requeue delay, not in the kill's second
     assert cluster.wait(job)["JobState"] == "COMPLETED"
     assert "RAN" in cluster.output(job)
 

@@ -119,16 +119,7 @@ def test_hold_requeues_and_holds_a_running_batch_job(cluster, client):
         assert record(cluster, job).admin_comment.count("dsstage held this job") == 1
         # the user may release it
         cluster.run("scontrol", "release", job, user=USER)
-        # Slurm delays a requeued job's start (BeginTime), and for a reason: slurmd remembers the
-        # kill of the first run, by the second, and refuses to launch the same job id again in that
-        # second ("Job N already killed, do not launch batch job"; the job ends FAILED, exit 1, run
-        # time 0, Restarts=1). The test skips the delay, so it waits for n1 to be done with the first
-        # run and for the next second first: starting in the kill's second failed 4 times in 20.
-        deadline = time.monotonic() + 60
-        while "completing" in cluster.node_state("n1").lower() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.1 - time.time() % 1)
-        cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        cluster.start_now(job, "n1")  # not in the kill's second: see start_now
         cluster.state(job, "RUNNING", timeout=90)
     finally:
         cluster.run("scancel", job, check=False)
