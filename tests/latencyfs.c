@@ -7,7 +7,7 @@
  * flight. For the benchmarks and functional tests of dsstage (see tests/latencyfs.py
  * and docs/benchmarks.md); not a production filesystem.
  *
- *   latencyfs BACKING MOUNTPOINT [-f] [-o delay_us=1000,threads=256,rate=0,stats=FILE,
+ *   latencyfs BACKING MOUNTPOINT [-f] [-o delay_us=1000,threads=256,rate=0,stats=FILE,hang=FILE,
  *             entry_timeout=1,attr_timeout=1,readdirplus,uncached,allow_other,...]
  *
  * Bandwidth: with rate=N (bytes per second, 0 = unlimited), the read replies of all
@@ -23,6 +23,11 @@
  * (no keep_cache), so every open reads through the delay again. With `uncached`, no page
  * cache is used at all (direct_io): readers that share the mount, standing for separate
  * nodes, never share a read, as separate NFS clients do not.
+ *
+ * Hanging: with hang=FILE, every request but release waits for as long as FILE exists (checked
+ * every 20 ms), as a hard NFS mount whose server stopped answering: the client's system call
+ * blocks until the file is removed or the client is killed (the kernel then abandons the
+ * request; its thread replies to nobody once the file is gone).
  *
  * Counters: operations by kind, bytes delivered by read replies (`bytes_read`), and the
  * peak number of requests in flight (all kinds, and opens alone). They are written as
@@ -64,6 +69,7 @@ static const char *const kind_names[K_COUNT] = {
 static struct options {
     char *backing;
     char *stats;
+    char *hang;  /* while this file exists, requests are not answered */
     unsigned delay_us;
     unsigned threads;
     unsigned long rate;  /* bytes per second over all read replies, 0 = unlimited */
@@ -91,6 +97,10 @@ static void enter(enum kind k)
     raise_peak(&peak, atomic_fetch_add(&in_flight, 1) + 1);
     if (k == K_OPEN)
         raise_peak(&opens_peak, atomic_fetch_add(&opens_in_flight, 1) + 1);
+    while (opt.hang && k != K_RELEASE && k != K_RELEASEDIR && access(opt.hang, F_OK) == 0) {
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     if (opt.delay_us && k != K_RELEASE && k != K_RELEASEDIR) {
         struct timespec ts = {opt.delay_us / 1000000, (long)(opt.delay_us % 1000000) * 1000};
         while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
@@ -420,6 +430,7 @@ static const struct fuse_opt option_spec[] = {
     OPT("threads=%u", threads),
     OPT("rate=%lu", rate),
     OPT("stats=%s", stats),
+    OPT("hang=%s", hang),
     OPT("readdirplus", readdirplus),
     OPT("uncached", direct_io),
     FUSE_OPT_END,
@@ -442,7 +453,7 @@ int main(int argc, char *argv[])
     if (fuse_opt_parse(&args, &opt, option_spec, take_backing) == -1)
         return 2;
     if (!opt.backing) {
-        fprintf(stderr, "usage: %s BACKING MOUNTPOINT [-f] [-o delay_us=N,threads=N,rate=N,stats=FILE,"
+        fprintf(stderr, "usage: %s BACKING MOUNTPOINT [-f] [-o delay_us=N,threads=N,rate=N,stats=FILE,hang=FILE,"
                         "entry_timeout=S,attr_timeout=S,readdirplus,uncached]\n", argv[0]);
         return 2;
     }
@@ -452,6 +463,10 @@ int main(int argc, char *argv[])
     if (backing_fd < 0) {
         fprintf(stderr, "latencyfs: %s: %s\n", opt.backing, strerror(errno));
         return 1;
+    }
+    if (opt.hang && opt.hang[0] != '/') {
+        fprintf(stderr, "latencyfs: hang=%s: give an absolute path\n", opt.hang);
+        return 2;
     }
     if (opt.stats && opt.stats[0] != '/') {  /* fuse_main may chdir("/") */
         char *abs = realpath(".", NULL);

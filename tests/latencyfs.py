@@ -7,6 +7,8 @@ trip (docs/benchmarks.md, "Latency-bound sources").
         fs.stats()           # {"ops": {"getattr": ..., "open": ...}, "bytes_read": ..., "peak_in_flight": ...}
         fs.reset()           # zero the counters
         fs.remount()         # cold dentry, attribute and page caches
+        fs.hang()            # no request is answered any more, as a hard NFS mount whose server is gone
+        fs.answer()          # ... until this
 
 The binary is built on demand (gcc, pkg-config fuse3: Debian's libfuse3-dev) into
 build/latencyfs/ (ignored by git), keyed by the source's hash. The filesystem runs in the
@@ -143,6 +145,7 @@ class LatencyFS:
         self.readdirplus, self.allow_other, self.extra_options = readdirplus, allow_other, extra_options
         self.workdir = Path(tempfile.mkdtemp(prefix="latencyfs-"))
         self.stats_file = self.workdir / "stats.json"
+        self.hang_file = self.workdir / "hang"  # while it exists, latencyfs answers nothing
         self.log = self.workdir / "latencyfs.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.final: dict[str, Any] | None = None  # the counters written at the last unmount
@@ -154,6 +157,7 @@ class LatencyFS:
 
     def options(self) -> str:
         opts = [f"delay_us={self.delay_us}", f"threads={self.threads}", f"rate={self.rate}", f"stats={self.stats_file}",
+                f"hang={self.hang_file}",
                 f"attr_timeout={self.attr_timeout}", f"entry_timeout={self.entry_timeout}"]
         opts += ["readdirplus"] * self.readdirplus + ["allow_other"] * self.allow_other
         return ",".join(opts + ([self.extra_options] if self.extra_options else []))
@@ -210,9 +214,19 @@ class LatencyFS:
         """Zero the counters (the peaks start again from what is in flight now)."""
         return self._signal(signal.SIGUSR2)
 
+    def hang(self) -> None:
+        """Stop answering: every request (but a close) blocks its caller until ``answer()``
+        or until the caller is killed, as on a hard NFS mount whose server stopped answering."""
+        self.hang_file.touch()
+
+    def answer(self) -> None:
+        """Answer again, the requests that waited first."""
+        self.hang_file.unlink(missing_ok=True)
+
     def unmount(self, timeout: float = 15) -> None:
         if self.proc is None:
             return
+        self.answer()
         if self.proc.poll() is None:
             deadline = time.monotonic() + timeout
             while mounted(self.mountpoint) and not _umount(self.mountpoint):

@@ -38,6 +38,7 @@ class Cluster:
         #: the Slurm series (packaging/devcluster, DEVCLUSTER_SLURM): another than this machine's
         #: runs in a Debian root of its own, and its commands (and dsstage) are $DIR/bin's
         self.series = os.environ.get("DEVCLUSTER_SLURM") or "22.05"
+        self.hangfs: Any = None  # a latencyfs that can stop answering (hangable_mount), if any
         if self.series != "22.05":
             self.venv_bin = directory / "bin"
             self.env["PATH"] = f"{directory / 'bin'}:{self.env.get('PATH', '/usr/bin:/bin')}"
@@ -155,9 +156,24 @@ class Cluster:
 
     # -- catalog -----------------------------------------------------------------------
 
-    def add_dataset(self, name: str, files: dict[str, bytes], **spec: Any) -> Path:
-        src = self.dir / "data" / name
-        if src.exists():
+    def configure(self, **settings: Any) -> dict[str, Any]:
+        """Set top-level keys of the cluster's dsstage.yaml; what they were (None: unset)."""
+        conf_path = self.etc / "dsstage.yaml"
+        conf = yaml.safe_load(conf_path.read_text())
+        before = {k: conf.get(k) for k in settings}
+        for k, v in settings.items():
+            if v is None:
+                conf.pop(k, None)
+            else:
+                conf[k] = v
+        conf_path.write_text(yaml.safe_dump(conf))
+        return before
+
+    def add_dataset(self, name: str, files: dict[str, bytes], *, src: Path | None = None, **spec: Any) -> Path:
+        """Add dataset NAME with ``files`` written to ``src`` (default: the cluster's data
+        directory); a given ``src`` without ``files`` is taken as it is."""
+        src = src or self.dir / "data" / name
+        if src.exists() and files:
             shutil.rmtree(src)
         for rel, data in files.items():
             p = src / rel
@@ -199,10 +215,30 @@ def devcluster(name: str, port: int, *, top: Path = ROOT, sample_files: int = 30
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@contextmanager
+def hangable_mount(name: str) -> Iterator[Any]:
+    """A latencyfs of /tmp/NAME-<pid>/backing on /tmp/NAME-<pid>/mnt that a test can make stop
+    answering (``hang()``), or None where latencyfs cannot run (a test that needs it calls
+    ``latencyfs.require()``). Mounted before the cluster starts: a series' root binds /tmp
+    when its slurmd starts, and sees only the mounts that were there then."""
+    import latencyfs
+    if latencyfs.unavailable() is not None:
+        yield None
+        return
+    top = Path(f"/tmp/{name}-{os.getpid()}")
+    (top / "backing").mkdir(parents=True, exist_ok=True)
+    try:
+        with latencyfs.LatencyFS(top / "backing", top / "mnt", delay_us=0) as fs:
+            yield fs
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     skip_without_cluster()
-    with devcluster("dsstage-cluster-test", 26817) as c:
+    with hangable_mount("dsstage-hangfs") as fs, devcluster("dsstage-cluster-test", 26817) as c:
+        c.hangfs = fs
         yield c
 
 

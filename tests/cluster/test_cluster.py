@@ -144,6 +144,43 @@ def test_unreadable_source_with_hold_requeues_and_holds(cluster):
     assert "RAN" in cluster.output(job)
 
 
+def test_a_source_that_stops_answering_costs_the_budget_not_the_node(cluster):
+    """The source's reads hang (latencyfs ``hang``: a hard NFS mount whose server is gone).
+    slurmd's Prolog ends within prolog_budget (the hook leaves its blocked work behind), the
+    job runs on its fallback with the reason, and the node stays up; once the source answers,
+    the next job stages it."""
+    import latencyfs
+    latencyfs.require()
+    fs = cluster.hangfs
+    assert fs is not None, "the cluster fixture mounts it where latencyfs runs"
+    files = {"a.bin": b"a" * 3000, "d/b.bin": b"b" * 200_000}
+    for rel, data in files.items():
+        (Path(fs.backing) / "hung" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (Path(fs.backing) / "hung" / rel).write_bytes(data)
+    src = Path(fs.mountpoint) / "hung"
+    cluster.add_dataset("hung", {}, src=src, on_failure="fallback")
+    before = cluster.configure(prolog_budget=15)
+    fs.hang()
+    try:
+        t = time.monotonic()
+        job = cluster.submit("#SBATCH --dataset=hung\necho DIR=$DSSTAGE_DATASET_DIR\n", "-w", "n3")
+        info = cluster.wait(job, timeout=120)
+        took = time.monotonic() - t
+    finally:
+        fs.answer()
+        cluster.configure(**before)
+    assert info["JobState"] == "COMPLETED", info
+    out = cluster.output(job)
+    assert f"DIR={src}\n" in out, out
+    assert "did not finish within prolog_budget (15s)" in out and "stopped answering" in out, out
+    assert took < 60, took  # the Prolog gave up after 10 s; without the bound it waits for the source
+    assert cluster.node_state("n3") == "idle"
+    again = cluster.submit("#SBATCH --dataset=hung\necho DIR=$DSSTAGE_DATASET_DIR\n", "-w", "n3")
+    assert cluster.wait(again)["JobState"] == "COMPLETED"
+    staged = cluster.output(again).split("DIR=", 1)[1].split("\n", 1)[0]
+    assert staged != str(src) and "/datasets/hung/" in staged, cluster.output(again)
+
+
 def test_multi_node_job_gets_the_dataset_on_every_node(cluster):
     job = cluster.submit("#SBATCH --dataset=sample\n#SBATCH -N 3\n"
                          "srun -N 3 -n 3 bash -c 'echo $SLURMD_NODENAME=$DSSTAGE_DATASET_DIR "

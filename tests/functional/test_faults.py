@@ -17,6 +17,7 @@ from dsstage.config import manifest as config_manifest
 from dsstage.config.catalog import User
 from dsstage.errors import NoSpace, OutOfTime, StateError, UnsafeStore
 from dsstage.fs import runfiles, safe
+from dsstage.hooks import bounded
 from dsstage.hooks import job as hooks
 from dsstage.node import inventory, space, staging
 from dsstage.node.store import open_tier
@@ -250,7 +251,7 @@ def test_a_prolog_that_stops_waiting_for_a_stage_names_its_budget(env: Env, coco
     budget = store.config.prolog_budget
     run = tmp_path / "run"
     with DatasetLock(store.layout("nvme").lock("coco"), timeout=5, what="coco"):
-        assert prolog(env, run, started=time.monotonic() - budget + hooks.DECIDE_MARGIN + 1.5) == 0
+        assert prolog(env, run, started=time.monotonic() - budget + bounded.DECIDE_MARGIN + 1.5) == 0
     lines = task_lines(run, env)
     assert any(f"prolog_budget: {budget:g}s" in line for line in lines), lines
     assert not any("lock_timeout" in line for line in lines), lines

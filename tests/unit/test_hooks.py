@@ -133,3 +133,28 @@ def test_fake_slurm_tracks_jobs():
     assert s.job_alive("1") and not s.job_alive("2")
     s.finish("1")
     assert not s.job_alive("1")
+
+
+def test_what_a_hook_decides_when_its_work_did_not_answer():
+    """dsstage.hooks.abandoned: each dataset gets its on_failure, as for a failed stage; an
+    unknown, malformed or forbidden request and an unreadable #BB_LUA record are held."""
+    from dsstage.config.catalog import User
+    from dsstage.errors import OutOfTime
+    from dsstage.hooks import abandoned
+    why = abandoned.what_happened("prolog", None, 300)
+    assert "did not finish within prolog_budget (300s)" in why and "stopped answering" in why
+    assert "signal 9" in abandoned.what_happened("prolog", -9, 300)
+    user = User("ann", 1000, frozenset({"ann"}))
+    got = abandoned.verdicts("coco,strict,remote,cocoa", False, CONF, user, OutOfTime(why))
+    assert [(v.dataset, v.action, v.path) for v in got] == [
+        ("coco", "fallback", "/data/coco"), ("strict", "hold", None), ("remote", "hold", None), ("cocoa", "hold", None)]
+    assert "cocoa" in got[3].reason
+    assert [v.action for v in abandoned.verdicts("../x", False, CONF, user, OutOfTime(why))] == ["hold"]
+    assert [v.action for v in abandoned.verdicts("coco", False, CONF, None, OutOfTime(why))] == ["hold"]
+    bb = abandoned.verdicts(None, True, CONF, user, OutOfTime(why))
+    assert [(v.action, v.dataset) for v in bb] == [("hold", hooks.BB_REQUEST)]
+    restricted = load.from_dict({"state_dir": "/s", "tiers": {"nvme": {"path": "/l/{node}", "capacity": "1TB"}},
+                                 "datasets": {"coco": {"source": "/data/coco", "groups": ["vision"]}}})
+    assert [v.action for v in abandoned.verdicts("coco", False, restricted, user, OutOfTime(why))] == ["hold"]
+    assert [v.action for v in abandoned.verdicts("coco", False, restricted, User("bob", 1001, frozenset({"vision"})),
+                                                 OutOfTime(why))] == ["fallback"]

@@ -1,3 +1,4 @@
+import json
 import logging
 import multiprocessing
 import os
@@ -217,11 +218,40 @@ def test_every_metric_the_grafana_dashboard_queries_is_exported(tmp_path):
     assert len(exprs) >= 12 and all(p["datasource"]["uid"] == "${datasource}" for p in dash["panels"])
     queried = {m for e in exprs for m in re.findall(r"\bdsstage_[a-z_]+", e)}
     run, out = str(tmp_path / "run"), tmp_path / "n1.prom"
-    events = [(name, {label: ("make_room" if label == "reason" else "staged" if label == "result" else "coco")
+    events = [(name, {label: ("make_room" if label == "reason" else "staged" if label == "result"
+                              else "prolog" if label == "hook" else "coco")
                       for label in labels}, 1) for name, (labels, _help) in metrics.COUNTERS.items()]
-    metrics.count(run, "n1", events)
+    metrics.count(run, "n1", events, [("hook_seconds", {"hook": "prolog"}, 0.03)])
     metrics.export(str(out), run, "n1", TIERS, COPIES, now=1_700_000_000.0)
     exported = {name for name, _labels in parsed(out)[0]}
     assert queried and not queried - exported, f"queried but never exported: {sorted(queried - exported)}"
     # and the dashboard shows every family a node exports, but none it should not need
     assert {n.removesuffix("_total") for n in exported} <= {n.removesuffix("_total") for n in queried}
+
+
+def test_hook_durations_are_a_histogram(tmp_path):
+    """dsstage_hook_seconds: each hook's duration in its bucket, cumulative on export, with
+    its sum and count; a damaged entry starts again; a bad hook label is a bug."""
+    run, out = str(tmp_path / "run"), tmp_path / "n1.prom"
+    for seconds in (0.03, 0.04, 2.0, 4000.0):
+        metrics.count(run, "n1", [], [("hook_seconds", {"hook": "prolog"}, seconds)])
+    metrics.count(run, "n1", [("hooks_abandoned", {"hook": "epilog"}, 1)], [("hook_seconds", {"hook": "epilog"}, 7)])
+    metrics.export(str(out), run, "n1", [], [], now=1.0)
+    values, types = parsed(out)
+    assert types["dsstage_hook_seconds"] == "histogram"
+    prolog = {dict(labels)["le"]: v for (name, labels), v in values.items()
+              if name == "dsstage_hook_seconds_bucket" and dict(labels)["hook"] == "prolog"}
+    assert prolog["0.05"] == 2 and prolog["1"] == 2 and prolog["2.5"] == 3 and prolog["1800"] == 3
+    assert prolog["+Inf"] == 4
+    assert values[("dsstage_hook_seconds_count", (("hook", "prolog"),))] == 4
+    assert values[("dsstage_hook_seconds_sum", (("hook", "prolog"),))] == pytest.approx(4002.07)
+    assert values[("dsstage_hooks_abandoned_total", (("hook", "epilog"),))] == 1
+    stored = metrics.counters(run, "n1")
+    stored["histograms"]["hook_seconds"]["prolog"]["buckets"] = ["x"]
+    (tmp_path / "run" / "n1" / "metrics.json").write_text(json.dumps(stored))
+    assert [h[0] for h in metrics.histograms(stored)] == ["hook_seconds"]  # the damaged one is skipped
+    metrics.count(run, "n1", [], [("hook_seconds", {"hook": "prolog"}, 0.5)])
+    again = {h[1]: h[2][-1][1] for h in metrics.histograms(metrics.counters(run, "n1"))}
+    assert again == {("epilog",): 1, ("prolog",): 1}
+    with pytest.raises(ValueError, match="bad hook label"):
+        metrics.count(run, "n1", [], [("hook_seconds", {"hook": "taskprolog"}, 1)])

@@ -28,6 +28,7 @@ from dsstage.config.model import Config
 from dsstage.errors import DsstageError, StoreError, UnsafeStore, VerifyError
 from dsstage.fs import runfiles
 from dsstage.hooks import bbrequest, joblog, jobrecord
+from dsstage.hooks.bounded import stage_deadline
 from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used from here too)
     Verdict,
     job_action,
@@ -45,8 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: seconds of the Prolog's budget kept for deciding, holding the job and writing files
-DECIDE_MARGIN = 10.0
 #: what a job asked for when its request is a burst-buffer record that could not be read
 BB_REQUEST = "#BB_LUA dataset="
 
@@ -177,7 +176,7 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
         return decide(ctx, off_verdicts(ctx.request or "", conf, why), run_dir=run_dir, slurm=slurm)
     store = Store(conf, ctx.node or None, run_dir=run_dir)
     budget = conf.prolog_budget
-    outcomes = stage_all(ctx, conf, store, deadline=started + max(1.0, budget - DECIDE_MARGIN))
+    outcomes = stage_all(ctx, conf, store, deadline=started + stage_deadline(budget))
     write_config_cache(run_dir, conf)
     return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm, store=store)
 
@@ -332,6 +331,7 @@ def write_config_cache(run_dir: str, conf: Config) -> None:
         return
     try:
         record["bb_uid"] = bbrequest.writer_uid(conf.burst_buffer.user)
+        record["prolog_budget"] = conf.prolog_budget  # what bounds the hooks (dsstage.hooks.__main__)
         record["rollout_partitions"] = list(conf.rollout.partitions) if conf.rollout.partitions is not None else None
         record["rollout_nodes"] = expand_nodes(conf.rollout.nodes) if conf.rollout.nodes is not None else None
         runfiles.write_cache(run_dir, record)
@@ -339,16 +339,19 @@ def write_config_cache(run_dir: str, conf: Config) -> None:
         log.warning("cannot write the configuration cache in %s: %s", run_dir, exc)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, started: float | None = None, config: Config | None = None) -> int:
+    """The hook ``argv[0]`` (``prolog`` or ``epilog``) for the job in the environment; ``started``
+    (time.monotonic()) is when the hook began, ``config`` the configuration if already loaded."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[JobLogHandler(os.environ)], force=True)
+    log_to_job(os.environ)
     run_dir = os.environ.get("DSSTAGE_RUN_DIR", runfiles.RUN_DIR)
     which = argv[0] if argv else ""
+    load_config: Callable[[], Config] = load.load if config is None else (lambda: config)
     try:
         if which == "prolog":
-            return prolog(os.environ, run_dir=run_dir)
+            return prolog(os.environ, run_dir=run_dir, load_config=load_config, started=started)
         if which == "epilog":
-            return epilog(os.environ, run_dir=run_dir)
+            return epilog(os.environ, run_dir=run_dir, load_config=load_config)
     except Exception as exc:  # a bug must not drain the node, nor pass in silence: hold the job
         log.exception("dsstage %s failed unexpectedly for job %s", which, os.environ.get("SLURM_JOB_ID"))
         if which == "prolog":
@@ -356,6 +359,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print("usage: python -m dsstage.hooks prolog|epilog", file=sys.stderr)
     return 2
+
+
+def log_to_job(env: Mapping[str, str]) -> None:
+    """The hooks' logging: every line to syslog and the configured file, with the job id."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[JobLogHandler(env)], force=True)
 
 
 class JobLogHandler(logging.Handler):

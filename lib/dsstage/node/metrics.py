@@ -55,7 +55,18 @@ COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
     "prefetches": (("dataset", "result"), "Prefetches of the dataset for pending jobs, by result (staged, cached, "
                    "skipped, yielded, abandoned, failed)."),
     "prefetched_bytes": (("dataset",), "Bytes copied onto the node by prefetches of the dataset."),
+    "hooks_abandoned": (("hook",), "Prologs and Epilogs that stopped waiting for their work at prolog_budget (the "
+                        "shared filesystem or a source stopped answering) and decided without it."),
 }
+
+#: histogram (without prefix and _seconds suffixes as named): its label names, help text and
+#: bucket bounds (seconds; +Inf is implied)
+HISTOGRAMS: dict[str, tuple[tuple[str, ...], str, tuple[float, ...]]] = {
+    "hook_seconds": (("hook",), "Seconds each Prolog and Epilog took on the node (the hook slurmd waits for, "
+                     "warm path included).",
+                     (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)),
+}
+HOOKS = ("prolog", "epilog")
 
 _REASON_MAX = 32
 _REASON_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz")
@@ -66,9 +77,11 @@ Event = tuple[str, Mapping[str, str], float]
 
 # -- counting (the warm path: standard library only) ---------------------------------------------
 
-def count(run_dir: str, node: str, events: Iterable[Event]) -> None:
+def count(run_dir: str, node: str, events: Iterable[Event], observed: Iterable[Event] = ()) -> None:
     """Add each event's value to its counter: ``count(run_dir, node, [("hits", {"dataset":
-    "imagenet"}, 1)])``. Names are without prefix and ``_total`` (see COUNTERS).
+    "imagenet"}, 1)])``. Names are without prefix and ``_total`` (see COUNTERS). Each of
+    ``observed`` is a value put in its histogram (HISTOGRAMS): ``("hook_seconds", {"hook":
+    "prolog"}, 0.04)``.
 
     Raises ValueError, before touching anything, for an unknown name, a label set other than
     the counter's, a label value that is not a dataset name (``dataset``) or a short key
@@ -78,8 +91,9 @@ def count(run_dir: str, node: str, events: Iterable[Event]) -> None:
     failure of the run directory (OSError, an unsafe run directory) is logged as a warning
     and swallowed: metrics never fail a job."""
     todo = [_checked(event) for event in events]
+    values = [_checked(value, HISTOGRAMS) for value in observed]
     parts = _node_parts(node)
-    if not todo:
+    if not todo and not values:
         return
     try:
         with RootDir(run_dir) as run:
@@ -87,12 +101,13 @@ def count(run_dir: str, node: str, events: Iterable[Event]) -> None:
             with fs_safe.Flock(fd, COUNT_LOCK):
                 record = fs_safe.read_json_at(fd, COUNTERS_FILE)
                 _add(record, todo, node)
+                _observe(record, values)
                 fs_safe.write_json_at(fd, COUNTERS_FILE, record, fsync=False)
     except (OSError, DsstageError) as exc:
         import logging
         logging.getLogger(__name__).warning(
             "metrics: could not count %s for node %s in %s: %s",
-            ", ".join(sorted({name for name, _, _ in todo})), node or "node", run_dir, exc)
+            ", ".join(sorted({name for name, _, _ in todo + values})), node or "node", run_dir, exc)
 
 
 def counters(run_dir: str, node: str) -> dict[str, Any]:
@@ -132,20 +147,21 @@ def _leaves(tree: Any, depth: int, above: tuple[str, ...] = ()) -> Iterator[tupl
             yield (*above, key), float(sub)
 
 
-def _checked(event: Event) -> tuple[str, tuple[str, ...], float]:
+def _checked(event: Event, known: Mapping[str, tuple[Any, ...]] = COUNTERS) -> tuple[str, tuple[str, ...], float]:
     try:
         name, labels, value = event
     except (TypeError, ValueError):
         raise ValueError(f"a metrics event is (name, labels, value), not {event!r}") from None
-    spec = COUNTERS.get(name)
+    spec = known.get(name)
     if spec is None:
-        raise ValueError(f"unknown metric {name!r}; known: {', '.join(COUNTERS)}")
+        raise ValueError(f"unknown metric {name!r}; known: {', '.join(known)}")
     names = spec[0]
     if not isinstance(labels, Mapping) or sorted(labels) != sorted(names):
         raise ValueError(f"metric {name!r} takes labels {list(names)}, not {labels!r}")
     values = tuple(labels[k] for k in names)
     for key, label in zip(names, values):
-        if not (layout.name_ok(label) if key == "dataset" else _reason_ok(label)):
+        ok = layout.name_ok(label) if key == "dataset" else label in HOOKS if key == "hook" else _reason_ok(label)
+        if not ok:
             raise ValueError(f"bad {key} label {label!r} for metric {name!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ValueError(f"metric {name!r}: a counter only grows, {value!r} is not a finite number >= 0")
@@ -178,6 +194,62 @@ def _add(record: dict[str, Any], todo: Sequence[tuple[str, tuple[str, ...], floa
         if isinstance(old, bool) or not isinstance(old, (int, float)) or not math.isfinite(old):
             old = 0  # damaged: start again (Prometheus sees a counter reset)
         level[values[-1]] = old + value
+
+
+def _observe(record: dict[str, Any], todo: Sequence[tuple[str, tuple[str, ...], float]]) -> None:
+    """Put each value in its histogram: stored per label values as ``{"buckets": [count per
+    bucket, +Inf last], "sum", "count"}`` (counts per bucket, not cumulative)."""
+    stored = _subdict(record, "histograms") if todo else {}
+    for name, values, value in todo:
+        bounds = HISTOGRAMS[name][2]
+        level = _subdict(stored, name)
+        for label in values[:-1]:
+            level = _subdict(level, label)
+        h = _subdict(level, values[-1])
+        buckets = h.get("buckets")
+        if not (isinstance(buckets, list) and len(buckets) == len(bounds) + 1 and _numbers(buckets)
+                and _numbers([h.get("sum"), h.get("count")])):
+            h.update(buckets=[0] * (len(bounds) + 1), sum=0, count=0)  # new, damaged or re-bucketed: start again
+        h["buckets"][next((i for i, b in enumerate(bounds) if value <= b), len(bounds))] += 1
+        h["sum"] += value
+        h["count"] += 1
+
+
+def _numbers(items: Sequence[Any]) -> bool:
+    return all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in items)
+
+
+def histograms(record: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...], list[tuple[str, float]], float]]:
+    """(name, label values, [(bound, cumulative count)] ending with "+Inf", sum) of every
+    histogram in a stored record; damaged entries are skipped."""
+    stored = record.get("histograms")
+    if not isinstance(stored, dict):
+        return
+    for name, (labels, _help, bounds) in HISTOGRAMS.items():
+        tree = stored.get(name)
+        for values in _histogram_keys(tree, len(labels)):
+            h: Any = tree
+            for v in values:
+                h = h[v]
+            buckets = h.get("buckets")
+            if not (isinstance(buckets, list) and len(buckets) == len(bounds) + 1 and _numbers(buckets)
+                    and _numbers([h.get("sum")])):
+                continue
+            total, cumulative = 0.0, []
+            for bound, n in zip([*(f"{b:g}" for b in bounds), "+Inf"], buckets):
+                total += n
+                cumulative.append((bound, total))
+            yield name, values, cumulative, float(h["sum"])
+
+
+def _histogram_keys(tree: Any, depth: int, above: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    if not isinstance(tree, dict):
+        return
+    for key, sub in sorted(tree.items()):
+        if depth > 1:
+            yield from _histogram_keys(sub, depth - 1, (*above, key))
+        elif isinstance(sub, dict):
+            yield (*above, key)
 
 
 def _subdict(parent: dict[str, Any], key: str) -> dict[str, Any]:
@@ -261,7 +333,7 @@ def export(path: str, run_dir: str, node: str, tiers: Sequence[Mapping[str, Any]
     Raises OSError if the file cannot be written (or the run directory read), UnsafeStore
     if the run directory is not safe: the caller logs it, a job never fails for metrics."""
     from prometheus_client import CollectorRegistry, write_to_textfile
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
     from prometheus_client.metrics_core import Metric
 
     class Collected:
@@ -284,6 +356,13 @@ def export(path: str, run_dir: str, node: str, tiers: Sequence[Mapping[str, Any]
                 for values, value in rows:
                     family.add_metric(values, value)
                 metrics.append(family)
+            by_histogram: dict[str, HistogramMetricFamily] = {}
+            for name, values, buckets, total in histograms(record):
+                if name not in by_histogram:
+                    labels, text, _bounds = HISTOGRAMS[name]
+                    by_histogram[name] = HistogramMetricFamily(PREFIX + name, text, labels=labels)
+                by_histogram[name].add_metric(list(values), buckets, total)
+            metrics += by_histogram.values()
             registry = CollectorRegistry(auto_describe=False)
             registry.register(Collected(metrics))
             write_to_textfile(path, registry)

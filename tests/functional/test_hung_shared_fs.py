@@ -1,0 +1,169 @@
+"""A shared filesystem that stops answering (latencyfs ``hang``: every request blocks, as on a
+hard NFS mount whose server is gone) never keeps the Prolog or the Epilog past its budget:
+the hook's work runs in a child the hook leaves behind (dsstage.hooks.bounded), the dataset
+gets its ``on_failure``, the node is never drained, and the next job stages as usual."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dsstage.config.model import DEFAULT_PROLOG_BUDGET
+from dsstage.fs import runfiles
+from dsstage.hooks import __main__ as hook_main
+from dsstage.hooks import abandoned, bounded
+from dsstage.node import metrics
+from dsstage.slurm.fake import FakeSlurm
+from helpers import Env, write_tree
+from latencyfs import LatencyFS, require
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
+
+BUDGET = 12  # seconds: the hook gives up on its work after bounded.wait_limit(12) = 7 s
+FILES = {"a": b"1" * 5000, "d/b": b"2" * 70000, "d/c": b"3" * 10}
+
+
+def hook(env: Env, which: str, job: str, request: str = "coco") -> tuple[int, float, list[str]]:
+    """``python -I -m dsstage.hooks which`` as slurmd runs it: its exit code, its seconds and
+    the job's TaskProlog lines (if any)."""
+    run = Path(env.run)
+    proc_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DSSTAGE_CONFIG": str(env.config_path),
+                "DSSTAGE_RUN_DIR": str(run), "DSSTAGE_LOG": str(env.tmp / "hooks.log"),
+                "SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+                "SLURMD_NODENAME": env.node, "SLURM_JOB_NODELIST": env.node,
+                "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": request}
+    t = time.monotonic()
+    res = subprocess.run([sys.executable, "-I", "-m", "dsstage.hooks", which], env=proc_env, cwd="/",
+                         capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t
+    task = run / env.node / "jobs" / f"{job}.task"
+    return res.returncode, took, task.read_text().splitlines() if task.exists() else []
+
+
+def log(env: Env) -> str:
+    return (env.tmp / "hooks.log").read_text()
+
+
+@pytest.fixture
+def hung_source(env: Env, tmp_path: Path):
+    require()
+    write_tree(tmp_path / "backing", FILES)
+    with LatencyFS(tmp_path / "backing", tmp_path / "mnt", delay_us=0) as fs:
+        env.extra["prolog_budget"] = BUDGET
+        env.add("coco", None, source=fs.mountpoint, on_failure="fallback")
+        env.cli("manifest", "build", "coco")
+        yield fs
+
+
+def test_a_source_that_stops_answering_falls_back_within_the_budget(env: Env, hung_source: LatencyFS):
+    hung_source.hang()
+    rc, took, lines = hook(env, "prolog", "5")
+    assert rc == 0, log(env)  # never a drain
+    assert took < BUDGET, (took, log(env))
+    assert f"export DSSTAGE_DATASET_DIR={hung_source.mountpoint}" in lines, lines  # on_failure: fallback
+    assert any("did not finish within prolog_budget (12s)" in line for line in lines), lines
+    assert "stopped answering" in log(env)
+    rc, took, _ = hook(env, "epilog", "5")
+    assert rc == 0 and took < BUDGET, log(env)
+    counted = metrics.counters(str(env.run), env.node)
+    assert counted["counters"]["hooks_abandoned"] == {"prolog": 1}  # the Epilog did not touch the source
+    assert {h[1] for h in metrics.histograms(counted)} == {("prolog",), ("epilog",)}
+    # once the source answers again, the next job stages it: nothing the killed work left is in the way
+    hung_source.answer()
+    rc, _, lines = hook(env, "prolog", "6")
+    assert rc == 0, log(env)
+    path = next(line.split("=", 1)[1] for line in lines if line.startswith("export DSSTAGE_DATASET_DIR="))
+    assert path.startswith(str(env.tier_root())), lines
+    assert {str(p.relative_to(path)): p.read_bytes() for p in Path(path).rglob("*") if p.is_file()} == FILES
+    assert not os.listdir(env.tier_root() / "reserved")  # the killed stage's reservation is reclaimed
+
+
+def test_a_restricted_dataset_is_not_given_away_when_its_stage_hangs(env: Env, hung_source: LatencyFS, monkeypatch):
+    """The hook's own decision keeps the catalog's rules: a user outside the dataset's groups
+    gets a hold, never the source's path; an unknown name is held too."""
+    env.datasets["coco"]["groups"] = ["daemon"]
+    env.write()
+    slurm = FakeSlurm()
+    monkeypatch.setattr(abandoned, "_slurm", lambda *a: slurm)
+    nobody = {"SLURM_JOB_ID": "8", "SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534", "SLURM_JOB_USER": "nobody",
+              "SLURMD_NODENAME": env.node, "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "coco,cocoa",
+              "DSSTAGE_LOG": str(env.tmp / "hooks.log")}
+    assert abandoned.decide_without("prolog", None, BUDGET, nobody, str(env.run), env.config()) == 0
+    lines = (env.run / env.node / "jobs" / "8.task").read_text().splitlines()
+    assert runfiles.HOLD_MARK in lines and not any(line.startswith("export") for line in lines), lines
+    assert "restricted to group(s) daemon" in slurm.held["8"] and "cocoa" in slurm.held["8"]
+
+
+@pytest.fixture
+def hung_state(env: Env, tmp_path: Path):
+    """``state_dir`` on a latencyfs mount of ``tmp_path/state-backing`` (read-only: what the
+    hooks write there fails and is said), with ``coco`` staged and warm on the node."""
+    require()
+    backing = tmp_path / "state-backing"
+    env.extra["prolog_budget"] = BUDGET
+    env.add("coco", FILES, on_failure="fallback")
+    env.state = backing  # the manifest is built on the backing directory itself
+    env.write()
+    env.cli("manifest", "build", "coco")
+    with LatencyFS(backing, tmp_path / "state-mnt", delay_us=0) as fs:
+        env.state = Path(fs.mountpoint)
+        env.write()
+        rc, _, lines = hook(env, "prolog", "1")  # the full Prolog stages it, and leaves the warm cache
+        assert rc == 0 and any(line.startswith(f"export DSSTAGE_DATASET_DIR={env.tier_root()}") for line in lines), \
+            (lines, log(env))
+        assert hook(env, "epilog", "1")[0] == 0
+        cache = json.loads((env.run / runfiles.CONFIG_CACHE).read_text())
+        assert cache["prolog_budget"] == BUDGET
+        yield fs
+
+
+def test_a_state_dir_that_stops_answering_bounds_the_warm_prolog_and_the_epilog(env: Env, hung_state: LatencyFS):
+    hung_state.hang()
+    rc, took, lines = hook(env, "prolog", "2")
+    assert rc == 0 and took < BUDGET, (rc, took, log(env))
+    assert f"export DSSTAGE_DATASET_DIR={env.source('coco')}" in lines, lines  # the source, with the reason
+    assert any("did not finish within prolog_budget" in line for line in lines), lines
+    rc, took, _ = hook(env, "epilog", "2")
+    assert rc == 0 and took < BUDGET, (rc, took, log(env))
+    assert "epilog did not finish within prolog_budget" in log(env)
+    hung_state.answer()
+    rc, _, lines = hook(env, "prolog", "3")  # warm again
+    assert rc == 0 and any(line.startswith(f"export DSSTAGE_DATASET_DIR={env.tier_root()}") for line in lines), \
+        (lines, log(env))
+
+
+def test_the_hook_waits_for_work_that_answers(tmp_path: Path):
+    """bounded.run: the work's exit code when it ends in time; None when it does not, and the
+    work is killed then, not waited for."""
+    assert bounded.run(lambda: 0, 30) == 0
+    assert bounded.run(lambda: 1, 30) == 1
+    assert bounded.run(lambda: 1 // 0, 30) == bounded.CRASHED
+    pid_file = tmp_path / "pid"
+
+    def stuck() -> int:
+        pid_file.write_text(str(os.getpid()))
+        time.sleep(600)
+        return 0
+    t = time.monotonic()
+    assert bounded.run(stuck, 1.0) is None
+    assert time.monotonic() - t < 30
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)  # this test is its parent: reap it
+        except ChildProcessError:
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_the_hook_stops_waiting_before_its_budget_ends():
+    for budget in (12, 60, 300, 3600):
+        assert bounded.stage_deadline(budget) < bounded.wait_limit(budget) < budget
+    assert hook_main.DEFAULT_BUDGET == DEFAULT_PROLOG_BUDGET  # without a configuration, the same bound
