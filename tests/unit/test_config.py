@@ -239,7 +239,7 @@ def test_check_host(tmp_path):
     found, problems = check()
     assert found == {"slurm_conf": str(slurm_conf), "read": True, "prolog_epilog_timeout": 600.0,
                      "prolog_timeout_key": "PrologEpilogTimeout", "prolog_flags": [], "private_jobs": False,
-                     "files": [str(slurm_conf)]}
+                     "files": [str(slurm_conf)], "largest_job": None}
     assert [(p.level, p.key) for p in problems] == [("error", "prolog_budget"), ("note", "slurm_bin")]
     assert f"{tmp_path}/scontrol is not an executable" in problems[1].message
     slurm_conf.write_text("PrologEpilogTimeout=900\nSchedulerParameters=ignore_prefer_validation\n")

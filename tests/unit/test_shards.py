@@ -117,3 +117,11 @@ def test_assignment_is_keyed_by_name_not_order():
         a.assign(shards, [])
     with pytest.raises(ValueError):
         a.assign(shards, ["a", "a"])
+
+
+def test_how_uneven_a_jobs_parts_get():
+    assert s.unevenness(1024, 8) == 0 and s.unevenness(6, 4) == 1.0 and s.unevenness(3, 8) == 0
+    assert s.worst_unevenness(1024, 1) == (0.0, 0)
+    worst, at = s.worst_unevenness(64, 400)
+    assert worst == 1.0 and at >= 33  # 64 shards over 33 to 63 nodes: 1 or 2 shards each
+    assert s.worst_unevenness(4000, 40)[0] <= 0.1

@@ -91,3 +91,12 @@ def test_a_ram_tier_under_dev_shm_is_hidden_by_job_container_tmpfs(tmp_path: Pat
     assert got and "gives each job its own /dev/shm" in got[0] and got[0].startswith("error: ")
     main.write_text("JobContainerType=job_container/none\n")
     assert problems(c, main, "tiers.ram") == []
+
+
+def test_the_largest_job_is_the_largest_partition_or_every_node():
+    from dsstage.slurm.conf import largest_job
+    nodes = "NodeName=DEFAULT CPUs=4\nNodeName=gpu[01-32] Gres=gpu:8\nNodeName=cpu[1-8]\n"
+    assert largest_job(nodes) == 40
+    assert largest_job(nodes + "PartitionName=gpu Nodes=gpu[01-32] MaxNodes=16\nPartitionName=cpu MaxNodes=4\n") == 16
+    assert largest_job(nodes + "PartitionName=all MaxNodes=UNLIMITED\nPartitionName=b MaxNodes=2\n") == 40
+    assert largest_job("PartitionName=x MaxNodes=3\n") is None

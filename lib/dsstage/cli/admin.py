@@ -18,6 +18,7 @@ from dsstage.errors import DsstageError
 from dsstage.fs.safe import write_atomic
 from dsstage.node import access
 from dsstage.node.store import node_name
+from dsstage.shards import index as shard_index
 from dsstage.slurm import conf as slurm_conf
 from dsstage.transfer import build as transfer_build
 from dsstage.units import human
@@ -29,6 +30,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     conf = load_config(args)
     slurm, problems = slurm_conf.check_host(conf, series=installed_series(conf))
     problems += tier_problems(conf, args.node or node_name())
+    problems += shard_problems(conf, slurm.get("largest_job"))
     errors = [p for p in problems if p.level == "error"]
     data = {"config": conf.origin, "ok": not errors, "state_dir": conf.state_dir, "on_failure": conf.on_failure,
             "slurm_bin": conf.slurm_bin, "prolog_budget": conf.prolog_budget, "source_user": conf.source_user,
@@ -62,6 +64,32 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for p in errors:
         print(f"dsstage: error: {conf.origin}: {p.key}: {p.message}", file=sys.stderr)
     return load.ConfigError.exit_code if errors else 0
+
+
+def shard_problems(conf: model.Config, largest_job: int | None) -> list[slurm_conf.Problem]:
+    """For each sharded dataset: how big its shards are, and how uneven a job's per-node
+    parts get for the job sizes slurm.conf allows (``largest_job`` nodes at most)."""
+    from dsstage.shards.split import worst_unevenness
+    out = []
+    manifests = config_manifest.Catalog(conf.state_dir)
+    for ds in sorted(conf.datasets.values(), key=lambda d: d.name):
+        if not ds.shards:
+            continue
+        key = f"datasets.{ds.name}.shards"
+        try:
+            index = shard_index.load(manifests, ds.name, manifests.require_current(ds.name), ds.shards)
+        except DsstageError as exc:
+            out.append(slurm_conf.Problem("note", key, str(exc)))
+            continue
+        out.append(slurm_conf.Problem("note", key, describe_shards(shard_sizes(index))))
+        worst, at = worst_unevenness(ds.shards, largest_job or 0)
+        if worst > 0.1:
+            out.append(slurm_conf.Problem("note", key, (
+                f"a job on {at} nodes gets {ds.shards // at} or {-(-ds.shards // at)} shards per node: some nodes "
+                f"hold {worst:.0%} more than others, and data-parallel ranks wait for the slowest; jobs here may "
+                f"have up to {largest_job} nodes: choose shards of at least {10 * (largest_job or 1)} (ten per node "
+                "of the largest job), aligned with the dataset's own record files")))
+    return out
 
 
 def tier_problems(conf: model.Config, node: str) -> list[slurm_conf.Problem]:
@@ -156,21 +184,40 @@ def cmd_manifest_build(args: argparse.Namespace) -> int:
         report = transfer_build.build(ds.name, root, source=ds.source.raw, previous=previous, reader=reader_of(conf),
                           threads=conf.transfer.hash_threads, progress=advance,
                           max_parallel=conf.transfer.max_parallel)
-    path = manifests.publish(report.manifest)
     m = report.manifest
+    # a sharded dataset's shards are written before CURRENT names the version: no Prolog sees one without them
+    shards = shard_index.publish(manifests, m, ds.shards) if ds.shards else None
+    path = manifests.publish(m)
     data = {"dataset": ds.name, "digest": m.digest, "version": m.digest[:16], "files": m.files,
             "bytes": m.total_bytes, "hashed": report.hashed, "reused": report.reused,
             "unchanged": report.unchanged, "path": path,
             "skipped": {k: len(v) for k, v in report.skipped.items()}}
+    sizes = shard_sizes(shards) if shards else None
+    if sizes:
+        data["shards"] = sizes
 
     def text() -> None:
         print(f"{ds.name}: version {m.digest[:16]}{' (unchanged)' if report.unchanged else ''}, "
               f"{m.files} files, {human(m.total_bytes)}; hashed {report.hashed}, reused {report.reused}")
+        if sizes:
+            print(f"  {describe_shards(sizes)}")
         for kind, paths in sorted(report.skipped.items()):
             print(f"  skipped {len(paths)} {kind}(s), e.g. {paths[0]!r}: a manifest holds regular files only")
         print(f"  {path}")
     emit(args, data, text)
     return 0
+
+
+def shard_sizes(index: shard_index.Index) -> dict[str, int]:
+    """How big a version's shards are: their count, and the least and most bytes and files."""
+    return {"count": index.count, "bytes_min": min(s.bytes for s in index.shards),
+            "bytes_max": max(s.bytes for s in index.shards), "files_min": min(s.files for s in index.shards),
+            "files_max": max(s.files for s in index.shards)}
+
+
+def describe_shards(sizes: dict[str, int]) -> str:
+    return (f"{sizes['count']} shards of {human(sizes['bytes_min'])} to {human(sizes['bytes_max'])} "
+            f"({sizes['files_min']} to {sizes['files_max']} files)")
 
 
 def _versions(conf: model.Config, name: str) -> list[dict[str, Any]]:
@@ -199,6 +246,8 @@ def _versions(conf: model.Config, name: str) -> list[dict[str, Any]]:
                         "current": False, "created": 0.0, "files": 0, "bytes": 0, "nodes": {}})
             continue
         digest = str(header["digest"])
+        if header.get("shard_of"):
+            continue  # a shard of a version (dsstage.shards.index), not a version
         out.append({"version": digest[:16], "digest": digest, "current": digest == current,
                     "created": float(str(header.get("created") or 0)), "files": int(str(header.get("files") or 0)),
                     "bytes": int(str(header.get("bytes") or 0)),
@@ -241,6 +290,8 @@ def cmd_manifest_use(args: argparse.Namespace) -> int:
                            f"(give at least 8 hex digits of one of: {known}); `dsstage manifest list {ds.name}`")
     chosen = matches[0]
     m = manifests.load(ds.name, chosen["digest"])  # checks it whole: its digest, its paths
+    if ds.shards:
+        shard_index.publish(manifests, m, ds.shards)  # split as the configuration says now
     before = manifests.current(ds.name)
     write_atomic(os.path.join(manifests.dir(ds.name), config_manifest.CURRENT), m.digest + "\n")
     log.warning("%s: current version set to %s (was %s) by `dsstage manifest use`", ds.name, m.digest[:16],

@@ -12,12 +12,14 @@ evicted, never staged from.
 
 from __future__ import annotations
 
+import json
 import os
 
 from dsstage.cluster.reports import read_all
 from dsstage.config.manifest import CURRENT, SUFFIX, Catalog
 from dsstage.config.model import Config
 from dsstage.fs.layout import read_current, version_id
+from dsstage.shards import index as shard_index
 
 
 def held_versions(state_dir: str) -> set[tuple[str, str]]:
@@ -43,13 +45,36 @@ def prune(conf: Config, now: float) -> list[tuple[str, str]]:
             continue  # no CURRENT, or a damaged one: leave the directory to the admin
         if current is None or now - superseded < conf.retention.manifest_keep:
             continue
-        for f in os.listdir(catalog.dir(name)):
+        files = os.listdir(catalog.dir(name))
+        keep = {current} | current_shards(catalog.dir(name), files, current)
+        for f in files:
             digest = f[:-len(SUFFIX)] if f.endswith(SUFFIX) else ""
-            if not digest or digest == current or (name, version_id(digest)) in held:
+            if not digest or digest in keep or (name, version_id(digest)) in held:
                 continue
             try:
                 os.unlink(os.path.join(catalog.dir(name), f))
             except FileNotFoundError:
                 continue
             removed.append((name, digest))
+        # a version's shard indexes go with it (its shards' manifests went above, unless a node holds them)
+        left = set(os.listdir(catalog.dir(name)))
+        for f in files:
+            if shard_index.is_index(f) and shard_index.index_version(f) + SUFFIX not in left:
+                try:
+                    os.unlink(os.path.join(catalog.dir(name), f))
+                except FileNotFoundError:
+                    pass
     return removed
+
+
+def current_shards(where: str, files: list[str], current: str) -> set[str]:
+    """The shard digests of the current version, in any split its indexes describe."""
+    out: set[str] = set()
+    for f in files:
+        if shard_index.is_index(f) and shard_index.index_version(f) == current:
+            try:
+                with open(os.path.join(where, f), encoding="utf-8") as fh:
+                    out.update(str(r["digest"]) for r in json.load(fh)["shards"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # damaged: its shards are rebuilt by the next manifest build
+    return out

@@ -20,6 +20,7 @@ from dsstage.config.model import (
     DEFAULT_PROLOG_BUDGET,
     DEFAULT_SLURM_BIN,
     FAILURE_POLICIES,
+    MAX_SHARDS,
     VERIFY_MODES,
     Config,
     Dataset,
@@ -39,7 +40,7 @@ _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "tr
              "prolog_budget", "source_user", "retention", "report", "fleet", "metrics", "prefetch", "placement",
              "burst_buffer", "peers", "sources", "rollout")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark", "root_filesystem")
-_DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description")
+_DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description", "shards")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit", "max_parallel")
 _RETENTION_KEYS = ("min_keep", "max_idle", "demand_max_age", "poll_interval", "manifest_keep")
 _REPORT_KEYS = ("user", "interval", "max_age")
@@ -233,8 +234,14 @@ class _Validator(Sections):
         verify = self.choice(spec.get("verify", "quick"), f"{key}.verify", VERIFY_MODES)
         policy = self.choice(spec.get("on_failure", on_failure), f"{key}.on_failure", FAILURE_POLICIES)
         description = self.text(str(spec.get("description", "")), f"{key}.description")
+        shards = spec.get("shards")
+        if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int) or not
+                                   2 <= shards <= MAX_SHARDS):
+            self.fail(f"{key}.shards", f"{shards!r} is not a whole number from 2 to {MAX_SHARDS}: the number of "
+                      "parts the dataset's files are split into, spread over a job's nodes; leave it out for a "
+                      "dataset every node holds whole")
         return Dataset(name=name, source=source, tier=str(tier), groups=groups, verify=verify,
-                       on_failure=policy, description=description)
+                       on_failure=policy, description=description, shards=shards)
 
     def distinct_env_vars(self, datasets: Mapping[str, Dataset]) -> None:
         """Two names that give one DSSTAGE_PATH_<NAME> would hand a job the wrong directory."""

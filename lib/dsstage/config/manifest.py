@@ -57,6 +57,7 @@ class Manifest:
     total_bytes: int
     created: float
     source: str = ""
+    shard_of: str = ""  # a shard's manifest: the digest of the version it is part of (dsstage.shards.index)
 
     @property
     def files(self) -> int:
@@ -204,6 +205,8 @@ def write(manifest: Manifest, path: str) -> None:
     """Write atomically (temporary file, fsync, rename)."""
     header = {"name": manifest.name, "digest": manifest.digest, "files": manifest.files,
               "bytes": manifest.total_bytes, "created": manifest.created, "source": manifest.source}
+    if manifest.shard_of:
+        header["shard_of"] = manifest.shard_of
     write_atomic(path, (MAGIC + json.dumps(header, sort_keys=True) + "\n").encode()
                  + _body(manifest.entries)
                  + (MTIMES + "".join(f"{e.mtime_ns}\n" for e in manifest.entries)).encode())
@@ -281,7 +284,8 @@ def _read(path: str, check: bool) -> Manifest:
         check_entries(entries, path)
     return Manifest(name=str(header.get("name", "")), digest=digest, entries=entries,
                     total_bytes=sum(e.size for e in entries),
-                    created=float(str(header.get("created") or 0)), source=str(header.get("source", "")))
+                    created=float(str(header.get("created") or 0)), source=str(header.get("source", "")),
+                    shard_of=str(header.get("shard_of") or ""))
 
 
 class Catalog:

@@ -13,6 +13,8 @@ from dsstage.fs.runfiles import CONFIG_PATH
 DEFAULT_PATH = CONFIG_PATH
 DEFAULT_SLURM_BIN = "/usr/bin"
 DEFAULT_PROLOG_BUDGET = 300.0
+#: the most shards a dataset may be split into (each is a copy, a ready mark and a lease entry on a node)
+MAX_SHARDS = 65536
 VERIFY_MODES = ("quick", "full")
 FAILURE_POLICIES = ("fallback", "hold")
 
@@ -55,6 +57,7 @@ class Dataset:
     verify: str
     on_failure: str
     description: str = ""
+    shards: int | None = None  # split into this many shards over a job's nodes (dsstage.shards); None: whole
 
 
 @dataclass(frozen=True)

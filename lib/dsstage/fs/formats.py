@@ -27,6 +27,7 @@ CURRENT = {
     "poller-lease": 1,  # <state_dir>/poller.json
     "switch": 1,  # <state_dir>/disabled.json
     "lease": 1,  # <tier>/leases/<dataset>/<job>.json
+    "shard-index": 1,  # <state_dir>/manifests/<dataset>/<version>.shards-<N>.json
 }
 
 

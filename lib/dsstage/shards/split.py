@@ -96,3 +96,20 @@ def least_nodes(shards: Sequence[Shard], room: int) -> int | None:
         if per_node_bytes(shards, nodes) <= room:
             return nodes
     return len(shards)
+
+
+def unevenness(shards: int, nodes: int) -> float:
+    """How much more one node of a job on ``nodes`` nodes holds than another, in shards: the
+    ceil over the floor of shards/nodes, less one (0.5: some nodes hold 50 % more; 0 when it
+    divides, or when there are more nodes than shards and each holds one)."""
+    low, high = shards // nodes, -(-shards // nodes)
+    return 0.0 if low == 0 else high / low - 1
+
+
+def worst_unevenness(shards: int, largest_job: int) -> tuple[float, int]:
+    """The most uneven split over jobs of 2 to ``largest_job`` nodes, and the node count it
+    happens at (0.0, 0 when every job size divides evenly, or for one-node jobs only)."""
+    worst = (0.0, 0)
+    for nodes in range(2, min(largest_job, shards) + 1):
+        worst = max(worst, (unevenness(shards, nodes), nodes))
+    return worst

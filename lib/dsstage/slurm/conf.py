@@ -190,6 +190,25 @@ def spank_problems(text: str, slurm_conf: str, series: str | None) -> list[Probl
     return [Problem(level, "spank", message) for level, message in spank.problems(found, series, read)]
 
 
+def largest_job(text: str) -> int | None:
+    """The most nodes a job may have in slurm.conf ``text``: the largest partition MaxNodes,
+    or every node where a partition has none (UNLIMITED); None if no node is named."""
+    from dsstage.hostlist import expand_nodes
+    nodes: set[str] = set()
+    for value in conffile.values(text, "NodeName"):
+        if value.upper() != "DEFAULT":
+            try:
+                nodes.update(expand_nodes(value))
+            except ValueError:
+                continue
+    if not nodes:
+        return None
+    limits = [v for v in conffile.values(text, "MaxNodes")]
+    if not limits or any(not v.isdigit() for v in limits):
+        return len(nodes)
+    return min(len(nodes), max(int(v) for v in limits))
+
+
 def check_host(conf: Config, slurm_conf: str | None = None,
                series: str | None = None) -> tuple[dict[str, Any], list[Problem]]:
     """The configuration against this host's Slurm (of ``series``, where known): what was
@@ -238,6 +257,7 @@ def check_host(conf: Config, slurm_conf: str | None = None,
                 "show their own jobs and counts of the rest)") if found["private_jobs"] else (
                 f"{path} has no PrivateData=jobs: every user sees every queued job's id, user, datasets and "
                 "nodes in dsstage status and bbstat, as in squeue")))
+            found["largest_job"] = largest_job(text)
             problems += hooks_problems(text, os.path.dirname(path), path)
             problems += shm_problems(conf, text, path)
     if conf.peers.enabled:
