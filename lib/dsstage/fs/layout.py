@@ -8,6 +8,7 @@ Imports only the standard library and dsstage.fs.safe: the warm Prolog uses it.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from dsstage.fs import formats
@@ -145,9 +146,9 @@ def not_ready(tier: RootDir, name: str, digest: str) -> str | None:
 
 
 def lease_record(dataset: str, digest: str, job_id: str, user: str, node: str, *, taken: float,
-                 host: str = "", pid: int = 0) -> dict[str, Any]:
+                 host: str = "", pid: int = 0, shards: Sequence[str] = ()) -> dict[str, Any]:
     """What a lease file holds (lease.Lease reads it back), in its format (dsstage.fs.formats)."""
     return {"format": formats.CURRENT["lease"], "dataset": dataset, "digest": digest, "job_id": job_id,
-            "user": user, "node": node, "taken": taken, "host": host, "pid": pid}
+            "user": user, "node": node, "taken": taken, "host": host, "pid": pid, "shards": tuple(shards)}
 
 

@@ -36,6 +36,36 @@ def export_lines(paths: Sequence[tuple[str, str]]) -> list[str]:
     return lines
 
 
+def more_exports(name: str, values: Sequence[tuple[str, str]], *, first: bool) -> list[str]:
+    """``export DSSTAGE_<KEY>_<NAME>=value`` for each (KEY, value), and ``DSSTAGE_<KEY>`` too for
+    the job's first dataset; a value with a control character is never written."""
+    suffix = env_var(name)[len("DSSTAGE_PATH_"):]
+    lines = []
+    for key, value in values:
+        if any(ord(c) < 32 or ord(c) == 127 for c in value) or not key.isalnum():
+            raise StoreError(f"refusing to export {key}={value!r}")
+        lines.append(f"export DSSTAGE_{key}_{suffix}={value}")
+        if first:
+            lines.append(f"export DSSTAGE_{key}={value}")
+    return lines
+
+
+def job_file(run_dir: str, node: str, job_id: str, name: str) -> str:
+    """A file the Prolog leaves for the job beside its task file (a sharded dataset's map)."""
+    return os.path.join(run_dir, node or "node", "jobs", f"{job_id}.{name}")
+
+
+def write_job_file(run_dir: str, node: str, job_id: str, name: str, data: str, gid: int) -> str:
+    """Readable by the job's tasks, by nobody else; its path. Removed with the task file."""
+    parts, _task = _task_parts(node, job_id)
+    if not name or "/" in name or name == "task":
+        raise StoreError(f"bad job file name {name!r}")
+    with RootDir(run_dir) as run:
+        write_at(run.dir(*parts), f"{job_id}.{name}", data, mode=0o440, fsync=False,
+                 owner=(0, gid if gid >= 0 else 0))
+    return job_file(run_dir, node, job_id, name)
+
+
 def task_file(run_dir: str, node: str, job_id: str) -> str:
     return os.path.join(run_dir, node or "node", "jobs", f"{job_id}.task")
 
@@ -55,10 +85,16 @@ def write_task_file(run_dir: str, node: str, job_id: str, lines: Iterable[str], 
 
 
 def remove_task_file(run_dir: str, node: str, job_id: str) -> bool:
-    """Remove the job's file; False if there was none."""
+    """Remove the job's file, and the other files left for it (``write_job_file``); False if
+    there was no task file."""
     parts, name = _task_parts(node, job_id)
     with RootDir(run_dir, create=False) as run:
-        return unlink_at(run.has_dir(*parts), name)
+        fd = run.has_dir(*parts)
+        if fd is not None:
+            for other in os.listdir(fd):
+                if other.startswith(f"{job_id}.") and other != name:
+                    unlink_at(fd, other)
+        return unlink_at(fd, name)
 
 
 def config_key(path: str) -> list[int] | None:

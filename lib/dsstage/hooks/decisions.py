@@ -23,6 +23,9 @@ class Verdict:
     action: str  # "local": the staged copy | "fallback": the source | "hold" | "drain"
     path: str | None
     reason: str
+    #: more for the job's environment: (KEY, value) gives DSSTAGE_<KEY>_<NAME> (and DSSTAGE_<KEY>
+    #: for the first dataset), e.g. a sharded dataset's ("FILES", the list of this node's files)
+    exports: tuple[tuple[str, str], ...] = ()
 
 
 # -- decisions (pure) -----------------------------------------------------------------
@@ -55,6 +58,9 @@ def job_action(outcomes: Sequence[Verdict]) -> str:
 def task_lines(outcomes: Sequence[Verdict]) -> list[str]:
     """TaskProlog output: the variables a task needs, and warnings for its output."""
     lines = runfiles.export_lines([(o.dataset, o.path) for o in outcomes if o.path])
+    exported = [o for o in outcomes if o.path]
+    for o in exported:
+        lines += runfiles.more_exports(o.dataset, o.exports, first=o is exported[0])
     for o in outcomes:
         if o.action == "fallback":
             lines.append(f"print dsstage: warning: {_one_line(o.reason)}")

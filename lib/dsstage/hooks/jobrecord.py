@@ -10,6 +10,9 @@ job's, not each node's:
 * **who tells Slurm** (``claim_hold``): a failing 500-node job must not ask slurmctld 1,500
   times. The first node to claim ``<job id>.hold`` holds the job; the others keep their tasks
   from starting (the TaskProlog's hold mark) and say who holds it.
+* **which node holds which shards** of a sharded dataset (``plan_for``, ``<job id>.shards.json``):
+  the first node decides (dsstage.shards.assign: quotas, what each node's published report
+  shows ready now, rendezvous hashing); a one-node job holds every shard and writes nothing.
 
 Both are made with ``fs.shared.create_once`` (link(2): exactly one node wins, NFS included),
 written by root or, where NFS squashes root, by ``report.user``, and trusted only if nobody
@@ -23,11 +26,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import formats, shared
+from dsstage.node import report as node_report
+from dsstage.shards.assign import assign
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +123,67 @@ def claim_hold(state_dir: str, job_id: str, nodes: str, node: str, user: str | N
     return False, str(record.get("by") or "another node")
 
 
+Plan = dict[str, list[str]]  # node -> shard ids
+
+
+def held_ready(state_dir: str, nodes: Sequence[str], name: str, shard_ids: Sequence[str]) -> dict[str, set[str]]:
+    """node -> the shards of ``shard_ids`` its published report shows ready (reports that
+    cannot be read count as holding nothing)."""
+    wanted = set(shard_ids)
+    out: dict[str, set[str]] = {}
+    for node in nodes:
+        try:
+            with open(node_report.published_path(state_dir, node), encoding="utf-8") as fh:
+                rows = json.load(fh).get("copies") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        out[node] = {str(r.get("version")) for r in rows if isinstance(r, dict) and r.get("dataset") == name
+                     and r.get("state") == "ready" and r.get("version") in wanted}
+    return out
+
+
+def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shards: Mapping[str, Sequence[str]],
+             user: str | None = None) -> dict[str, Plan]:
+    """dataset -> node -> shard ids, for the sharded datasets of job ``job_id`` (``shards``:
+    dataset -> the ids of its agreed version's shards, in shard order), the same on every
+    node of the job."""
+    if len(nodes) <= 1:
+        return {name: {node: list(ids)} for name, ids in shards.items()}
+    where = directory(state_dir)
+    writers = _writers(user)
+    record_name = f"{job_id}.shards.json"
+    try:
+        with _as_writer(user):
+            raw = shared.read(where, record_name, writers) if os.path.exists(os.path.join(where, record_name)) \
+                else None
+            if raw is None:
+                made = {name: assign(ids, nodes, held_ready(state_dir, nodes, name, ids))
+                        for name, ids in shards.items()}
+                data = json.dumps({"format": FORMAT, "job": job_id, "nodes": sorted(nodes), "by": node,
+                                   "time": time.time(), "shards": made}, sort_keys=True).encode() + b"\n"
+                if shared.create_once(where, record_name, data, writers):
+                    return made
+                raw = shared.read(where, record_name, writers)
+    except OSError as exc:
+        raise StateError(f"the shared state directory {state_dir} failed recording job {job_id}'s shards "
+                         f"({exc.strerror or exc})") from None
+    record = _parse(raw)
+    plans = record.get("shards") if record and record.get("job") == job_id and \
+        record.get("nodes") == sorted(nodes) else None
+    if not isinstance(plans, dict) or any(not _fits(plans.get(name), ids, nodes) for name, ids in shards.items()):
+        raise StateError(f"{os.path.join(where, record_name)} is not this job's shard plan (a job id used again, "
+                         "or damaged): requeue the job")
+    return {name: {n: [str(s) for s in plans[name][n]] for n in nodes} for name in shards}
+
+
+def _fits(plan: object, ids: Sequence[str], nodes: Sequence[str]) -> bool:
+    """Whether a recorded plan gives every shard of ``ids`` to the job's ``nodes``."""
+    if not isinstance(plan, dict) or set(plan) != set(nodes):
+        return False
+    given = {s for v in plan.values() if isinstance(v, list) for s in v}
+    return given == set(ids)
+
+
 def forget(state_dir: str, job_id: str, user: str | None = None) -> None:
     """Remove the job's records (the Epilog, on every node: whoever comes first)."""
     if not _job_ok(job_id):
@@ -126,7 +192,7 @@ def forget(state_dir: str, job_id: str, user: str | None = None) -> None:
     try:
         writers = _writers(user)
         with _as_writer(user):
-            for suffix in (".json", ".hold"):
+            for suffix in (".json", ".hold", ".shards.json"):
                 shared.remove(where, job_id + suffix, writers)
     except (OSError, DsstageError) as exc:  # a record left behind is only clutter: the Epilog goes on
         log.warning("job %s: cannot remove its records in %s: %s", job_id, where, exc)

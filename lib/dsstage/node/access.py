@@ -30,9 +30,10 @@ def group_id(name: str) -> int:
     return grp.getgrnam(name).gr_gid
 
 
-def apply(tier: RootDir, ds: Dataset, *, origin: str, node: str) -> None:
-    """Make the dataset's top directory reachable only by its groups (if restricted)."""
-    fd = tier.dir("datasets", ds.name)
+def apply(tier: RootDir, ds: Dataset, *, origin: str, node: str, top: str = "datasets") -> None:
+    """Make the dataset's top directory (in ``top``: its copies', or its views') reachable only
+    by its groups (if restricted)."""
+    fd = tier.dir(top, ds.name)
     st = os.fstat(fd)
     if ds.groups is None:
         _set(fd, st, 0, 0o755)
@@ -47,7 +48,7 @@ def apply(tier: RootDir, ds: Dataset, *, origin: str, node: str) -> None:
                               f"on node {node}; fix the name or add the group") from None
     _set(fd, st, gids[0], 0o750)
     if len(gids) > 1:
-        set_group_acl(fd, gids, tier.path("datasets", ds.name))
+        set_group_acl(fd, gids, tier.path(top, ds.name))
     else:
         remove_acl(fd)
 

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dsstage.config.model import Tier
-from dsstage.errors import DsstageError, LockTimeout, NoSpace
+from dsstage.errors import LockTimeout, NoSpace
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
-from dsstage.fs.layout import Layout, version_id
+from dsstage.fs.layout import Layout
 from dsstage.fs.safe import RootDir
-from dsstage.node import background, publish, space
+from dsstage.node import background, publish, space, views
 from dsstage.node.lease import LeaseBook
 from dsstage.node.store import PREEMPT_WAIT, Eviction, Store, _human, _lock, local_errors, open_tier
 from dsstage.policy import retention
@@ -38,10 +38,7 @@ def copies(store: Store, tier: RootDir, tier_conf: Tier, released: str = "") -> 
     book = LeaseBook(tier)
     out = []
     for name in tier.names("datasets"):
-        try:
-            current = store.manifests.current(name)
-        except (DsstageError, OSError):
-            current = None
+        current = store.current_copies(name)
         leases = book.of_dataset(name)
         lfd = tier.has_dir("leases", name)
         touched = os.fstat(lfd).st_mtime if lfd is not None else 0.0
@@ -53,8 +50,8 @@ def copies(store: Store, tier: RootDir, tier_conf: Tier, released: str = "") -> 
                 dataset=name, version=version, bytes=space.as_bytes(mark.get("bytes")), tier=tier_conf.name,
                 last_used=max(touched, space.as_float(mark.get("staged_at"))),
                 leases=tuple(sorted(x.job_id for x in leases
-                                    if version_id(x.digest) == version and x.job_id != (released or None))),
-                current=current is None or version_id(current) == version,
+                                    if x.covers(version) and x.job_id != (released or None))),
+                current=current is None or version in current,
                 ready=bool(mark) and not mark.get("bad"),
                 shared={str(v): space.as_bytes(b) for v, b in linked.items()} if isinstance(linked, dict) else {}))
     return out
@@ -145,7 +142,7 @@ def _evict_version(store: Store, tier: RootDir, book: LeaseBook, c: retention.Co
     name, version = c.dataset, c.version
     mark = publish.unmark(tier, name, version)
     size = space.as_bytes(mark.get("bytes"))
-    holders = sorted(x.job_id for x in book.of_dataset(name) if version_id(x.digest) == version)
+    holders = sorted(x.job_id for x in book.of_dataset(name) if x.covers(version))
     if holders:
         if mark:
             safe.write_json_at(tier.dir("ready", name), fs_layout.mark_name(version), mark)
@@ -158,6 +155,7 @@ def _evict_version(store: Store, tier: RootDir, book: LeaseBook, c: retention.Co
     except BaseException:
         space.forget(tier, space.trash_record(entry))
         raise
+    views.drop_containing(tier, name, version)  # their links would keep the copy's blocks
     labels = {"dataset": name, "reason": rule or "other"}
     store.count([("evictions", labels, 1), ("evicted_bytes", labels, size)])
     return Eviction(name, version, "evicted", reason, size, c.tier)

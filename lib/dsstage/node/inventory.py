@@ -14,7 +14,7 @@ from dsstage.errors import DsstageError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.safe import RootDir
-from dsstage.node import eviction, metrics, space
+from dsstage.node import eviction, metrics, space, views
 from dsstage.node.lease import LeaseBook
 from dsstage.node.lock import is_held, read_owner
 from dsstage.node.report import FORMAT, PREFETCH_KEPT, publish_target, replace
@@ -48,7 +48,7 @@ def build(store: Store, previous: Mapping[str, Any] | None = None) -> dict[str, 
             decided = {(d.copy.dataset, d.copy.version): d for d in plan.decisions}
             book = LeaseBook(tier)
             for c in copies:
-                leases = [x for x in book.of_dataset(c.dataset) if fs_layout.version_id(x.digest) == c.version]
+                leases = [x for x in book.of_dataset(c.dataset) if x.covers(c.version)]
                 mark = safe.read_json_at(tier.has_dir("ready", c.dataset), fs_layout.mark_name(c.version))
                 state = "failed" if mark.get("bad") else "ready" if mark else "incomplete"
                 lock = layout.lock(c.dataset)
@@ -104,7 +104,7 @@ def _trash_rows(tier: RootDir, tier_name: str) -> list[dict[str, Any]]:
     reserved = tier.has_dir("reserved")
     for entry in tier.names("trash"):
         parts = entry.split(".")
-        if len(parts) < 3:
+        if len(parts) < 3 or entry.startswith(views.TRASH_PREFIX):
             continue
         rows.append({"tier": tier_name, "dataset": ".".join(parts[:-2]), "version": parts[-2], "state": "evicting",
                      "current": False, "files": 0, "leases": [], "last_used": None, "decision": None,

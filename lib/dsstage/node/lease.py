@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 
 from dsstage.errors import StoreError
 from dsstage.fs import formats, safe
-from dsstage.fs.layout import job_id_ok
+from dsstage.fs.layout import job_id_ok, version_id
 from dsstage.fs.safe import RootDir
 
 
@@ -28,10 +28,23 @@ class Lease:
     taken: float
     host: str = ""
     pid: int = 0  # for leases not tied to a Slurm job: the process that holds it
+    #: a sharded dataset's lease: the shard copies it holds (``digest`` is then the version
+    #: they are shards of, which has no copy of its own); () for a whole version
+    shards: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shards, tuple):  # read from JSON as a list
+            object.__setattr__(self, "shards", tuple(self.shards) if isinstance(self.shards, list) else ())
 
     @property
     def is_job(self) -> bool:
         return self.pid == 0
+
+    def covers(self, version: str) -> bool:
+        """Whether it holds the copy ``version`` (a version id: 16 hex digits)."""
+        if self.shards:
+            return any(version_id(s) == version for s in self.shards)
+        return version_id(self.digest) == version
 
 
 #: what a lease file's keys may name (others, such as "format", are not Lease fields)

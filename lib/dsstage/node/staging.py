@@ -48,12 +48,14 @@ class StageRequest:
     deadline: float | None = None  # time.monotonic() by which the stage must stop (OutOfTime)
     prefetch: Prefetching | None = None  # the stage is a prefetch for a pending job
     nodes: str = ""  # the job's nodes (a Slurm hostlist), for the peers
+    shard: bool = False  # the version staged is a shard (dsstage.node.sharded)
 
 
 def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,
           on_staging: Callable[[], None] | None = None, deadline: float | None = None,
           progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None,
-          nodes: str = "", digest: str | None = None) -> StageResult:
+          nodes: str = "", digest: str | None = None, shard_of: str = "",
+          leased: tuple[str, ...] = ()) -> StageResult:
     """Make the current version of ``name`` (or the version ``digest``: the one the job's
     nodes agreed on) ready on this node and lease it to ``job_id``.
 
@@ -73,15 +75,20 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     this stage is one, which waits for no lock and evicts nothing it spares.
 
     ``nodes``: the job's nodes (a Slurm hostlist); with ``peers.enabled`` and more than
-    one, this node copies its share from the source and the rest from them."""
+    one, this node copies its share from the source and the rest from them.
+
+    ``shard_of``: ``digest`` is a shard of that version (dsstage.node.sharded); the job's
+    lease then holds this shard with those it holds already (``leased``)."""
     started = time.monotonic()
-    job = StageRequest(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes)
+    job = StageRequest(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes,
+                       shard=bool(shard_of))
     ds, digest = authorize(store, name, job, digest)
     layout = store.layout(ds.tier)
     result = StageResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), tier=ds.tier,
                          node=store.node, action="cached", job_id=job_id)
-    lease = Lease(dataset=name, digest=digest, job_id=job_id, user=user.name, node=store.node,
-                  taken=store.clock(), host=socket.gethostname(), pid=pid)
+    lease = Lease(dataset=name, digest=shard_of or digest, job_id=job_id, user=user.name, node=store.node,
+                  taken=store.clock(), host=socket.gethostname(), pid=pid,
+                  shards=(*leased, digest) if shard_of else ())
     with open_tier(layout) as tier:
         book = LeaseBook(tier)
         if not full and reuse(store, tier, ds, digest, book, lease):
@@ -125,7 +132,10 @@ def reuse(store: Store, tier: RootDir, ds: Dataset, digest: str, book: LeaseBook
         book.take(lease)
         if store.ready_state(tier, name, digest).ready:
             return True
-        book.release(name, lease.job_id)
+        if lease.shards[:-1]:  # give back this shard only: the job keeps those it held
+            book.take(replace(lease, shards=lease.shards[:-1]))
+        else:
+            book.release(name, lease.job_id)
     return False
 
 
@@ -181,7 +191,8 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     record = space.stage_record(staging)
     store.remove_staging(tier, name, keep=staging)
     publish.take_back(tier, name, digest)
-    older = older_versions(store, tier, name, digest)
+    # the other copies of a sharded dataset are its other shards, which lend no file: not read
+    older = [] if job.shard else older_versions(store, tier, name, digest)
     needed = to_fetch(manifest, [m for _fd, m in older])
     tier_conf = store.config.tiers[ds.tier]
     eviction.make_room(store, tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
@@ -200,7 +211,9 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
                                 store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
                                 interval=store.config.report.interval,
                                 publish_to=node_report.publish_target(store.config), also=progress),
-                            group=peers.group_for(store.config.peers, job.nodes, store.node), tier=tier_conf.name)
+                            # each node of a job stages other shards: no peer holds this one
+                            group=None if job.shard else peers.group_for(store.config.peers, job.nodes, store.node),
+                            tier=tier_conf.name)
         versions = [version_id(m.digest) for _fd, m in older]
         publish.publish(tier, name, digest, {
             "files": manifest.files, "bytes": manifest.total_bytes, "staged_at": store.clock(),

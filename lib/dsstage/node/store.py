@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from dsstage.config import catalog as cat
 from dsstage.config.manifest import Catalog, Manifest
 from dsstage.config.model import Config, Dataset, Tier
-from dsstage.errors import StateError, StoreError, local_error
+from dsstage.errors import DsstageError, StateError, StoreError, local_error
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import runfiles, safe
 from dsstage.fs.layout import Layout
@@ -195,6 +195,22 @@ class Store:
     def current(self, name: str) -> str:
         with state_errors(self.config.state_dir):
             return self.manifests.require_current(name)
+
+    def current_copies(self, name: str) -> set[str] | None:
+        """The version ids a current copy of ``name`` has: the current version's, or for a
+        sharded dataset its shards' (dsstage.shards.index); None if that cannot be read."""
+        try:
+            with state_errors(self.config.state_dir):
+                current = self.manifests.current(name)
+                ds = self.config.datasets.get(name)
+                if current is None:
+                    return None
+                if ds is None or not ds.shards:
+                    return {fs_layout.version_id(current)}
+                from dsstage.shards import index as shard_index
+                return set(shard_index.load(self.manifests, name, current, ds.shards).by_id())
+        except (DsstageError, OSError):
+            return None
 
     def load_manifest(self, name: str, digest: str) -> Manifest:
         with state_errors(self.config.state_dir):

@@ -1,0 +1,136 @@
+"""What a job sees of a sharded dataset on a node: exactly the files of the shards the job
+gave this node, at their dataset-relative paths, read-only, and a list of them.
+
+    <tier>/views/<name>/<view id>/...     hard links to the files of the node's shard copies
+    <tier>/views/<name>/<view id>.json    {"shards": [shard ids, in shard order], "files", "bytes"}
+    <tier>/views/<name>/<view id>.files   the view's files: one absolute path per line, in shard order
+
+A view id names a set of shards (the BLAKE3 of their ids), so the jobs that get the same
+shards on a node share one view, made once: the warm path only finds it. A view is made in a
+temporary directory and renamed into place, so it is whole or absent; made by root from the
+node's own copies (nothing a user can reach is followed), and its top directory carries the
+dataset's access (groups) as the copies' does. Hard links cost no space, but they keep an
+evicted copy's blocks: a view goes into the trash with any of its shards (``drop_containing``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import blake3
+
+from dsstage.config.manifest import Manifest
+from dsstage.fs import safe
+from dsstage.fs.beneath import Tree
+from dsstage.fs.layout import version_id
+from dsstage.fs.safe import RootDir
+
+TOP = "views"
+#: trash entries of views start with this (the report does not show them as evicted copies)
+TRASH_PREFIX = "view."
+
+
+@dataclass(frozen=True)
+class View:
+    id: str
+    path: str  # the directory the job reads
+    files_list: str  # the file listing its files
+    files: int
+    bytes: int
+
+
+def view_id(shard_ids: Sequence[str]) -> str:
+    return blake3.blake3("\n".join(sorted(shard_ids)).encode()).hexdigest()[:16]
+
+
+def find(tier: RootDir, name: str, shard_ids: Sequence[str]) -> View | None:
+    """The view of these shards if it was made (cheap: two lookups), else None."""
+    vid = view_id(shard_ids)
+    fd = tier.has_dir(TOP, name)
+    if fd is None:
+        return None
+    record = safe.read_json_at(fd, f"{vid}.json")
+    if sorted(record.get("shards") or ()) != sorted(shard_ids):
+        return None
+    try:
+        os.stat(vid, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return View(vid, tier.path(TOP, name, vid), tier.path(TOP, name, f"{vid}.files"), int(record.get("files") or 0),
+                int(record.get("bytes") or 0))
+
+
+def make(tier: RootDir, name: str, shards: Sequence[Manifest]) -> View:
+    """The view of ``shards`` (their manifests, in shard order; each ready in
+    ``datasets/<name>/<shard id>``), made now unless it exists. The caller holds the
+    dataset's lock and leases the shards, so none goes while its files are linked."""
+    ids = [version_id(m.digest) for m in shards]
+    found = find(tier, name, ids)
+    if found:
+        return found
+    vid = view_id(ids)
+    top = tier.dir(TOP, name)
+    tmp = safe.temp_name()
+    os.mkdir(tmp, 0o755, dir_fd=top)
+    tmp_fd = os.open(tmp, safe.O_DIR, dir_fd=top)
+    path = tier.path(TOP, name, vid)
+    lines = []
+    try:
+        with Tree(tmp_fd, create=True, mode=0o755) as dest:
+            for m in shards:
+                with Tree(tier.dir("datasets", name, version_id(m.digest), create=False)) as src:
+                    for e in m.entries:
+                        with src.parent(e.path) as (sfd, sname), dest.parent(e.path) as (dfd, dname):
+                            os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+                        lines.append(os.path.join(path, e.path))
+    except BaseException:
+        os.close(tmp_fd)
+        safe.remove_at(top, tmp)
+        raise
+    os.close(tmp_fd)
+    files, nbytes = len(lines), sum(m.total_bytes for m in shards)
+    safe.write_at(top, f"{vid}.files", "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape"),
+                  fsync=False)
+    safe.write_json_at(top, f"{vid}.json", {"shards": ids, "files": files, "bytes": nbytes, "made": time.time()},
+                       fsync=False)
+    safe.remove_at(top, vid)  # a half view left by a crash between the rename and its record
+    os.rename(tmp, vid, src_dir_fd=top, dst_dir_fd=top)
+    return View(vid, path, tier.path(TOP, name, f"{vid}.files"), files, nbytes)
+
+
+def drop_containing(tier: RootDir, name: str, shard_id: str) -> list[str]:
+    """Move every view of ``name`` that holds shard ``shard_id`` into the tier's trash (the
+    background purge deletes it); the view ids."""
+    fd = tier.has_dir(TOP, name)
+    if fd is None:
+        return []
+    dropped = []
+    for entry in tier.names(TOP, name):
+        if not entry.endswith(".json"):
+            continue
+        vid = entry[:-len(".json")]
+        if shard_id not in (safe.read_json_at(fd, entry).get("shards") or ()):
+            continue
+        safe.unlink_at(fd, f"{vid}.files")
+        safe.unlink_at(fd, entry)
+        try:
+            os.rename(vid, f"{TRASH_PREFIX}{name}.{vid}.{time.time_ns()}", src_dir_fd=fd,
+                      dst_dir_fd=tier.dir("trash"))
+        except FileNotFoundError:
+            pass
+        dropped.append(vid)
+    return dropped
+
+
+def listing(view: View) -> list[str]:
+    """The view's files list, as written."""
+    with open(view.files_list, encoding="utf-8", errors="surrogateescape") as fh:
+        return fh.read().splitlines()
+
+
+def describe(view: View) -> str:
+    return json.dumps({"id": view.id, "files": view.files, "bytes": view.bytes})
