@@ -71,7 +71,7 @@ def test_a_source_that_stops_answering_falls_back_within_the_budget(env: Env, hu
     rc, took, _ = hook(env, "epilog", "5")
     assert rc == 0 and took < BUDGET, log(env)
     counted = metrics.counters(str(env.run), env.node)
-    assert counted["counters"]["hooks_abandoned"] == {"prolog": 1}  # the Epilog did not touch the source
+    assert counted["counters"]["hooks_abandoned"] == {"prolog": 1, "epilog": 0}  # the Epilog did not touch the source
     assert {h[1] for h in metrics.histograms(counted)} == {("prolog",), ("epilog",)}
     # once the source answers again, the next job stages it: nothing the killed work left is in the way
     hung_source.answer()
@@ -137,20 +137,32 @@ def test_a_state_dir_that_stops_answering_bounds_the_warm_prolog_and_the_epilog(
         (lines, log(env))
 
 
-def test_the_hook_waits_for_work_that_answers(tmp_path: Path):
-    """bounded.run: the work's exit code when it ends in time; None when it does not, and the
-    work is killed then, not waited for."""
-    assert bounded.run(lambda: 0, 30) == 0
-    assert bounded.run(lambda: 1, 30) == 1
-    assert bounded.run(lambda: 1 // 0, 30) == bounded.CRASHED
+def test_the_hook_waits_for_work_that_answers(tmp_path: Path, capfd):
+    """bounded.run: the work's exit code and what it told the hook when it ends in time, its
+    output passed on; None when it does not end in time, and the work is killed then."""
+    assert bounded.run(lambda: 0, 30).code == 0
+    assert bounded.run(lambda: 1, 30).code == 1
+    assert bounded.run(lambda: 1 // 0, 30).code == bounded.CRASHED
+    assert "ZeroDivisionError" in capfd.readouterr().err  # the child's traceback reaches the hook's stderr
+
+    def says() -> int:
+        bounded.tell("decided hold the source is down")
+        print("to stdout")
+        bounded.tell("held")
+        return 0
+    out = bounded.run(says, 30)
+    assert out.said == ["decided hold the source is down", "held"] and out.last("decided ") == "hold the source is down"
+    assert "to stdout" in "".join(capfd.readouterr())  # (pytest's sys.stdout in the child, fd 1 in a hook)
     pid_file = tmp_path / "pid"
 
     def stuck() -> int:
         pid_file.write_text(str(os.getpid()))
+        bounded.tell("decided run")
         time.sleep(600)
         return 0
     t = time.monotonic()
-    assert bounded.run(stuck, 1.0) is None
+    out = bounded.run(stuck, 1.0)
+    assert out.code is None and out.said == ["decided run"]
     assert time.monotonic() - t < 30
     pid = int(pid_file.read_text())
     deadline = time.monotonic() + 10
@@ -163,7 +175,56 @@ def test_the_hook_waits_for_work_that_answers(tmp_path: Path):
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
+def test_a_decision_written_before_the_stop_stands(env: Env, tmp_path: Path, monkeypatch):
+    """The work wrote the job's TaskProlog file and was stopped later (publishing its report
+    to a hung state_dir): the hook keeps that decision, and asks Slurm for a hold the work
+    had decided but not asked for yet."""
+    env.add("coco", FILES)
+    run = tmp_path / "run"
+    job = {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+           "SLURMD_NODENAME": env.node, "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "coco",
+           "DSSTAGE_LOG": str(tmp_path / "log")}
+    kept = ["export DSSTAGE_DATASET_DIR=/the/work/s/decision"]
+    (run / env.node / "jobs").mkdir(parents=True)
+    (run / env.node / "jobs" / "9.task").write_text("\n".join(kept) + "\n")
+    said = bounded.Outcome(None, ["decided run "])
+    assert abandoned.finish("prolog", said, BUDGET, time.monotonic(), job, str(run), env.config()) == 0
+    assert (run / env.node / "jobs" / "9.task").read_text().splitlines() == kept
+    marker = tmp_path / "held"
+    monkeypatch.setattr(abandoned, "hold_only", lambda ctx, reason, conf: marker.write_text(reason) and 0)
+    said = bounded.Outcome(None, ["decided hold the source is down"])
+    assert abandoned.finish("prolog", said, BUDGET, time.monotonic(), job, str(run), env.config()) == 0
+    assert marker.read_text() == "the source is down"
+    said = bounded.Outcome(None, ["decided hold the source is down", "held"])
+    marker.unlink()
+    assert abandoned.finish("prolog", said, BUDGET, time.monotonic(), job, str(run), env.config()) == 0
+    assert not marker.exists()  # held already: not asked again
+    assert abandoned.finish("prolog", bounded.Outcome(None, ["decided drain "]), BUDGET, time.monotonic(), job,
+                            str(run), env.config()) == 1
+
+
 def test_the_hook_stops_waiting_before_its_budget_ends():
     for budget in (12, 60, 300, 3600):
         assert bounded.stage_deadline(budget) < bounded.wait_limit(budget) < budget
     assert hook_main.DEFAULT_BUDGET == DEFAULT_PROLOG_BUDGET  # without a configuration, the same bound
+
+
+def test_the_hook_script_does_not_wait_on_a_hung_bb_record(env: Env, hung_state: LatencyFS, tmp_path: Path):
+    """A #BB_LUA site: the script looks for the job's record in state_dir, which stops
+    answering. It gives up after 5 s without waiting for the stuck look, and the Python hook
+    holds the job (its request cannot be read) within the budget."""
+    defaults = tmp_path / "defaults"
+    defaults.write_text(f"DSSTAGE_PYTHON={sys.executable}\nDSSTAGE_CONFIG={env.config_path}\n"
+                        f"DSSTAGE_RUN_DIR={env.run}\nDSSTAGE_LOG={env.tmp / 'hooks.log'}\n"
+                        f"DSSTAGE_BB_REQUESTS={hung_state.mountpoint}/bb\n")
+    script = Path(__file__).resolve().parents[2] / "prolog" / "dsstage-prolog"
+    job = {"PATH": "/usr/bin:/bin", "DSSTAGE_DEFAULTS": str(defaults), "SLURM_JOB_ID": "20", "SLURM_JOB_UID": "0",
+           "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root", "SLURMD_NODENAME": env.node}
+    hung_state.hang()
+    t = time.monotonic()
+    res = subprocess.run([str(script)], env=job, cwd="/", capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t
+    assert res.returncode == 0, (res.stderr, log(env))
+    assert took < 5 + BUDGET, (took, log(env))
+    lines = (env.run / env.node / "jobs" / "20.task").read_text().splitlines()
+    assert runfiles.HOLD_MARK in lines and any("#BB_LUA request could not be read" in line for line in lines), lines

@@ -429,3 +429,15 @@ def test_check_config_refuses_a_tier_found_on_the_root_filesystem(tmp_path, monk
         assert cli.main(["--config", path, "check-config"]) == rc
         _out, err = capsys.readouterr()
         assert ("tiers.nvme: " in err and "is on the root filesystem: is the disk mounted?" in err) is (not flag), err
+
+
+def test_the_budget_is_checked_against_epilog_timeout_too(tmp_path):
+    from dsstage.slurm.conf import check_host
+    c = load.from_dict({"state_dir": "/s", "tiers": {"n": {"path": "/l", "capacity": "1TB"}},
+                        "datasets": {"a": {"source": "/d"}}, "prolog_budget": 300, "placement": {"prefer": False}})
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("PrologTimeout=900\nEpilogTimeout=120\nPrologFlags=Alloc\n")
+    problems = [p for p in check_host(c, str(conf))[1] if p.key == "prolog_budget"]
+    assert len(problems) == 1 and "EpilogTimeout=120" in problems[0].message and "an Epilog" in problems[0].message
+    conf.write_text("PrologTimeout=900\nEpilogTimeout=900\nPrologFlags=Alloc\n")
+    assert not [p for p in check_host(c, str(conf))[1] if p.key == "prolog_budget"]

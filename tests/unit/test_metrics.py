@@ -241,7 +241,7 @@ def test_hook_durations_are_a_histogram(tmp_path):
     assert types["dsstage_hook_seconds"] == "histogram"
     prolog = {dict(labels)["le"]: v for (name, labels), v in values.items()
               if name == "dsstage_hook_seconds_bucket" and dict(labels)["hook"] == "prolog"}
-    assert prolog["0.05"] == 2 and prolog["1"] == 2 and prolog["2.5"] == 3 and prolog["1800"] == 3
+    assert prolog["0.05"] == 2 and prolog["1.0"] == 2 and prolog["2.5"] == 3 and prolog["1800.0"] == 3
     assert prolog["+Inf"] == 4
     assert values[("dsstage_hook_seconds_count", (("hook", "prolog"),))] == 4
     assert values[("dsstage_hook_seconds_sum", (("hook", "prolog"),))] == pytest.approx(4002.07)

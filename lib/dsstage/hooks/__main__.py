@@ -3,8 +3,9 @@
 The hook's work runs in a child bounded by the budget (dsstage.hooks.bounded): the Prolog
 first tries the warm path (``dsstage.hooks.warm``: standard library only); only a job it does
 not answer loads the full Prolog (``dsstage.hooks.job``), which decides and explains. When the
-work does not answer in time (a hung shared filesystem or source) or dies, the hook decides
-without it (dsstage.hooks.abandoned).
+work does not answer in time (a hung shared filesystem or source) or dies, the hook keeps what
+it had decided, or decides without it (dsstage.hooks.abandoned). Nothing here exits non-zero
+but the work's own verdict that this node's store is broken.
 """
 
 from __future__ import annotations
@@ -46,32 +47,45 @@ def main(argv: Sequence[str]) -> int:
         from dsstage.hooks import job
         return job.main(argv)  # says how to call it
     started = time.monotonic()
+    try:
+        return hook(argv[0], started)
+    except Exception as exc:  # a bug here must not drain the node, nor pass in silence: hold the job
+        from dsstage.hooks import job
+        job.log_to_job(os.environ)
+        job.log.exception("dsstage %s failed unexpectedly for job %s", argv[0], os.environ.get("SLURM_JOB_ID"))
+        if argv[0] == "prolog":
+            return job.on_bug(os.environ, os.environ.get("DSSTAGE_RUN_DIR", runfiles.RUN_DIR), exc)
+        return 0
+
+
+def hook(which: str, started: float) -> int:
     env = os.environ
     run_dir = env.get("DSSTAGE_RUN_DIR", runfiles.RUN_DIR)
     seconds, conf = budget(run_dir, env.get("DSSTAGE_CONFIG") or runfiles.CONFIG_PATH)
 
     def work() -> int:
-        if argv == ["prolog"] and conf is None:
-            rc = warm.main(argv)
+        if which == "prolog" and conf is None:
+            rc = warm.main([which])
             if rc is not None:
                 return rc
         from dsstage.hooks import job
-        return job.main(argv, started=started, config=conf)
+        return job.main([which], started=started, config=conf)
 
-    code = bounded.run(work, started + bounded.wait_limit(seconds) - time.monotonic())
-    if code == 0 or code == 1:  # 1: the work found this node's store broken, and drains it
-        rc = code
+    outcome = bounded.run(work, started + bounded.wait_limit(seconds) - time.monotonic())
+    if outcome.code == 0 or outcome.code == 1:  # 1: the work found this node's store broken, and drains it
+        rc = outcome.code
     else:
         from dsstage.hooks import abandoned
-        rc = abandoned.decide_without(argv[0], code, seconds, env, run_dir, conf)
-    took(run_dir, env.get("SLURMD_NODENAME", ""), argv[0], time.monotonic() - started, code is None)
+        rc = abandoned.finish(which, outcome, seconds, started, env, run_dir, conf)
+    took(run_dir, env.get("SLURMD_NODENAME", ""), which, time.monotonic() - started, outcome.code is None)
     return rc
 
 
 def took(run_dir: str, node: str, hook: str, seconds: float, abandoned: bool) -> None:
-    """The hook's duration in its histogram (dsstage_hook_seconds), and whether it left its work behind."""
+    """The hook's duration in its histogram (dsstage_hook_seconds), and whether it left its work
+    behind (counted from 0, so that an alert on its increase sees the first one)."""
     try:
-        metrics.count(run_dir, node, [("hooks_abandoned", {"hook": hook}, 1)] * abandoned,
+        metrics.count(run_dir, node, [("hooks_abandoned", {"hook": hook}, int(abandoned))],
                       [("hook_seconds", {"hook": hook}, seconds)])
     except ValueError:
         pass  # not a node name: nothing is counted (the work said so in its log)

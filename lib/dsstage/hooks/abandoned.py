@@ -14,15 +14,17 @@ and slurmctld. Nothing here reads ``state_dir`` or a source: they are what may h
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 
 from dsstage.config import catalog as cat
 from dsstage.config import load
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError, OutOfTime
-from dsstage.hooks import bbrequest
+from dsstage.fs import runfiles
+from dsstage.hooks import bbrequest, bounded
 from dsstage.hooks.decisions import Verdict, on_failure
-from dsstage.hooks.job import BB_REQUEST, JobContext, _slurm, decide, log_to_job
+from dsstage.hooks.job import BB_REQUEST, JobContext, _slurm, decide, log_to_job, write_task_file
 
 log = logging.getLogger(__name__)
 
@@ -62,19 +64,60 @@ def verdicts(request: str | None, bb: bool, conf: Config, user: cat.User | None,
     return out
 
 
+def finish(which: str, outcome: bounded.Outcome, budget: float, started: float, env: Mapping[str, str],
+           run_dir: str, config: Config | None = None) -> int:
+    """The hook's exit code when its work did not end well (``outcome``): the work's decision
+    where it had written one (the Slurm hold it had not asked for yet is asked here), else this
+    module's, each bounded by what is left of the budget; at the very last the job's TaskProlog
+    file alone (local) keeps its tasks from starting."""
+    log_to_job(env)
+    ctx = JobContext.from_env(env)
+    why = what_happened(which, outcome.code, budget)
+    log.error("job %s: %s", ctx.job_id, why)
+    if which != "prolog":
+        log.error("job %s: the job's leases stay; they are reclaimed once the job is gone", ctx.job_id)
+        return 0
+    decided = outcome.last("decided ")
+    if decided is not None:  # the job's TaskProlog file is written: that decision stands
+        action, _, reason = decided.partition(" ")
+        log.warning("job %s: the Prolog had decided (%s) before it was stopped: its decision stands", ctx.job_id,
+                    action)
+        if action == "drain":
+            return 1
+        if action == "hold" and outcome.last("held") is None:
+            bounded.run(lambda: hold_only(ctx, reason or why, config), started + budget - time.monotonic())
+        return 0
+    out = bounded.run(lambda: decide_without(which, outcome.code, budget, env, run_dir, config),
+                      started + budget - time.monotonic())
+    if out.code == 0 or out.code == 1:
+        return out.code
+    if out.last("decided ") is None:  # not even that answered (slurm_bin or NSS hang too): the local mark
+        log.error("job %s: deciding without the work did not finish either: its tasks are stopped by the "
+                  "TaskProlog's hold mark", ctx.job_id)
+        try:
+            write_task_file(run_dir, ctx, [runfiles.HOLD_MARK, f"print dsstage: error: {why}"])
+        except (OSError, DsstageError) as exc:
+            log.error("job %s: cannot write its TaskProlog file either: %s", ctx.job_id, exc)
+    return 0
+
+
+def hold_only(ctx: JobContext, reason: str, config: Config | None) -> int:
+    """Ask Slurm to hold the job (the work decided so, and was stopped before it asked)."""
+    slurm = _slurm(config.slurm_bin if config else None)
+    try:
+        log.info("job %s: %s", ctx.job_id, slurm.hold(ctx.job_id, reason))
+    except DsstageError as exc:
+        log.error("job %s: could not hold it in Slurm: %s", ctx.job_id, exc)
+    return 0
+
+
 def decide_without(which: str, code: int | None, budget: float, env: Mapping[str, str], run_dir: str,
                    config: Config | None = None) -> int:
     """The hook's exit code when its work (``code``: its exit, None if it did not answer) failed it."""
     log_to_job(env)
     ctx = JobContext.from_env(env)
     why = what_happened(which, code, budget)
-    log.error("job %s: %s", ctx.job_id, why)
-    if which != "prolog":
-        log.error("job %s: the job's leases stay; they are reclaimed once the job is gone", ctx.job_id)
-        return 0
-    # a #BB_LUA record is in state_dir, which may be what hangs: not even looked for. Without
-    # --dataset the hook script only runs Python for a job that has one (or when it could not tell)
-    bb = not ctx.request and bool(env.get(bbrequest.ENV))
+    bb = bbrequest.maybe(env)  # a #BB_LUA record is in state_dir, which may be what hangs: not looked for
     if not ctx.request and not bb:
         return 0
     try:

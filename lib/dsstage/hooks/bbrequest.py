@@ -28,7 +28,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from dsstage.errors import ConfigError, StateError
-from dsstage.fs import safe, shared
+from dsstage.fs import runfiles, safe, shared
 
 DIR = "bb"
 #: the hook scripts' variable naming the directory (from the defaults file)
@@ -55,10 +55,30 @@ def _job_ok(job_id: str) -> bool:
     return job_id.isdigit() and len(job_id) <= 20
 
 
+#: what the hook script found (``yes``, ``no``, ``unknown``: the shared filesystem did not answer)
+RECORD_ENV = "DSSTAGE_BB_RECORD"
+
+
 def flagged(env: Mapping[str, str]) -> bool:
-    """Whether the hook script saw a burst-buffer record for the job (what it tested)."""
+    """Whether the job has a burst-buffer record: what the hook script found, else (it could
+    not tell, or did not run) what a look finds now."""
     where, job_id = env.get(ENV, ""), env.get("SLURM_JOB_ID", "")
-    return bool(where) and _job_ok(job_id) and os.path.lexists(os.path.join(where, job_id))
+    if not where or not _job_ok(job_id):
+        return False
+    said = env.get(RECORD_ENV, "")
+    if said in ("yes", "no"):
+        return said == "yes"
+    return os.path.lexists(os.path.join(where, job_id))
+
+
+def maybe(env: Mapping[str, str]) -> bool:
+    """Whether the job may have a burst-buffer record, without looking (the look is what may
+    hang): the hook script found one or could not tell; without its word, a job with no
+    ``--dataset`` (the script starts Python for such a job only when it has one)."""
+    said = env.get(RECORD_ENV, "")
+    if said:
+        return said in ("yes", "unknown") and bool(env.get(ENV))
+    return bool(env.get(ENV)) and not next((env[v] for v in runfiles.REQUEST_VARS if env.get(v)), None)
 
 
 def read(state_dir: str, job_id: str, writer_uid: int | None = None) -> str | None:

@@ -11,6 +11,11 @@ behind; the hook then decides from what it knows locally (dsstage.hooks.abandone
 in time. What the child leaves (a staging area, a reservation of a dead process, a lease of
 this job) is reclaimed by the next stage or by the Epilog, as after any killed stage.
 
+The child tells the hook what it has done (``tell``: "decided hold" once the job's TaskProlog
+file is written, "held" once Slurm holds it), so that a child stopped after deciding keeps its
+decision. Its stdout and stderr reach the hook through a pipe the hook reads while it waits
+(slurmd reads the hook's output to its end: a child left behind must not hold it open).
+
 Standard library only, and light: the warm path runs behind it.
 """
 
@@ -20,12 +25,16 @@ import os
 import select
 import signal
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 #: seconds of the budget kept for deciding, holding the job and writing files
 DECIDE_MARGIN = 10.0
 #: the exit code of a child whose work raised past every handler
 CRASHED = 70
+
+_tell_fd = -1  # in the child: where ``tell`` writes
 
 
 def stage_deadline(budget: float) -> float:
@@ -40,45 +49,149 @@ def wait_limit(budget: float) -> float:
     return max(stage_deadline(budget) + 2.0, budget - DECIDE_MARGIN / 2)
 
 
-def run(work: Callable[[], int], seconds: float) -> int | None:
-    """``work()``'s exit code, run in a forked child (a negative number if a signal ended
-    it); None when it did not end within ``seconds``: the child is then killed and not
-    waited for."""
+@dataclass
+class Outcome:
+    """How the work ended: its exit code (negative: the signal that ended it; None: it did not
+    end in time and was killed), and what it told the hook, in order."""
+
+    code: int | None
+    said: list[str] = field(default_factory=list)
+
+    def last(self, prefix: str) -> str | None:
+        """The rest of the last message that starts with ``prefix``, or None."""
+        found = [m[len(prefix):].strip() for m in self.said if m.startswith(prefix)]
+        return found[-1] if found else None
+
+
+def tell(message: str) -> None:
+    """From the work: tell the hook ``message`` (one line); nothing when not in a child."""
+    if _tell_fd >= 0:
+        try:
+            os.write(_tell_fd, (message.replace("\n", " ") + "\n").encode())
+        except OSError:
+            pass
+
+
+def run(work: Callable[[], int], seconds: float) -> Outcome:
+    """``work()`` in a forked child, waited for at most ``seconds``; where the process cannot
+    fork, in this process (unbounded, as hooks ran before)."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    pid = os.fork()
+    tell_r, tell_w = os.pipe()
+    out_r, out_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (tell_r, tell_w, out_r, out_w):
+            os.close(fd)
+        return Outcome(work())
     if pid == 0:  # pragma: no cover - the child: measured by the functional tests
-        code = CRASHED
+        _child(work, tell_w, out_w, (tell_r, out_r))
+    os.close(tell_w)
+    os.close(out_w)
+    try:
+        return _wait(pid, seconds, tell_r, out_r)
+    finally:
+        os.close(tell_r)
+        os.close(out_r)
+
+
+def _child(work: Callable[[], int], tell_w: int, out_w: int, others: tuple[int, ...]) -> None:  # pragma: no cover
+    global _tell_fd
+    code = CRASHED
+    try:
+        for fd in others:
+            os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        os.close(out_w)
+        _tell_fd = tell_w
+        code = work()
+    except BaseException:  # noqa: BLE001 - past every handler of the work: said, and the hook decides
         try:
-            _let_go_of_output()
-            code = work()
-        except BaseException:  # noqa: BLE001 - past every handler of the work: the parent says so
+            import traceback
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001, S110 - nothing more to be done in a dying child
             pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
         finally:
             os._exit(code if isinstance(code, int) and 0 <= code < 256 else CRASHED)
-    pidfd = os.pidfd_open(pid)
+
+
+def _wait(pid: int, seconds: float, tell_r: int, out_r: int) -> Outcome:
+    said = bytearray()
     try:
-        ended, _, _ = select.select([pidfd], [], [], max(0.0, seconds))
+        pidfd: int | None = os.pidfd_open(pid)
+    except OSError:
+        pidfd = None  # no pidfd here: the child's end is polled
+    deadline = time.monotonic() + max(0.0, seconds)
+    ended = False
+    open_pipes = [tell_r, out_r]
+    try:
+        while not ended:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            watch = open_pipes + ([pidfd] if pidfd is not None else [])
+            ready, _, _ = select.select(watch, [], [], left if pidfd is not None else min(left, 0.05))
+            for fd in ready:
+                if fd == pidfd:
+                    ended = True
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    open_pipes.remove(fd)
+                elif fd == tell_r:
+                    said += chunk
+                else:
+                    _forward(chunk)
+            if pidfd is None:
+                reaped, status = os.waitpid(pid, os.WNOHANG)
+                if reaped == pid:
+                    return _collect(os.waitstatus_to_exitcode(status), tell_r, out_r, said)
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
     if not ended:
         try:
             os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, os.WNOHANG)  # reaped if the kill ended it at once; else init reaps it
+            reaped, status = os.waitpid(pid, os.WNOHANG)
         except (ProcessLookupError, ChildProcessError):
-            pass
-        return None
+            reaped, status = 0, 0
+        if reaped == pid and os.WIFEXITED(status):  # it ended on its own just before the kill
+            return _collect(os.waitstatus_to_exitcode(status), tell_r, out_r, said)
+        return _collect(None, tell_r, out_r, said)
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    return _collect(os.waitstatus_to_exitcode(status), tell_r, out_r, said)
 
 
-def _let_go_of_output() -> None:
-    """The child writes nothing to the hook's stdout and stderr (its log goes to syslog and
-    the log file): a child left behind, blocked until the filesystem answers, would hold
-    them open, and whoever reads the hook's output to its end (slurmd) would wait with it."""
-    null = os.open(os.devnull, os.O_RDWR)
+def _collect(code: int | None, tell_r: int, out_r: int, said: bytearray) -> Outcome:
+    """What the pipes still hold (without waiting: a child left behind keeps them open)."""
+    for fd in (tell_r, out_r):
+        os.set_blocking(fd, False)
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            if fd == tell_r:
+                said += chunk
+            else:
+                _forward(chunk)
+    return Outcome(code, [m for m in said.decode(errors="replace").splitlines() if m])
+
+
+def _forward(chunk: bytes) -> None:
     try:
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-    finally:
-        os.close(null)
+        sys.stderr.buffer.write(chunk)
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass

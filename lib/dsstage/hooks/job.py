@@ -27,7 +27,7 @@ from dsstage.config import load
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError, StoreError, UnsafeStore, VerifyError
 from dsstage.fs import runfiles
-from dsstage.hooks import bbrequest, joblog, jobrecord
+from dsstage.hooks import bbrequest, bounded, joblog, jobrecord
 from dsstage.hooks.bounded import stage_deadline
 from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used from here too)
     Verdict,
@@ -209,9 +209,13 @@ def bb_request(ctx: JobContext, conf: Config, env: Mapping[str, str]) -> str | N
 
 def decide(ctx: JobContext, outcomes: list[Verdict], *, run_dir: str, slurm: SlurmClient,
            store: Store | None = None) -> int:
-    """Carry out the job's decision: the TaskProlog's file, the hold, the exit code."""
+    """Carry out the job's decision: the TaskProlog's file, the hold, the exit code; then the
+    node's report. The hook waiting on this process is told each step done (bounded.tell), so
+    that a stop in the report's write to the shared state directory loses nothing."""
     try:
         write_task_file(run_dir, ctx, task_lines(outcomes))
+        action = job_action(outcomes)
+        bounded.tell(f"decided {action} {why_held(outcomes) if action == 'hold' else ''}")
     except (OSError, DsstageError) as exc:
         # without its file the job would run without its variables and without a word
         blame = "the run directory is unsafe" if isinstance(exc, UnsafeStore) else "the run directory is broken"
@@ -221,8 +225,6 @@ def decide(ctx: JobContext, outcomes: list[Verdict], *, run_dir: str, slurm: Slu
         else:
             outcomes = [*outcomes, Verdict(ctx.request or "", "drain", None, f"{blame} on {ctx.node}: {exc}")]
     action = job_action(outcomes)
-    if store is not None:
-        inventory.refresh(store)
     if action == "hold" and not holds_it(ctx, store):
         pass  # another node of the job tells Slurm; this node's hold mark stops its tasks
     elif action == "hold":  # for a drain Slurm requeues and holds the job itself
@@ -232,6 +234,9 @@ def decide(ctx: JobContext, outcomes: list[Verdict], *, run_dir: str, slurm: Slu
         except DsstageError as exc:
             # the task file's hold mark still stops the job's tasks (see dsstage-taskprolog)
             log.error("job %s: could not hold it in Slurm: %s", ctx.job_id, exc)
+    bounded.tell("held")
+    if store is not None:
+        inventory.refresh(store)  # after the hold: the shared state directory may be what hangs
     if action == "drain":
         why = "; ".join(o.reason for o in outcomes if o.action == "drain")
         log.error("job %s: draining %s: %s", ctx.job_id, ctx.node, why)
@@ -276,11 +281,11 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
         log.error("job %s: cannot release leases, configuration broken: %s", ctx.job_id, exc)
         return 0
     store = Store(conf, ctx.node or None, run_dir=run_dir)
-    if ctx.multi_node:
-        jobrecord.forget(conf.state_dir, ctx.job_id, conf.report.user)
     try:
-        released = store.release_job(ctx.job_id)
+        released = store.release_job(ctx.job_id)  # local: first, whatever the shared state directory does
         log.info("job %s: released %s", ctx.job_id, ", ".join(x.dataset for x in released) or "nothing")
+        if ctx.multi_node:
+            jobrecord.forget(conf.state_dir, ctx.job_id, conf.report.user)
         retain(store, ctx.job_id)
     except DsstageError as exc:
         # leases stay; they are reclaimed once the job is gone

@@ -23,7 +23,7 @@ from dsstage.fs import layout, runfiles, safe
 from dsstage.fs.groups import group_names
 from dsstage.fs.layout import Layout
 from dsstage.fs.safe import RootDir
-from dsstage.hooks import bbrequest, joblog
+from dsstage.hooks import bbrequest, bounded, joblog
 from dsstage.node import metrics, report, rollout
 
 
@@ -109,6 +109,7 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
         return None
     paths = [(name, Layout(tier.root).version_dir(name, digest)) for name, digest, tier in picked]
     runfiles.write_task_file(run_dir, node, job_id, runfiles.export_lines(paths), gid)
+    bounded.tell("decided run")  # what follows writes to the shared state directory, which may hang
     try:
         leased = [(name, layout.version_id(digest)) for name, digest, _ in picked]
         report.note_leases(run_dir, node, job_id, user, leased, (state_dir, report_user))

@@ -64,7 +64,7 @@ COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
 HISTOGRAMS: dict[str, tuple[tuple[str, ...], str, tuple[float, ...]]] = {
     "hook_seconds": (("hook",), "Seconds each Prolog and Epilog took on the node (the hook slurmd waits for, "
                      "warm path included).",
-                     (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)),
+                     (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 240, 300, 600, 1800)),
 }
 HOOKS = ("prolog", "epilog")
 
@@ -219,8 +219,8 @@ def _numbers(items: Sequence[Any]) -> bool:
     return all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in items)
 
 
-def histograms(record: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...], list[tuple[str, float]], float]]:
-    """(name, label values, [(bound, cumulative count)] ending with "+Inf", sum) of every
+def histograms(record: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...], list[tuple[float, float]], float]]:
+    """(name, label values, [(bound, cumulative count)] ending with inf, sum) of every
     histogram in a stored record; damaged entries are skipped."""
     stored = record.get("histograms")
     if not isinstance(stored, dict):
@@ -236,7 +236,7 @@ def histograms(record: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...]
                     and _numbers([h.get("sum")])):
                 continue
             total, cumulative = 0.0, []
-            for bound, n in zip([*(f"{b:g}" for b in bounds), "+Inf"], buckets):
+            for bound, n in zip([*map(float, bounds), math.inf], buckets):
                 total += n
                 cumulative.append((bound, total))
             yield name, values, cumulative, float(h["sum"])
@@ -335,6 +335,7 @@ def export(path: str, run_dir: str, node: str, tiers: Sequence[Mapping[str, Any]
     from prometheus_client import CollectorRegistry, write_to_textfile
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
     from prometheus_client.metrics_core import Metric
+    from prometheus_client.utils import floatToGoString
 
     class Collected:
         def __init__(self, metrics: list[Metric]) -> None:
@@ -361,7 +362,7 @@ def export(path: str, run_dir: str, node: str, tiers: Sequence[Mapping[str, Any]
                 if name not in by_histogram:
                     labels, text, _bounds = HISTOGRAMS[name]
                     by_histogram[name] = HistogramMetricFamily(PREFIX + name, text, labels=labels)
-                by_histogram[name].add_metric(list(values), buckets, total)
+                by_histogram[name].add_metric(list(values), [(floatToGoString(b), n) for b, n in buckets], total)
             metrics += by_histogram.values()
             registry = CollectorRegistry(auto_describe=False)
             registry.register(Collected(metrics))

@@ -240,6 +240,15 @@ def check_host(conf: Config, slurm_conf: str | None = None,
             problem = budget_problem(conf.prolog_budget, timeout, path, key)
             if problem:
                 problems.append(Problem("error", "prolog_budget", problem))
+            if key == "PrologTimeout" and setting(text, "EpilogTimeout") is not None:
+                # the budget bounds the Epilog too (dsstage.hooks.bounded)
+                try:
+                    problem = budget_problem(conf.prolog_budget, prolog_epilog_timeout(text, "EpilogTimeout"), path,
+                                             "EpilogTimeout")
+                except ValueError as exc:
+                    problem = f"{path}: {exc}"
+                if problem:
+                    problems.append(Problem("error", "prolog_budget", problem.replace("a Prolog", "an Epilog")))
             flags = prolog_flags(text)
             found["prolog_flags"] = sorted(flags)
             problems += flags_problems(flags, path)
