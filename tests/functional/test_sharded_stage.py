@@ -3,6 +3,7 @@ held by the job's one lease, and shown as one read-only view of exactly those fi
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -87,3 +88,81 @@ def test_more_exports_name_each_dataset_and_the_first():
     assert runfiles.more_exports("b", [("FILES", "/y")], first=False) == ["export DSSTAGE_FILES_B=/y"]
     with pytest.raises(StoreError):
         runfiles.more_exports("b", [("FILES", "/y\nexport X=1")], first=False)
+
+
+def prolog_on(env: Env, node: str, job: str, nodes: str, run: Path) -> list[str]:
+    from dsstage.hooks import job as hooks
+    from dsstage.slurm.fake import FakeSlurm
+    e = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+         "SLURMD_NODENAME": node, "SLURM_JOB_NODELIST": nodes, "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}
+    assert hooks.prolog(e, run_dir=str(run), slurm=FakeSlurm(), load_config=env.config) == 0
+    return (run / node / "jobs" / f"{job}.task").read_text().splitlines()
+
+
+def exported(lines: list[str]) -> dict[str, str]:
+    return dict(line[len("export "):].split("=", 1) for line in lines if line.startswith("export "))
+
+
+def test_a_jobs_nodes_each_see_their_part_and_together_the_whole(env: Env, big, tmp_path, caplog):
+    import json
+    run = tmp_path / "run"
+    parts = {}
+    for node in ("n1", "n2", "n3"):
+        got = exported(prolog_on(env, node, "60", "n[1-3]", run))
+        view = got["DSSTAGE_DATASET_DIR"]
+        assert got["DSSTAGE_PATH_BIG"] == view and view.startswith(str(env.tier_root(node) / "views" / "big"))
+        listed = Path(got["DSSTAGE_FILES_BIG"]).read_text().splitlines()
+        assert got["DSSTAGE_FILES"] == got["DSSTAGE_FILES_BIG"]
+        on_disk = sorted(str(p) for p in Path(view).rglob("*") if p.is_file())
+        assert sorted(listed) == on_disk and all(Path(p).read_bytes() == FILES[os.path.relpath(p, view)]
+                                                 for p in listed)
+        assert got["DSSTAGE_SHARD_COUNT_BIG"] == "6" and len(got["DSSTAGE_SHARDS_BIG"].split(",")) == 2
+        assert int(got["DSSTAGE_NODE_FILES_BIG"]) == len(listed) >= int(got["DSSTAGE_MIN_FILES_BIG"])
+        job_map = json.loads(Path(got["DSSTAGE_SHARD_MAP_BIG"]).read_text())
+        assert sorted(job_map["nodes"]) == ["n1", "n2", "n3"] and job_map["shard_count"] == 6
+        assert sorted(map(int, got["DSSTAGE_SHARDS_BIG"].split(","))) == job_map["nodes"][node]["shards"]
+        parts[node] = {os.path.relpath(p, view) for p in listed}
+    assert not parts["n1"] & parts["n2"] and not parts["n2"] & parts["n3"] and not parts["n1"] & parts["n3"]
+    assert set().union(*parts.values()) == set(FILES)
+    # the Epilog gives the leases back and removes the job's files
+    from dsstage.hooks import job as hooks
+    for node in ("n1", "n2", "n3"):
+        e = {"SLURM_JOB_ID": "60", "SLURMD_NODENAME": node, "SLURM_JOB_NODELIST": "n[1-3]",
+             "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}
+        assert hooks.epilog(e, run_dir=str(run), load_config=env.config) == 0
+        assert not list((run / node / "jobs").glob("60.*"))
+    # the next job on the same nodes finds every node's part where it was: nothing is staged again
+    before = {n: sorted(os.listdir(env.tier_root(n) / "datasets" / "big")) for n in ("n1", "n2", "n3")}
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        for node in ("n1", "n2", "n3"):
+            prolog_on(env, node, "61", "n[1-3]", run)
+    assert {n: sorted(os.listdir(env.tier_root(n) / "datasets" / "big")) for n in ("n1", "n2", "n3")} == before
+    done = [r.getMessage() for r in caplog.records if "job 61: big shards" in r.getMessage()]
+    assert len(done) == 3 and all(" cached on " in m for m in done), done
+
+
+def test_a_one_node_job_holds_every_shard(env: Env, big, tmp_path):
+    got = exported(prolog_on(env, "n1", "70", "n1", tmp_path / "run"))
+    assert got["DSSTAGE_SHARDS"] == "0,1,2,3,4,5" and int(got["DSSTAGE_NODE_FILES"]) == len(FILES)
+
+
+def test_a_larger_job_reuses_the_shards_a_smaller_one_left(env: Env, big, tmp_path, caplog):
+    """A 2-node job, then a 3-node job: the shards stay where they are as far as the quotas
+    allow (from the nodes' published reports); only the new node stages, a third of the data."""
+    from dsstage.hooks import job as hooks
+    run = tmp_path / "run"
+    for node in ("n1", "n2"):
+        prolog_on(env, node, "80", "n[1-2]", run)
+    for node in ("n1", "n2"):
+        hooks.epilog({"SLURM_JOB_ID": "80", "SLURMD_NODENAME": node, "SLURM_JOB_NODELIST": "n[1-2]",
+                      "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}, run_dir=str(run), load_config=env.config)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        for node in ("n1", "n2", "n3"):
+            prolog_on(env, node, "81", "n[1-3]", run)
+    done = {r.getMessage().split(" on ")[1].split()[0]: r.getMessage() for r in caplog.records
+            if "job 81: big shards" in r.getMessage()}
+    assert " cached on " in done["n1"] and " cached on " in done["n2"] and " staged on " in done["n3"], done
+    staged = sum(int(m.split("; ")[1].split()[0]) for m in done.values())
+    assert staged <= len(FILES) / 3 + 1, done  # at least 60 % of the files were already on their node

@@ -42,7 +42,7 @@ def more_exports(name: str, values: Sequence[tuple[str, str]], *, first: bool) -
     suffix = env_var(name)[len("DSSTAGE_PATH_"):]
     lines = []
     for key, value in values:
-        if any(ord(c) < 32 or ord(c) == 127 for c in value) or not key.isalnum():
+        if any(ord(c) < 32 or ord(c) == 127 for c in value) or not key.replace("_", "").isalnum():
             raise StoreError(f"refusing to export {key}={value!r}")
         lines.append(f"export DSSTAGE_{key}_{suffix}={value}")
         if first:

@@ -27,7 +27,7 @@ from dsstage.config import load
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError, StoreError, UnsafeStore, VerifyError
 from dsstage.fs import runfiles
-from dsstage.hooks import bbrequest, bounded, joblog, jobrecord
+from dsstage.hooks import bbrequest, bounded, joblog, jobrecord, shardjob
 from dsstage.hooks.bounded import stage_deadline
 from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used from here too)
     Verdict,
@@ -94,6 +94,10 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
     for name in names:
         ds = conf.datasets.get(name)
         try:
+            if ds is not None and ds.shards:
+                cat.authorize(ds, user)
+                outcomes.append(shardjob.stage(ctx, store, name, versions.get(name), user, deadline))
+                continue
             result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes,
                                    digest=versions.get(name))
         except DsstageError as exc:
@@ -330,7 +334,7 @@ def write_config_cache(run_dir: str, conf: Config) -> None:
     """What the warm path needs of the configuration, keyed by the file's exact state."""
     record = runfiles.cache_record(conf.origin, conf.state_dir, {
         name: {"root": conf.tiers[ds.tier].path, "verify": ds.verify,
-               "groups": list(ds.groups) if ds.groups is not None else None}
+               "groups": list(ds.groups) if ds.groups is not None else None, "shards": ds.shards}
         for name, ds in conf.datasets.items()}, conf.report.user)
     if record["key"] is None:
         return

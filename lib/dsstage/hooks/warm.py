@@ -80,8 +80,8 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
     groups: set[str] | None = None
     for name in names:
         ds = catalog.get(name)
-        if not ds or ds.get("verify") != "quick":
-            return None
+        if not ds or ds.get("verify") != "quick" or ds.get("shards"):
+            return None  # a sharded dataset's part and view: the full Prolog (dsstage.hooks.shardjob)
         if ds.get("groups") is not None and uid != 0:
             groups = group_names(user, gid) if groups is None else groups
             if not groups & set(ds["groups"]):
