@@ -254,6 +254,8 @@ function M.check(job_desc, submit_uid)
 	if cat == nil then return slurm.ERROR, cerr end
 	local rc, msg = M.validate(cat, names, submit_uid)
 	if rc ~= slurm.SUCCESS then return rc, msg end
+	rc, msg = M.fits(cat, names, M.nodes(job_desc))
+	if rc ~= slurm.SUCCESS then return rc, msg end
 	M.record(job_desc, names)
 	M.prefer(job_desc, names, cat)
 	return slurm.SUCCESS
@@ -277,6 +279,47 @@ function M.validate(cat, names, submit_uid)
 				return slurm.ERROR, "dsstage: dataset '" .. name .. "' is restricted to group(s) " ..
 					table.concat(ds.groups, ", ") .. "; you are in none of them: ask the dataset's owners for access" ..
 					regenerated(cat)
+			end
+		end
+	end
+	return slurm.SUCCESS
+end
+
+-- The fewest nodes the job asks for: --nodes (its minimum), else what --ntasks and
+-- --ntasks-per-node make, else 1 (Slurm's default).
+local NO_VAL = 0xfffffffe
+function M.nodes(job_desc)
+	local n = tonumber(job_desc.min_nodes)
+	if n ~= nil and n >= 1 and n < NO_VAL then return n end
+	local tasks, per = tonumber(job_desc.num_tasks), tonumber(job_desc.ntasks_per_node)
+	if tasks and per and tasks >= 1 and tasks < NO_VAL and per >= 1 and per < 0xffff then
+		return math.ceil(tasks / per)
+	end
+	return 1
+end
+
+-- slurm.SUCCESS if a job on `nodes` nodes can hold each dataset under its tier's high
+-- watermark (the catalog's room per node, where export-catalog could size it); else
+-- slurm.ERROR and what to ask for: a sharded dataset needs the catalog's least node count,
+-- one without shards must fit on one node.
+function M.fits(cat, names, nodes)
+	for _, name in ipairs(names) do
+		local ds = cat.datasets[name]
+		if type(ds) == "table" and type(ds.room) == "number" and type(ds.bytes) == "number" then
+			if type(ds.shards) == "number" then
+				if type(ds.least) ~= "number" then
+					return slurm.ERROR, "dsstage: a shard of '" .. name .. "' is larger than a node holds (" ..
+						ds.room_text .. "): the admins must split it into more shards"
+				end
+				if nodes < ds.least then
+					return slurm.ERROR, "dsstage: " .. name .. " is " .. ds.size .. " in " .. ds.shards ..
+						" shards; each node holds " .. ds.room_text .. ": ask for at least " .. ds.least ..
+						" nodes (--nodes=" .. ds.least .. ")"
+				end
+			elseif ds.bytes > ds.room then
+				return slurm.ERROR, "dsstage: " .. name .. " is " .. ds.size .. ", more than a node holds (" ..
+					ds.room_text .. "): it cannot be staged; the admins can declare it with shards: N to " ..
+					"spread it over a job's nodes"
 			end
 		end
 	end

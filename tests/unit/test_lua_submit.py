@@ -35,9 +35,9 @@ def getpwnam(name):
     raise KeyError(name)
 
 
-def render(conf=CONF, groups=GROUPS, slurm_version=None):
+def render(conf=CONF, groups=GROUPS, slurm_version=None, sized=None):
     return luacatalog.render(conf, getgrnam=groups.__getitem__, getpwnam=getpwnam, getpwall=lambda: USERS,
-                             now=lambda: GENERATED, slurm_version=slurm_version)
+                             now=lambda: GENERATED, slurm_version=slurm_version, sized=sized)
 
 HARNESS = """
 slurm = {{ SUCCESS = 0, ERROR = -1 }}
@@ -52,6 +52,8 @@ if "{prefer}" ~= "" then job.prefer = "{prefer}" end
 if "{array}" ~= "" then job.array_inx = "{array}" end
 if "{features}" ~= "" then job.features = "{features}" end
 if "{nodes}" ~= "" then job.req_nodes = "{nodes}" end
+if "{min_nodes}" ~= "" then job.min_nodes = tonumber("{min_nodes}") end
+if "{tasks}" ~= "" then job.num_tasks = tonumber("{tasks}"); job.ntasks_per_node = tonumber("{per_node}") end
 local rc, msg = d.check(job, {uid})
 print(rc, msg or "", job.admin_comment or "", job.prefer or "")
 """
@@ -63,12 +65,14 @@ def check(tmp_path, env: list[str], uid: int = 0, admin: str = "") -> tuple[int,
 
 
 def run_check(tmp_path, env: list[str], uid: int = 0, admin: str = "", prefer: str = "",
-              conf=CONF, array: str = "", features: str = "", nodes: str = "") -> tuple[int, str, str, str]:
+              conf=CONF, array: str = "", features: str = "", nodes: str = "", min_nodes: str = "",
+              tasks: str = "", per_node: str = "", sized=None) -> tuple[int, str, str, str]:
     catalog = tmp_path / "dsstage_catalog.lua"
     if not catalog.exists():
-        catalog.write_text(render(conf))
+        catalog.write_text(render(conf, sized=sized))
     script = HARNESS.format(sbatch_ext=ROOT / "sbatch_ext", catalog=catalog, env="|".join(env), uid=uid,
-                            admin=admin, prefer=prefer, array=array, features=features, nodes=nodes)
+                            admin=admin, prefer=prefer, array=array, features=features, nodes=nodes,
+                            min_nodes=min_nodes, tasks=tasks, per_node=per_node)
     out = subprocess.run([LUA, "-e", script], capture_output=True, text=True, check=True).stdout
     rc, msg, comment, prefer_out = out.rstrip("\n").split("\t")
     return int(rc), msg, comment, prefer_out
@@ -419,3 +423,48 @@ def test_bbstat_reads_the_uid_only_where_the_catalogs_slurm_passes_one(tmp_path)
     assert "'dataset=coco@0'" in rows[0][2] and "'all@1000'" in rows[1][2]
     rows = bbstat(tmp_path / "old", 'show("1000", "1000")\nshow("dataset", "coco")', slurm_version="22.05")
     assert rows[0][3].startswith("usage:") and "@" not in rows[1][2] and "'dataset=coco'" in rows[1][2]
+
+
+SIZED = {"imagenet22t": {"bytes": 22_200 * 10**9, "room": 3_100 * 10**9, "size": "20.2 TiB", "room_text": "2.8 TiB",
+                         "shards": 1024, "least": 8},
+         "coco": {"bytes": 5_000 * 10**9, "room": 3_100 * 10**9, "size": "4.5 TiB", "room_text": "2.8 TiB"}}
+
+
+@pytest.mark.parametrize("opts, ok", [
+    ({}, False), ({"min_nodes": "4"}, False), ({"min_nodes": "8"}, True), ({"min_nodes": "16"}, True),
+    ({"tasks": "64", "per_node": "8"}, True), ({"tasks": "64", "per_node": "16"}, False),
+    ({"min_nodes": str(0xfffffffe)}, False)])
+def test_a_job_whose_nodes_cannot_hold_a_sharded_dataset_is_told_how_many_to_ask_for(tmp_path, opts, ok):
+    rc, msg, _c, _p = run_check(tmp_path, ["DSSTAGE_DATASETS=imagenet22t"], sized=SIZED, **opts)
+    if ok:
+        assert rc == 0, msg
+    else:
+        assert rc != 0 and msg == ("dsstage: imagenet22t is 20.2 TiB in 1024 shards; each node holds 2.8 TiB: ask "
+                                   "for at least 8 nodes (--nodes=8)"), msg
+
+
+def test_a_dataset_larger_than_a_node_without_shards_is_refused_saying_what_admins_can_do(tmp_path):
+    rc, msg, _c, _p = run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], sized=SIZED, min_nodes="4")
+    assert rc != 0 and "coco is 4.5 TiB, more than a node holds (2.8 TiB)" in msg and "shards: N" in msg
+    (tmp_path / "unsized").mkdir()
+    rc, msg, _c, _p = run_check(tmp_path / "unsized", ["DSSTAGE_DATASETS=coco"])
+    assert rc == 0, msg  # no size in the catalog (a tier sized as a share of the disk): no check
+
+
+def test_the_catalog_sizes_datasets_from_their_manifests(tmp_path):
+    from dsstage.config.manifest import Catalog, Entry, Manifest, compute_digest
+    from dsstage.shards import index as shard_index
+    conf = load.from_dict({"state_dir": str(tmp_path), "tiers": {"nvme": {"path": "/l", "capacity": "3000B",
+                                                                         "high_watermark": "90%"}},
+                           "datasets": {"big": {"source": "/d/b", "shards": 4}, "small": {"source": "/d/s"},
+                                        "none": {"source": "/d/n"}}})
+    catalog = Catalog(str(tmp_path))
+    for name, n in (("big", 40), ("small", 3)):
+        entries = [Entry(f"f{i:03d}", 100, 0, f"{i:064x}") for i in range(n)]
+        m = Manifest(name, compute_digest(entries), entries, 100 * n, 0.0)
+        if name == "big":
+            shard_index.publish(catalog, m, 4)
+        catalog.publish(m)
+    got = luacatalog.sizes(conf)
+    assert got["big"]["least"] == 2 and got["big"]["room"] == 2700 and got["small"]["bytes"] == 300
+    assert "none" not in got and "least" not in got["small"]

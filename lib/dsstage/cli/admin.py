@@ -414,7 +414,7 @@ def cmd_export_catalog(args: argparse.Namespace) -> int:
     # how burst_buffer.lua runs dsstage on this host: this installation, this configuration
     here = os.path.join(os.path.dirname(sys.executable), "dsstage")
     command = [here if os.access(here, os.X_OK) else "/usr/bin/dsstage", "--config", os.path.abspath(conf.origin)]
-    text = luacatalog.render(conf, command=command, slurm_version=installed_series(conf))
+    text = luacatalog.render(conf, command=command, slurm_version=installed_series(conf), sized=luacatalog.sizes(conf))
     if args.output:
         need_write("export-catalog", args.output)
         write_atomic(os.path.abspath(args.output), text)

@@ -34,15 +34,61 @@ def _lua_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+def sizes(config: Config) -> dict[str, dict[str, Any]]:
+    """What the submit check needs to refuse a job whose nodes cannot hold a dataset: for each
+    dataset with a current manifest and a tier of a set size, its bytes, a node's room (the
+    tier's capacity up to its high watermark) and, for a sharded dataset, the fewest nodes that
+    hold it (dsstage.shards.split.least_nodes; None if one shard alone is too big). A dataset
+    whose manifest or shards cannot be read here gets no check (the Prolog still refuses)."""
+    from dsstage.config.manifest import Catalog, read_header
+    from dsstage.shards import index as shard_index
+    from dsstage.shards.split import least_nodes
+    from dsstage.units import human
+    manifests = Catalog(config.state_dir)
+    out: dict[str, dict[str, Any]] = {}
+    for name, ds in sorted(config.datasets.items()):
+        capacity = config.tiers[ds.tier].capacity
+        if not isinstance(capacity, int) or isinstance(capacity, bool):
+            continue  # a share of each node's filesystem: only the node knows how much
+        room = int(capacity * config.tiers[ds.tier].high_watermark)
+        try:
+            digest = manifests.current(name)
+            if digest is None:
+                continue
+            total = int(str(read_header(manifests.path(name, digest)).get("bytes") or 0))
+            row: dict[str, Any] = {"bytes": total, "room": room, "size": human(total), "room_text": human(room)}
+            if ds.shards:
+                index = shard_index.load(manifests, name, digest, ds.shards)
+                row.update(shards=ds.shards, least=least_nodes(index.shards, room))
+        except (DsstageError, OSError, ValueError) as exc:
+            log.warning("dataset %s: no size for the submit check: %s", name, exc)
+            continue
+        out[name] = row
+    return out
+
+
+def _size_fields(row: dict[str, Any] | None) -> str:
+    if not row:
+        return ""
+    fields = [f"bytes = {row['bytes']}", f"room = {row['room']}", f"size = {_lua_str(row['size'])}",
+              f"room_text = {_lua_str(row['room_text'])}"]
+    if row.get("shards"):
+        fields.append(f"shards = {row['shards']}")
+        if row.get("least") is not None:
+            fields.append(f"least = {row['least']}")
+    return ", " + ", ".join(fields)
+
+
 def render(config: Config, *,
            getgrnam: Callable[[str], Any] = grp.getgrnam,
            getpwnam: Callable[[str], Any] = pwd.getpwnam,
            getpwall: Callable[[], list[Any]] = pwd.getpwall,
            now: Callable[[], float] = time.time, command: Sequence[str] = (),
-           slurm_version: str | None = None) -> str:
+           slurm_version: str | None = None, sized: dict[str, dict[str, Any]] | None = None) -> str:
     """Lua source returning ``{generated = T, datasets = {name = {groups = {...}, uids = {...}}}, ...}``;
     ``command``: how burst_buffer.lua runs dsstage on the controller (argv); ``slurm_version``:
-    the Slurm series there ("24.11"), which tells burst_buffer.lua how bbstat passes its words.
+    the Slurm series there ("24.11"), which tells burst_buffer.lua how bbstat passes its words;
+    ``sized``: ``sizes(config)``, for the check that a job's nodes can hold each dataset.
 
     Raises DsstageError when no group of any restricted dataset resolves (the directory
     service is most likely down): an empty table would refuse every restricted request."""
@@ -60,8 +106,9 @@ def render(config: Config, *,
     missing: dict[str, list[str]] = {}
     for name in sorted(config.datasets):
         ds = config.datasets[name]
+        more = _size_fields((sized or {}).get(name))
         if ds.groups is None:
-            body.append(f"    [{_lua_str(name)}] = {{ groups = nil }},")
+            body.append(f"    [{_lua_str(name)}] = {{ groups = nil{more} }},")
             continue
         members = group_members(ds.groups, passwd, getgrnam=getgrnam, getpwnam=getpwnam)
         for group in members.missing_groups:
@@ -71,7 +118,7 @@ def render(config: Config, *,
                         name, ", ".join(members.unknown_users))
         groups = "{" + ", ".join(_lua_str(g) for g in ds.groups) + "}"
         uids = "{" + ", ".join(f"[{uid}] = true" for uid in sorted(members.uids)) + "}"
-        body.append(f"    [{_lua_str(name)}] = {{ groups = {groups}, uids = {uids} }},")
+        body.append(f"    [{_lua_str(name)}] = {{ groups = {groups}, uids = {uids}{more} }},")
     if all_groups and set(missing) == all_groups:
         raise DsstageError(f"no group of any restricted dataset resolves ({', '.join(sorted(missing))}): the "
                            "directory service may be unreachable from this host, or the names misspelt; "
