@@ -33,6 +33,7 @@ def test_a_sharded_build_writes_its_shards_first(env: Env):
     assert [e.path for p in parts for e in p.entries] == sorted(FILES)  # contiguous, in order, all of it
     assert all(p.shard_of == built["digest"] for p in parts)
     assert "3 shards of" in env.cli("manifest", "build", "big").stdout
+    assert next(r for r in env.cli_json("ls") if r["name"] == "big")["shards"] == 3
     assert [v["digest"] for v in env.cli_json("manifest", "list", "big")["versions"]] == [built["digest"]]
     with pytest.raises(ManifestError, match="was not split into 4 shards.*manifest build big"):
         shard_index.load(catalog, "big", built["digest"], 4)

@@ -166,3 +166,29 @@ def test_a_larger_job_reuses_the_shards_a_smaller_one_left(env: Env, big, tmp_pa
     assert " cached on " in done["n1"] and " cached on " in done["n2"] and " staged on " in done["n3"], done
     staged = sum(int(m.split("; ")[1].split()[0]) for m in done.values())
     assert staged <= len(FILES) / 3 + 1, done  # at least 60 % of the files were already on their node
+
+
+def test_the_user_guides_plain_python_recipe_reads_only_local_files_in_equal_steps(env: Env, big, tmp_path):
+    """The recipe in docs/user-guide.md, run as each of two ranks on each node of a 3-node job,
+    with what the Prolog exported: every rank reads files of its own node's part only, the
+    node's ranks read different files, and every rank of the job takes the same number of steps."""
+    import re
+    import subprocess
+    import sys
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "user-guide.md").read_text()
+    recipe = re.search(r"Plain Python.*?```python\n(.*?)```", guide, re.S).group(1)
+    run = tmp_path / "run"
+    steps = set()
+    for node in ("n1", "n2", "n3"):
+        got = exported(prolog_on(env, node, "90", "n[1-3]", run))
+        read: list[set[str]] = []
+        for rank in range(2):
+            out = subprocess.run([sys.executable, "-c", recipe + "\nprint('\\n'.join(mine))\n"], text=True,
+                                 capture_output=True, check=True,
+                                 env={**got, "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "PATH": "/usr/bin"})
+            files = set(out.stdout.split())
+            assert all(f.startswith(got["DSSTAGE_DATASET_DIR"] + "/") and os.path.isfile(f) for f in files)
+            read.append(files)
+            steps.add(len(files))
+        assert not read[0] & read[1]
+    assert len(steps) == 1 and steps.pop() > 0

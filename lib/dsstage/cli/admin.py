@@ -130,7 +130,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for ds in sorted(conf.datasets.values(), key=lambda d: d.name):
         row: dict[str, Any] = {"name": ds.name, "source": ds.source.raw, "tier": ds.tier,
                                "groups": list(ds.groups) if ds.groups else None, "verify": ds.verify,
-                               "on_failure": ds.on_failure, "version": None, "files": None, "bytes": None}
+                               "on_failure": ds.on_failure, "version": None, "files": None, "bytes": None,
+                               "shards": ds.shards}
         try:
             digest = manifests.current(ds.name)
             if digest:
@@ -150,7 +151,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for r in rows:
             table.add_row(r["name"], r["version"] or "[yellow]no manifest[/]",
                           str(r["files"] if r["files"] is not None else "-"),
-                          human(int(r["bytes"])) if r["bytes"] is not None else "-", r["tier"],
+                          (human(int(r["bytes"])) if r["bytes"] is not None else "-")
+                          + (f" in {r['shards']} shards" if r["shards"] else ""), r["tier"],
                           ",".join(r["groups"]) if r["groups"] else "everyone", r["source"])
         console().print(table)
     emit(args, rows, text)

@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("manifest", help="build, list, check BLAKE3 manifests; make a version current")
     msub = m.add_subparsers(title="manifest commands", metavar="ACTION")
-    c = msub.add_parser("build", help="hash the source and record the dataset's current version")
+    c = msub.add_parser("build", help="hash the source and record the dataset's current version (and, for a "
+                                      "dataset with shards: N, split it into its shards)")
     c.add_argument("name", help="dataset name")
     c.add_argument("--from", dest="from_path", metavar="PATH",
                    help="read the data here instead of the source (for an ssh or rsync:// source, "
