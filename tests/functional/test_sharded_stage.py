@@ -192,3 +192,13 @@ def test_the_user_guides_plain_python_recipe_reads_only_local_files_in_equal_ste
             steps.add(len(files))
         assert not read[0] & read[1]
     assert len(steps) == 1 and steps.pop() > 0
+
+
+def test_status_shows_a_sharded_datasets_coverage(env: Env, big, tmp_path):
+    run = tmp_path / "run"
+    for node in ("n1", "n2"):
+        prolog_on(env, node, "95", "n[1-2]", run)
+    rows = [r for r in env.cli_json("status", "--no-queue")["datasets"] if r["dataset"] == "big"]
+    assert [(r["version"], r["state"], r["shards"], r["count"], r["nodes"]) for r in rows] == [
+        ("6 shards", "ready", {"count": 6, "of": 6}, 2, "n[1-2]")], rows
+    assert "6 ready" in env.cli("status", "--no-queue").stdout

@@ -52,6 +52,8 @@ class Status:
     #: Slurm's PrivateData hides other users' jobs: per dataset, how many pending and running
     #: jobs of others want it (None: nothing is hidden)
     hidden: dict[str, dict[str, int]] | None = None
+    #: sharded datasets: name -> shards (their copies are summed up as coverage)
+    sharded: dict[str, int] = field(default_factory=dict)
 
 
 def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float] = time.time, *,
@@ -63,7 +65,8 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
     demand snapshot whatever its age (a note says when it is stale), and no list of down
     nodes (reports are stale by their age alone)."""
     now = clock()
-    st = Status(time=now, unreachable=dict(unreachable or {}))
+    st = Status(time=now, unreachable=dict(unreachable or {}),
+                sharded={name: ds.shards for name, ds in config.datasets.items() if ds.shards})
     raw = reports_of.read_all(config.state_dir) if reports is None else [reports_of.normalize(r) for r in reports]
     down: dict[str, str] = {}
     if slurm is not None and not offline:
@@ -146,7 +149,7 @@ def private_view(st: Status, user: str | None, counts: Mapping[str, Mapping[str,
     nodes = [privatedata.redact_report(r) for r in st.nodes]
     return Status(time=st.time, nodes=nodes, queue=own, demand_time=st.demand_time, demand_source=st.demand_source,
                   queue_error=st.queue_error, queue_note=st.queue_note, unreachable=st.unreachable,
-                  down_error=st.down_error, hidden=hidden)
+                  down_error=st.down_error, hidden=hidden, sharded=st.sharded)
 
 
 def queue_rows(snap: Snapshot) -> list[dict[str, Any]]:
@@ -221,7 +224,7 @@ def select(st: Status, f: Filter) -> Status:
     return Status(time=st.time, nodes=out, queue=queue, demand_time=st.demand_time, demand_source=st.demand_source,
                   queue_error=st.queue_error, queue_note=st.queue_note, hidden=st.hidden,
                   unreachable={n: w for n, w in st.unreachable.items() if not nodes or n in nodes},
-                  down_error=st.down_error)
+                  down_error=st.down_error, sharded=st.sharded)
 
 
 def _expand(hostlist: str) -> list[str]:
@@ -248,19 +251,30 @@ def to_json(st: Status) -> dict[str, Any]:
 
 def dataset_rows(st: Status) -> list[dict[str, Any]]:
     """Copies grouped by (dataset, version, state) with the nodes that hold them; the
-    copies of stale reports grouped apart as "stale" (not known to be there)."""
+    copies of stale reports grouped apart as "stale" (not known to be there). A sharded
+    dataset's current shards are summed up per state: how many of its shards, on which nodes
+    (``shards``: {"count", "of"}; ``version``: "N shards")."""
     groups: dict[tuple[str, str, str, bool], dict[str, Any]] = {}
     for r in st.nodes:
         for c in r["copies"]:
             state = "stale" if r["stale"] else str(c.get("state"))
-            key = (str(c.get("dataset")), str(c.get("version")), state, bool(c.get("current")))
+            name, version, current = str(c.get("dataset")), str(c.get("version")), bool(c.get("current"))
+            shards = st.sharded.get(name) if current else None
+            key = (name, f"{shards} shards" if shards else version, state, current)
             g = groups.setdefault(key, {"dataset": key[0], "version": key[1], "state": state, "current": key[3],
-                                        "bytes": int(c.get("bytes") or 0), "nodes": []})
+                                        "bytes": 0 if shards else int(c.get("bytes") or 0), "nodes": []})
             g["nodes"].append(r["node"])
+            if shards:
+                held = g.setdefault("_shards", {})
+                held[version] = int(c.get("bytes") or 0)
     out = []
     for g in groups.values():
-        g["count"] = len(g["nodes"])
-        g["nodes"] = fold(g["nodes"])
+        g["count"] = len(set(g["nodes"]))
+        g["nodes"] = fold(sorted(set(g["nodes"])))
+        held = g.pop("_shards", None)
+        if held is not None:
+            g["shards"] = {"count": len(held), "of": st.sharded[g["dataset"]]}
+            g["bytes"] = sum(held.values())
         out.append(g)
     order = {s: i for i, s in enumerate(report.STATES)}
     return sorted(out, key=lambda g: (g["dataset"], not g["current"], order.get(g["state"], 99), g["version"]))

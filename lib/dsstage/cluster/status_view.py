@@ -62,6 +62,8 @@ def _datasets_section(st: Status, limit: int | None) -> Section:
     rows: list[tuple[str, ...]] = []
     for g in dataset_rows(st):
         state = g["state"] if g["current"] or g["state"] in ("stale", "evicting") else f"{g['state']} (old)"
+        if g.get("shards"):
+            state = f"{g['shards']['count']} {state}"  # of the version's shards: "980 ready"
         rows.append((g["dataset"], g["version"][:12], state, str(g["count"]), human(g["bytes"]), g["nodes"]))
     rows, notes = _cut(rows, limit, "rows")
     return Section("Datasets on nodes", ("dataset", "version", "state", "nodes", "size", "where"), rows, flex=5,
