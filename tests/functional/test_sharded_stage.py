@@ -202,3 +202,22 @@ def test_status_shows_a_sharded_datasets_coverage(env: Env, big, tmp_path):
     assert [(r["version"], r["state"], r["shards"], r["count"], r["nodes"]) for r in rows] == [
         ("6 shards", "ready", {"count": 6, "of": 6}, 2, "n[1-2]")], rows
     assert "6 ready" in env.cli("status", "--no-queue").stdout
+
+
+def test_verify_checks_each_shard_the_node_holds(env: Env, big, tmp_path):
+    assert env.cli("verify", "big", check=False).returncode == 1  # nothing here yet
+    prolog_on(env, "n1", "96", "n[1-3]", tmp_path / "run")  # this node's part: two shards
+    quick = env.cli_json("verify", "big")
+    assert quick["ok"] and "2 of the version's 6 shards are on this node" in quick["reason"]
+    shard = next((env.tier_root() / "datasets" / "big").iterdir())
+    victim = next(p for p in shard.rglob("*") if p.is_file())
+    os.chmod(victim, 0o644)
+    victim.write_bytes(b"rotten")
+    full = env.cli_json("verify", "big", "--full")
+    assert full["ok"] and full["repaired"] == [str(victim.relative_to(shard))], full
+    assert victim.read_bytes() == FILES[str(victim.relative_to(shard))]
+    # the job's view links the repaired file, not the rotten one
+    got = exported((tmp_path / "run" / "n1" / "jobs" / "96.task").read_text().splitlines())
+    in_view = Path(got["DSSTAGE_DATASET_DIR"]) / victim.relative_to(shard)
+    assert in_view.read_bytes() == FILES[str(victim.relative_to(shard))]
+    assert os.stat(in_view).st_ino == os.stat(victim).st_ino

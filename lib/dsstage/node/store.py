@@ -212,6 +212,13 @@ class Store:
         except (DsstageError, OSError):
             return None
 
+    def shard_digests(self, name: str, version: str) -> list[str]:
+        """The shard digests of ``version`` of sharded dataset ``name``."""
+        from dsstage.shards import index as shard_index
+        ds = self.dataset(name)
+        with state_errors(self.config.state_dir):
+            return [s.digest for s in shard_index.load(self.manifests, name, version, ds.shards or 0).shards]
+
     def load_manifest(self, name: str, digest: str) -> Manifest:
         with state_errors(self.config.state_dir):
             return self.manifests.load(name, digest)

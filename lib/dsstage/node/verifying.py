@@ -29,6 +29,8 @@ def verify(store: Store, name: str, *, full: bool = False) -> VerifyResult:
     ds = store.dataset(name)
     digest = store.current(name)
     layout = store.layout(ds.tier)
+    if ds.shards:
+        return verify_shards(store, ds, digest, full=full)
     with open_tier(layout) as tier:
         state = store.ready_state(tier, name, digest)
         if not full or not state.ready:
@@ -38,6 +40,40 @@ def verify(store: Store, name: str, *, full: bool = False) -> VerifyResult:
         with DatasetLock(layout.lock(name), timeout=store.config.lock_timeout, what=f"dataset {name!r}",
                          action="verify"), local_errors(f"verifying {name!r} in {layout.root}"):
             return verify_locked(store, tier, ds, digest)
+
+
+def verify_shards(store: Store, ds: Dataset, version: str, *, full: bool = False) -> VerifyResult:
+    """A sharded dataset: each of the current version's shards this node holds, checked as a
+    version of its own; ok when there is at least one and every one is (repairs included)."""
+    current = store.current_copies(ds.name) or set()
+    layout = store.layout(ds.tier)
+    result = VerifyResult(dataset=ds.name, digest=version, path=os.path.join(layout.root, "datasets", ds.name),
+                          mode="full" if full else "quick", ok=True, reason="")
+    with open_tier(layout) as tier:
+        here = [v for v in tier.names("datasets", ds.name) if v in current]
+        if not here:
+            result.ok, result.reason = False, f"no shard of version {version_id(version)} on this node"
+            return result
+        digests = {version_id(d): d for d in store.shard_digests(ds.name, version)}
+        bad = []
+        for vid in here:
+            state = store.ready_state(tier, ds.name, digests[vid])
+            if not state.ready:
+                bad.append(f"shard {vid}: {state.reason}")
+                continue
+            if full:
+                from dsstage.node.lock import DatasetLock
+                with DatasetLock(layout.lock(ds.name), timeout=store.config.lock_timeout, what=f"dataset {ds.name!r}",
+                                 action="verify"), local_errors(f"verifying {ds.name!r} in {layout.root}"):
+                    one = verify_locked(store, tier, ds, digests[vid])
+                result.checked_files += one.checked_files
+                result.repaired += one.repaired
+                result.removed_extras += one.removed_extras
+    result.ok = not bad
+    result.reason = "; ".join(bad) if bad else (
+        f"{len(here)} of the version's {ds.shards} shards are on this node, "
+        + ("every file matches its manifest" if full else "each ready"))
+    return result
 
 
 def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> VerifyResult:
@@ -82,6 +118,9 @@ def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> Veri
             safe.remove_at(sdir, repair)
         result.repaired = [b.path for b in bad]
         result.reason = f"repaired {len(bad)} file(s): " + "; ".join(b.describe() for b in bad[:3])
+        if ds.shards:  # a shard's views link the files replaced: link them to the repaired ones
+            from dsstage.node import views
+            views.relink(tier, ds.name, vid, result.repaired)
     if bad or result.removed_extras:
         publish.seal(vfd, gid=0)
     return result

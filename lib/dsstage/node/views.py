@@ -15,7 +15,6 @@ evicted copy's blocks: a view goes into the trash with any of its shards (``drop
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -126,11 +125,32 @@ def drop_containing(tier: RootDir, name: str, shard_id: str) -> list[str]:
     return dropped
 
 
+def relink(tier: RootDir, name: str, shard_id: str, paths: Sequence[str]) -> int:
+    """Point every view of ``name`` that holds shard ``shard_id`` at the shard copy's files
+    ``paths`` again (after a repair replaced them): each link is made beside the old one and
+    renamed over it, so a job reading the view sees the old file or the repaired one, whole.
+    The number of links replaced."""
+    fd = tier.has_dir(TOP, name)
+    if fd is None or not paths:
+        return 0
+    done = 0
+    for entry in tier.names(TOP, name):
+        if not entry.endswith(".json") or shard_id not in (safe.read_json_at(fd, entry).get("shards") or ()):
+            continue
+        vid = entry[:-len(".json")]
+        with Tree(tier.dir("datasets", name, shard_id, create=False)) as src, \
+                Tree(tier.dir(TOP, name, vid, create=False)) as dest:
+            for rel in paths:
+                with src.parent(rel) as (sfd, sname), dest.parent(rel) as (dfd, dname):
+                    tmp = safe.temp_name()
+                    os.link(sname, tmp, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+                    os.replace(tmp, dname, src_dir_fd=dfd, dst_dir_fd=dfd)
+                    done += 1
+    return done
+
+
 def listing(view: View) -> list[str]:
     """The view's files list, as written."""
     with open(view.files_list, encoding="utf-8", errors="surrogateescape") as fh:
         return fh.read().splitlines()
 
-
-def describe(view: View) -> str:
-    return json.dumps({"id": view.id, "files": view.files, "bytes": view.bytes})
