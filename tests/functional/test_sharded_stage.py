@@ -221,3 +221,18 @@ def test_verify_checks_each_shard_the_node_holds(env: Env, big, tmp_path):
     in_view = Path(got["DSSTAGE_DATASET_DIR"]) / victim.relative_to(shard)
     assert in_view.read_bytes() == FILES[str(victim.relative_to(shard))]
     assert os.stat(in_view).st_ino == os.stat(victim).st_ino
+
+
+def test_views_no_job_uses_are_pruned_but_the_newest(env: Env, big):
+    store = env.store()
+    index = sharded.shards_of(store, "big", big["digest"])
+    made = []
+    for i, shard in enumerate(index.shards):
+        part = sharded.stage_part(store, "big", big["digest"], [shard.id], user=User.lookup(0), job_id=str(100 + i))
+        made.append(part.view.id)
+    for i in range(5):
+        store.release_job(str(100 + i))
+    eviction.retain(store)
+    with open_tier(store.layout("nvme")) as tier:
+        left = {e for e in tier.names("views", "big") if not e.endswith((".json", ".files"))}
+    assert left == set(made[1:]), (made, left)  # job 105's (leased) and the 4 newest others; the oldest went

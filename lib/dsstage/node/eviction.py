@@ -16,7 +16,7 @@ from dsstage.config.model import Tier
 from dsstage.errors import LockTimeout, NoSpace
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
-from dsstage.fs.layout import Layout
+from dsstage.fs.layout import Layout, version_id
 from dsstage.fs.safe import RootDir
 from dsstage.node import background, publish, space, views
 from dsstage.node.lease import LeaseBook
@@ -104,8 +104,23 @@ def retain(store: Store, dem: retention.Demand | None = None, *, evict: tuple[st
             if evict and not dry_run:
                 out += _remove_left_staging(store, tier, layout, tier_conf, evict, wait, held)
             if not dry_run:
+                _prune_views(tier, layout, held)
                 _purge_if_left(store, tier, layout)
     return out
+
+
+def _prune_views(tier: RootDir, layout: Layout, held: str) -> None:
+    """Drop the sharded datasets' views no job uses, but the newest (dsstage.node.views), each
+    dataset's under its lock (a Prolog makes and finds views holding it); a busy lock: later."""
+    book = LeaseBook(tier)
+    for name in tier.names(views.TOP):
+        leased = {views.view_id([version_id(d) for d in x.shards]) for x in book.of_dataset(name) if x.shards}
+        try:
+            with _lock(layout, name, 0.0, held):
+                for vid in views.unused(tier, name, leased):
+                    views.drop(tier, name, vid)
+        except LockTimeout:
+            continue
 
 
 def _apply(store: Store, tier: RootDir, layout: Layout, decisions: list[retention.Decision], *, dry_run: bool,

@@ -114,15 +114,38 @@ def drop_containing(tier: RootDir, name: str, shard_id: str) -> list[str]:
         vid = entry[:-len(".json")]
         if shard_id not in (safe.read_json_at(fd, entry).get("shards") or ()):
             continue
-        safe.unlink_at(fd, f"{vid}.files")
-        safe.unlink_at(fd, entry)
-        try:
-            os.rename(vid, f"{TRASH_PREFIX}{name}.{vid}.{time.time_ns()}", src_dir_fd=fd,
-                      dst_dir_fd=tier.dir("trash"))
-        except FileNotFoundError:
-            pass
+        drop(tier, name, vid)
         dropped.append(vid)
     return dropped
+
+
+#: views kept per dataset beside those jobs use: the newest, so that a job on the same nodes
+#: as a recent one finds its view made (a view costs directory entries, not data)
+KEPT = 4
+
+
+def unused(tier: RootDir, name: str, leased: set[str]) -> list[str]:
+    """The views of ``name`` to drop: neither used by a job (``leased``: view ids) nor among
+    the ``KEPT`` newest of the others."""
+    fd = tier.has_dir(TOP, name)
+    if fd is None:
+        return []
+    made = []
+    for entry in tier.names(TOP, name):
+        if entry.endswith(".json") and entry[:-len(".json")] not in leased:
+            made.append((float(safe.read_json_at(fd, entry).get("made") or 0), entry[:-len(".json")]))
+    return [vid for _t, vid in sorted(made, reverse=True)[KEPT:]]
+
+
+def drop(tier: RootDir, name: str, vid: str) -> None:
+    """Move view ``vid`` of ``name`` into the tier's trash (its record first: never found half)."""
+    fd = tier.dir(TOP, name)
+    safe.unlink_at(fd, f"{vid}.json")
+    safe.unlink_at(fd, f"{vid}.files")
+    try:
+        os.rename(vid, f"{TRASH_PREFIX}{name}.{vid}.{time.time_ns()}", src_dir_fd=fd, dst_dir_fd=tier.dir("trash"))
+    except FileNotFoundError:
+        pass
 
 
 def relink(tier: RootDir, name: str, shard_id: str, paths: Sequence[str]) -> int:
