@@ -30,11 +30,16 @@ LOOK = ("srun -N{n} -n{n} --ntasks-per-node=1 bash -c '"
 @pytest.fixture(scope="module")
 def big(cluster):
     conf_path = cluster.etc / "dsstage.yaml"
-    conf = yaml.safe_load(conf_path.read_text())
+    before = conf_path.read_text()
+    conf = yaml.safe_load(before)
     conf["tiers"]["half"] = {"path": str(cluster.dir / "half") + "/{node}", **TIER}
+    for spec in conf["datasets"].values():  # a second tier: the others name theirs
+        spec.setdefault("tier", "nvme")
     conf_path.write_text(yaml.safe_dump(conf))
     cluster.add_dataset("big", FILES, tier="half", shards=6)
-    return cluster
+    yield cluster
+    conf_path.write_text(before)
+    cluster.dsstage("export-catalog", "-o", str(cluster.etc / "dsstage_catalog.lua"))
 
 
 def parts(out: str) -> dict[str, dict[str, str]]:

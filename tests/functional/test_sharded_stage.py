@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -232,6 +233,15 @@ def test_views_no_job_uses_are_pruned_but_the_newest(env: Env, big):
         made.append(part.view.id)
     for i in range(5):
         store.release_job(str(100 + i))
+    # each stage's background flush takes the dataset's lock a moment, and a busy lock defers
+    # pruning to the next Epilog: wait for them all (every shard's mark durable)
+    import json
+    marks = env.tier_root() / "ready" / "big"
+    assert len(list(marks.glob("*.json"))) == 6
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(json.loads(m.read_text()).get("durable")
+                                                  for m in marks.glob("*.json")):
+        time.sleep(0.05)
     eviction.retain(store)
     with open_tier(store.layout("nvme")) as tier:
         left = {e for e in tier.names("views", "big") if not e.endswith((".json", ".files"))}

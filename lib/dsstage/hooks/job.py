@@ -96,7 +96,8 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
         try:
             if ds is not None and ds.shards:
                 cat.authorize(ds, user)
-                outcomes.append(shardjob.stage(ctx, store, name, versions.get(name), user, deadline))
+                part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.gid)
+                outcomes.append(shardjob.stage(part_of, store, name, versions.get(name), user, deadline))
                 continue
             result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes,
                                    digest=versions.get(name))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from dsstage.config import catalog as cat
 from dsstage.errors import StateError
@@ -27,13 +27,20 @@ from dsstage.hostlist import expand_nodes
 from dsstage.node import sharded
 from dsstage.node.store import Store
 
-if TYPE_CHECKING:
-    from dsstage.hooks.job import JobContext
-
 log = logging.getLogger(__name__)
 
 
-def stage(ctx: JobContext, store: Store, name: str, version: str | None, user: cat.User,
+@dataclass(frozen=True)
+class Job:
+    """What of the job this needs: its id, this node, all its nodes (a Slurm hostlist), its group."""
+
+    job_id: str
+    node: str
+    nodes: str
+    gid: int
+
+
+def stage(ctx: Job, store: Store, name: str, version: str | None, user: cat.User,
           deadline: float | None) -> Verdict:
     """This node's part of sharded dataset ``name`` (of ``version``, the one the job's nodes
     agreed on, else the current one) staged and leased to the job; its Verdict with the
@@ -41,7 +48,8 @@ def stage(ctx: JobContext, store: Store, name: str, version: str | None, user: c
     conf = store.config
     version = version or store.current(name)
     index = sharded.shards_of(store, name, version)
-    nodes = expand_nodes(ctx.nodes) if ctx.multi_node else [ctx.node]
+    nodes = expand_nodes(ctx.nodes) if ctx.nodes else [ctx.node]
+    nodes = nodes if ctx.node in nodes else [ctx.node]
     plan = jobrecord.plan_for(conf.state_dir, ctx.job_id, nodes, ctx.node, {name: [s.id for s in index.shards]},
                               conf.report.user)[name]
     mine = plan.get(ctx.node)
