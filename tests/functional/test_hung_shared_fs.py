@@ -17,6 +17,7 @@ from dsstage.config.model import DEFAULT_PROLOG_BUDGET
 from dsstage.fs import runfiles
 from dsstage.hooks import __main__ as hook_main
 from dsstage.hooks import abandoned, bounded
+from dsstage.hooks.job import JobContext
 from dsstage.node import metrics
 from dsstage.slurm.fake import FakeSlurm
 from helpers import Env, write_tree
@@ -93,7 +94,9 @@ def test_a_restricted_dataset_is_not_given_away_when_its_stage_hangs(env: Env, h
     nobody = {"SLURM_JOB_ID": "8", "SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534", "SLURM_JOB_USER": "nobody",
               "SLURMD_NODENAME": env.node, "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "coco,cocoa",
               "DSSTAGE_LOG": str(env.tmp / "hooks.log")}
-    assert abandoned.decide_without("prolog", None, BUDGET, nobody, str(env.run), env.config()) == 0
+    ctx = JobContext.from_env(nobody)
+    why = abandoned.what_happened("prolog", None, BUDGET)
+    assert abandoned.decide_without(ctx, why, True, nobody, str(env.run), env.config()) == 0
     lines = (env.run / env.node / "jobs" / "8.task").read_text().splitlines()
     assert runfiles.HOLD_MARK in lines and not any(line.startswith("export") for line in lines), lines
     assert "restricted to group(s) daemon" in slurm.held["8"] and "cocoa" in slurm.held["8"]

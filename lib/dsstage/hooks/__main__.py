@@ -25,20 +25,20 @@ from dsstage.node import metrics
 DEFAULT_BUDGET = 300.0
 
 
-def budget(run_dir: str, config_path: str) -> tuple[float, Any]:
-    """The hooks' budget (``prolog_budget``) and the configuration if it had to be loaded for
-    it (None when the warm path's cache, written by the full Prolog, knew it). Only local
-    files are read: the cache in the run directory, the configuration in /etc."""
+def budget(run_dir: str, config_path: str) -> tuple[float, Any, Any]:
+    """The hooks' budget (``prolog_budget``), the warm path's configuration cache (written by
+    the full Prolog) where it knew the budget, else the configuration if it could be loaded.
+    Only local files are read: the cache in the run directory, the configuration in /etc."""
     cache = runfiles.load_cache(run_dir, config_path)
     if cache is not None and isinstance(cache.get("prolog_budget"), (int, float)):
-        return float(cache["prolog_budget"]), None
+        return float(cache["prolog_budget"]), cache, None
     from dsstage.config import load
     from dsstage.errors import DsstageError
     try:
         conf = load.load(config_path)
     except DsstageError:
-        return DEFAULT_BUDGET, None  # the work meets the same error and holds the job
-    return conf.prolog_budget, conf
+        return DEFAULT_BUDGET, None, None  # the work meets the same error and holds the job
+    return conf.prolog_budget, None, conf
 
 
 def main(argv: Sequence[str]) -> int:
@@ -61,11 +61,11 @@ def main(argv: Sequence[str]) -> int:
 def hook(which: str, started: float) -> int:
     env = os.environ
     run_dir = env.get("DSSTAGE_RUN_DIR", runfiles.RUN_DIR)
-    seconds, conf = budget(run_dir, env.get("DSSTAGE_CONFIG") or runfiles.CONFIG_PATH)
+    seconds, cache, conf = budget(run_dir, env.get("DSSTAGE_CONFIG") or runfiles.CONFIG_PATH)
 
     def work() -> int:
-        if which == "prolog" and conf is None:
-            rc = warm.main([which])
+        if which == "prolog" and cache is not None:  # no cache: the warm path could not answer
+            rc = warm.main([which], cache)
             if rc is not None:
                 return rc
         from dsstage.hooks import job

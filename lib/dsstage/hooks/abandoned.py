@@ -87,7 +87,7 @@ def finish(which: str, outcome: bounded.Outcome, budget: float, started: float, 
         if action == "hold" and outcome.last("held") is None:
             bounded.run(lambda: hold_only(ctx, reason or why, config), started + budget - time.monotonic())
         return 0
-    out = bounded.run(lambda: decide_without(which, outcome.code, budget, env, run_dir, config),
+    out = bounded.run(lambda: decide_without(ctx, why, outcome.code is None, env, run_dir, config),
                       started + budget - time.monotonic())
     if out.code == 0 or out.code == 1:
         return out.code
@@ -111,12 +111,9 @@ def hold_only(ctx: JobContext, reason: str, config: Config | None) -> int:
     return 0
 
 
-def decide_without(which: str, code: int | None, budget: float, env: Mapping[str, str], run_dir: str,
+def decide_without(ctx: JobContext, why: str, timed_out: bool, env: Mapping[str, str], run_dir: str,
                    config: Config | None = None) -> int:
-    """The hook's exit code when its work (``code``: its exit, None if it did not answer) failed it."""
-    log_to_job(env)
-    ctx = JobContext.from_env(env)
-    why = what_happened(which, code, budget)
+    """The Prolog's exit code when its work failed it (``why``; ``timed_out``: it did not answer)."""
     bb = bbrequest.maybe(env)  # a #BB_LUA record is in state_dir, which may be what hangs: not looked for
     if not ctx.request and not bb:
         return 0
@@ -129,6 +126,6 @@ def decide_without(which: str, code: int | None, budget: float, env: Mapping[str
         user: cat.User | None = cat.User.lookup(ctx.uid if ctx.uid >= 0 else ctx.user)
     except DsstageError:
         user = None
-    error: DsstageError = OutOfTime(why) if code is None else DsstageError(why)
+    error: DsstageError = OutOfTime(why) if timed_out else DsstageError(why)
     outcomes = verdicts(ctx.request, bb, conf, user, error)
     return decide(ctx, outcomes, run_dir=run_dir, slurm=_slurm(conf.slurm_bin))

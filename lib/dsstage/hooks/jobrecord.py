@@ -154,8 +154,7 @@ def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shard
     record_name = f"{job_id}.shards.json"
     try:
         with _as_writer(user):
-            raw = shared.read(where, record_name, writers) if os.path.exists(os.path.join(where, record_name)) \
-                else None
+            raw = shared.read(where, record_name, writers)
             if raw is None:
                 made = {name: assign(ids, nodes, held_ready(state_dir, nodes, name, ids))
                         for name, ids in shards.items()}

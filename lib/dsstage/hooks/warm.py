@@ -40,15 +40,16 @@ def requested_names(request: str) -> list[str] | None:
 
 
 def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
-           log: Any = None) -> int | None:
-    """0 if every requested dataset was ready and is now leased; None: use the full Prolog."""
+           log: Any = None, cache: Mapping[str, Any] | None = None) -> int | None:
+    """0 if every requested dataset was ready and is now leased; None: use the full Prolog.
+    ``cache``: the configuration cache, if the caller read it already."""
     job_id, node, user = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", ""), env.get("SLURM_JOB_USER", "")
     try:
         uid, gid = int(env.get("SLURM_JOB_UID", "")), int(env.get("SLURM_JOB_GID", ""))
     except ValueError:
         return None
     request = next((env[v] for v in runfiles.REQUEST_VARS if env.get(v)), "")
-    cache = runfiles.load_cache(run_dir, config_path)
+    cache = runfiles.load_cache(run_dir, config_path) if cache is None else cache
     if cache is not None and bbrequest.flagged(env):  # #BB_LUA dataset=, alone or with --dataset
         try:
             recorded = bbrequest.read(cache["state_dir"], job_id, cache.get("bb_uid"))
@@ -122,9 +123,9 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
     return 0
 
 
-def main(argv: Sequence[str]) -> int | None:
+def main(argv: Sequence[str], cache: Mapping[str, Any] | None = None) -> int | None:
     """The warm Prolog for ``["prolog"]``: its exit code, or None for the full Prolog to decide
-    (dsstage.hooks.__main__ then runs it)."""
+    (dsstage.hooks.__main__ then runs it). ``cache``: the configuration cache, if read already."""
     env = os.environ
     if list(argv) != ["prolog"]:
         return None
@@ -135,6 +136,6 @@ def main(argv: Sequence[str]) -> int | None:
     def log(text: str) -> None:
         joblog.write(text, job_id=job_id, env=env)
     try:
-        return prolog(env, run_dir, config_path, log)
+        return prolog(env, run_dir, config_path, log, cache)
     except Exception:  # noqa: BLE001 - anything unexpected: the full Prolog decides and logs
         return None
