@@ -12,12 +12,12 @@ evicted, never staged from.
 
 from __future__ import annotations
 
-import json
 import os
 
 from dsstage.cluster.reports import read_all
 from dsstage.config.manifest import CURRENT, SUFFIX, Catalog
 from dsstage.config.model import Config
+from dsstage.errors import DsstageError
 from dsstage.fs.layout import read_current, version_id
 from dsstage.shards import index as shard_index
 
@@ -46,7 +46,7 @@ def prune(conf: Config, now: float) -> list[tuple[str, str]]:
         if current is None or now - superseded < conf.retention.manifest_keep:
             continue
         files = os.listdir(catalog.dir(name))
-        keep = {current} | current_shards(catalog.dir(name), files, current)
+        keep = {current} | current_shards(catalog, name, files, current)
         for f in files:
             digest = f[:-len(SUFFIX)] if f.endswith(SUFFIX) else ""
             if not digest or digest in keep or (name, version_id(digest)) in held:
@@ -67,14 +67,14 @@ def prune(conf: Config, now: float) -> list[tuple[str, str]]:
     return removed
 
 
-def current_shards(where: str, files: list[str], current: str) -> set[str]:
+def current_shards(catalog: Catalog, name: str, files: list[str], current: str) -> set[str]:
     """The shard digests of the current version, in any split its indexes describe."""
     out: set[str] = set()
     for f in files:
         if shard_index.is_index(f) and shard_index.index_version(f) == current:
             try:
-                with open(os.path.join(where, f), encoding="utf-8") as fh:
-                    out.update(str(r["digest"]) for r in json.load(fh)["shards"])
-            except (OSError, ValueError, KeyError, TypeError):
+                index = shard_index.load(catalog, name, current, shard_index.index_count(f))
+                out.update(s.digest for s in index.shards)
+            except (DsstageError, ValueError):
                 continue  # damaged: its shards are rebuilt by the next manifest build
     return out

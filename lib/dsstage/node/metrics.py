@@ -134,17 +134,19 @@ def samples(record: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...], f
     if not isinstance(stored, dict):
         return
     for name, (labels, _help) in COUNTERS.items():
-        yield from ((name, values, value) for values, value in _leaves(stored.get(name), len(labels)))
+        yield from ((name, values, float(value)) for values, value in _leaves(stored.get(name), len(labels))
+                    if _numbers([value]))
 
 
-def _leaves(tree: Any, depth: int, above: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], float]]:
+def _leaves(tree: Any, depth: int, above: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(label values, what is stored under them) of a tree nested ``depth`` labels deep."""
     if not isinstance(tree, dict):
         return
     for key, sub in sorted(tree.items()):
         if depth > 1:
             yield from _leaves(sub, depth - 1, (*above, key))
-        elif isinstance(sub, (int, float)) and not isinstance(sub, bool) and math.isfinite(sub):
-            yield (*above, key), float(sub)
+        else:
+            yield (*above, key), sub
 
 
 def _checked(event: Event, known: Mapping[str, tuple[Any, ...]] = COUNTERS) -> tuple[str, tuple[str, ...], float]:
@@ -206,13 +208,18 @@ def _observe(record: dict[str, Any], todo: Sequence[tuple[str, tuple[str, ...], 
         for label in values[:-1]:
             level = _subdict(level, label)
         h = _subdict(level, values[-1])
-        buckets = h.get("buckets")
-        if not (isinstance(buckets, list) and len(buckets) == len(bounds) + 1 and _numbers(buckets)
-                and _numbers([h.get("sum"), h.get("count")])):
+        if not _whole(h, bounds):
             h.update(buckets=[0] * (len(bounds) + 1), sum=0, count=0)  # new, damaged or re-bucketed: start again
         h["buckets"][next((i for i, b in enumerate(bounds) if value <= b), len(bounds))] += 1
         h["sum"] += value
         h["count"] += 1
+
+
+def _whole(h: Any, bounds: Sequence[float]) -> bool:
+    """Whether ``h`` is a stored histogram of these bucket bounds, undamaged."""
+    buckets = h.get("buckets") if isinstance(h, dict) else None
+    return isinstance(buckets, list) and len(buckets) == len(bounds) + 1 and _numbers(buckets) \
+        and _numbers([h.get("sum"), h.get("count")])
 
 
 def _numbers(items: Sequence[Any]) -> bool:
@@ -226,30 +233,14 @@ def histograms(record: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...]
     if not isinstance(stored, dict):
         return
     for name, (labels, _help, bounds) in HISTOGRAMS.items():
-        tree = stored.get(name)
-        for values in _histogram_keys(tree, len(labels)):
-            h: Any = tree
-            for v in values:
-                h = h[v]
-            buckets = h.get("buckets")
-            if not (isinstance(buckets, list) and len(buckets) == len(bounds) + 1 and _numbers(buckets)
-                    and _numbers([h.get("sum")])):
+        for values, h in _leaves(stored.get(name), len(labels)):
+            if not _whole(h, bounds):
                 continue
             total, cumulative = 0.0, []
-            for bound, n in zip([*map(float, bounds), math.inf], buckets):
+            for bound, n in zip([*map(float, bounds), math.inf], h["buckets"]):
                 total += n
                 cumulative.append((bound, total))
             yield name, values, cumulative, float(h["sum"])
-
-
-def _histogram_keys(tree: Any, depth: int, above: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    if not isinstance(tree, dict):
-        return
-    for key, sub in sorted(tree.items()):
-        if depth > 1:
-            yield from _histogram_keys(sub, depth - 1, (*above, key))
-        elif isinstance(sub, dict):
-            yield (*above, key)
 
 
 def _subdict(parent: dict[str, Any], key: str) -> dict[str, Any]:

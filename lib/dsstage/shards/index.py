@@ -118,6 +118,11 @@ def is_index(filename: str) -> bool:
     return ".shards-" in filename and filename.endswith(".json")
 
 
+def index_count(filename: str) -> int:
+    """The shard count an index file is named by (ValueError if it is not one)."""
+    return int(filename.split(".shards-", 1)[1].removesuffix(".json"))
+
+
 def index_version(filename: str) -> str:
     """The version digest an index file is named by."""
     return filename.split(".shards-", 1)[0]
