@@ -3,6 +3,7 @@ held by the job's one lease, and shown as one read-only view of exactly those fi
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -246,3 +247,81 @@ def test_views_no_job_uses_are_pruned_but_the_newest(env: Env, big):
     with open_tier(store.layout("nvme")) as tier:
         left = {e for e in tier.names("views", "big") if not e.endswith((".json", ".files"))}
     assert left == set(made[1:]), (made, left)  # job 105's (leased) and the 4 newest others; the oldest went
+
+
+def warm_on(env: Env, node: str, job: str, nodes: str, run: Path, request: str = "big") -> int | None:
+    from dsstage.hooks import warm
+    e = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+         "SLURMD_NODENAME": node, "SLURM_JOB_NODELIST": nodes, "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": request}
+    return warm.prolog(e, str(run), str(env.config_path))
+
+
+def test_the_warm_path_answers_a_sharded_job_as_the_full_prolog_does(env: Env, big, tmp_path):
+    """Once every node holds its part and its view, the next job on the same nodes takes the
+    warm path on each: the same plan, the same view, the same exports (its own map), leased."""
+    from dsstage.fs.safe import RootDir
+    run = tmp_path / "run"
+    full = {n: prolog_on(env, n, "60", "n[1-3]", run) for n in ("n1", "n2", "n3")}
+    maps = {n: json.loads(Path(exported(full[n])["DSSTAGE_SHARD_MAP"]).read_text()) for n in full}
+    from dsstage.hooks import job as hooks
+    for node in ("n1", "n2", "n3"):
+        hooks.epilog({"SLURM_JOB_ID": "60", "SLURMD_NODENAME": node, "SLURM_JOB_NODELIST": "n[1-3]",
+                      "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}, run_dir=str(run), load_config=env.config)
+    for node in ("n2", "n1", "n3"):  # any node may come first and decide the plan
+        assert warm_on(env, node, "61", "n[1-3]", run) == 0, node
+        task = (run / node / "jobs" / "61.task").read_text().splitlines()
+        assert task == [line.replace("/60.shards-", "/61.shards-") for line in full[node]]
+        got = exported(task)
+        assert json.loads(Path(got["DSSTAGE_SHARD_MAP"]).read_text()) == maps[node]
+        with RootDir(str(env.tier_root(node))) as tier:
+            (lease,) = LeaseBook(tier).of_job("61")
+        assert lease.digest == big["digest"] and len(lease.shards) == 2
+        assert views.view_id([s[:16] for s in lease.shards]) == Path(got["DSSTAGE_DATASET_DIR"]).name
+    assert (env.state / "jobs" / "61.shards.json").exists() and (env.state / "jobs" / "61.json").exists()
+
+
+@pytest.mark.parametrize("case", ["a shard not ready", "no view", "a plan for other nodes"])
+def test_the_warm_path_leaves_a_part_it_cannot_answer_to_the_full_prolog(env: Env, big, tmp_path, case):
+    from dsstage.fs.safe import RootDir
+    from dsstage.hooks import job as hooks
+    run = tmp_path / "run"
+    full = {n: exported(prolog_on(env, n, "60", "n[1-2]", run)) for n in ("n1", "n2")}
+    for node in ("n1", "n2"):
+        hooks.epilog({"SLURM_JOB_ID": "60", "SLURMD_NODENAME": node, "SLURM_JOB_NODELIST": "n[1-2]",
+                      "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}, run_dir=str(run), load_config=env.config)
+    view = Path(full["n2"]["DSSTAGE_DATASET_DIR"])
+    if case == "a shard not ready":
+        shard = sorted((env.tier_root("n2") / "ready" / "big").glob("*.json"))[0]
+        shard.unlink()
+    elif case == "no view":
+        (view.parent / f"{view.name}.json").unlink()
+    else:  # job id 61 used before by a job on other nodes, its record left behind
+        (env.state / "jobs").mkdir(exist_ok=True)
+        (env.state / "jobs" / "61.shards.json").write_text(json.dumps({"job": "61", "nodes": ["n7", "n8"]}))
+    assert warm_on(env, "n2", "61", "n[1-2]", run) is None
+    with RootDir(str(env.tier_root("n2"))) as tier:
+        assert LeaseBook(tier).of_job("61") == []
+    assert not (run / "n2" / "jobs" / "61.task").exists()
+
+
+def test_a_multi_node_job_on_the_warm_path_uses_the_version_its_first_node_chose(env: Env, tmp_path):
+    """The versions every node of a job uses are recorded once (dsstage.hooks.jobrecord.pin),
+    on the warm path too: a node whose CURRENT moved on uses what the first node chose."""
+    from dsstage.hooks import job as hooks
+    from dsstage.hooks import jobrecord
+    from dsstage.slurm.fake import FakeSlurm
+    env.add("coco", {"a": b"1" * 10})
+    first = env.cli_json("manifest", "build", "coco")["digest"]
+    run = tmp_path / "run"
+    e = {"SLURM_JOB_ID": "90", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+         "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1", "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "coco"}
+    assert hooks.prolog(e, run_dir=str(run), slurm=FakeSlurm(), load_config=env.config) == 0  # stages it
+    (env.source("coco") / "a").write_bytes(b"2" * 10)
+    second = env.cli_json("manifest", "build", "coco")["digest"]
+    env.cli("stage", "coco", "--job-id", "1")  # both versions are ready on n1
+    jobrecord.pin(str(env.state), "92", "n[1-2]", "n2", {"coco": first})  # n2 came first, before the build
+    assert warm_on(env, "n1", "92", "n[1-2]", run, "coco") == 0
+    assert exported((run / "n1" / "jobs" / "92.task").read_text().splitlines())["DSSTAGE_DATASET_DIR"].endswith(
+        "/" + first[:16])
+    assert warm_on(env, "n1", "93", "n[1-2]", run, "coco") == 0  # the first node of job 93: records its reading
+    assert json.loads((env.state / "jobs" / "93.json").read_text())["versions"] == {"coco": second}

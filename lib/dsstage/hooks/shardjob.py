@@ -14,14 +14,12 @@ job's first dataset, as ``DSSTAGE_DATASET_DIR`` does.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
 from dsstage.config import catalog as cat
 from dsstage.errors import StateError
-from dsstage.fs import runfiles
-from dsstage.hooks import jobrecord
+from dsstage.hooks import jobrecord, shardmap
 from dsstage.hooks.decisions import Verdict
 from dsstage.hostlist import expand_nodes
 from dsstage.node import sharded
@@ -57,19 +55,12 @@ def stage(ctx: Job, store: Store, name: str, version: str | None, user: cat.User
         raise StateError(f"job {ctx.job_id}'s shard plan gives node {ctx.node} no shard of {name!r}: requeue the job")
     part = sharded.stage_part(store, name, version, mine, user=user, job_id=ctx.job_id, deadline=deadline,
                               nodes=ctx.nodes)
-    by_id = index.by_id()
-    counts = {node: sum(by_id[s].files for s in ids) for node, ids in plan.items()}
-    job_map = {"dataset": name, "version": version[:16], "shard_count": index.count,
-               "nodes": {node: {"shards": sorted(by_id[s].index for s in ids), "files": counts[node],
-                                "bytes": sum(by_id[s].bytes for s in ids)} for node, ids in sorted(plan.items())}}
-    map_path = runfiles.write_job_file(store.run_dir, ctx.node, ctx.job_id, f"shards-{name}.json",
-                                       json.dumps(job_map, indent=1, sort_keys=True) + "\n", ctx.gid)
+    map_path = shardmap.write_map(store.run_dir, ctx.node, ctx.job_id, ctx.gid, name, version, index.shards, plan)
     log.info("job %s: %s shards %s of %d %s on %s (view %s, %d files; %d files from the source)", ctx.job_id, name,
              ",".join(str(s.index) for s in part.shards), index.count, part.action, ctx.node, part.view.path,
              part.view.files, part.transferred_files)
-    exports = (("FILES", part.view.files_list), ("SHARDS", ",".join(str(s.index) for s in part.shards)),
-               ("SHARD_COUNT", str(index.count)), ("NODE_FILES", str(part.view.files)),
-               ("MIN_FILES", str(min(counts.values()))), ("SHARD_MAP", map_path))
+    exports = shardmap.exports(part.shards, index.count, index.shards, plan, part.view.files_list, part.view.files,
+                               map_path)
     label = {"dataset": name}
     store.count([("misses", label, 1), ("staged_bytes", label, part.transferred_bytes),
                  ("staged_seconds", label, part.seconds)] if part.action == "staged" else [("hits", label, 1)])

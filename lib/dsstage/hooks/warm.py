@@ -1,10 +1,12 @@
 """The warm path of the Prolog: a job whose datasets are all ready on the node.
 
-A Prolog for datasets that are already cached must cost little: this module and
-``dsstage.fs`` import only the standard library's lightest modules (Python's import of
-logging, dataclasses, yaml and the staging code costs more than the whole warm path).
+A Prolog for datasets that are already cached must cost little: this module imports the
+standard library, ``dsstage.fs``, the light node modules and the job records, never the
+configuration's loader, yaml or the staging code (their import costs more than the whole
+warm path); a job on several nodes adds ClusterShell, to read its hostlist.
 ``python -I -m dsstage.hooks prolog`` tries this first: it handles a job whose datasets are all ready,
-quick-verified and allowed for the user, using the configuration cache the full Prolog
+quick-verified and allowed for the user (for a sharded dataset: this node's part of the
+job's plan, and its view), using the configuration cache the full Prolog
 leaves in the run directory; anything else (a cache miss, a copy that is not ready, a
 restricted dataset the user may not use, any error) falls through to the full Prolog in
 ``dsstage.hooks.job``, which decides and explains. The store protocol both follow is in
@@ -16,15 +18,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from dsstage.errors import DsstageError
 from dsstage.fs import layout, runfiles, safe
 from dsstage.fs.groups import group_names
 from dsstage.fs.layout import Layout
 from dsstage.fs.safe import RootDir
-from dsstage.hooks import bbrequest, bounded, joblog
-from dsstage.node import metrics, report, rollout
+from dsstage.hooks import bbrequest, bounded, joblog, jobrecord, shardmap
+from dsstage.hostlist import expand_nodes
+from dsstage.node import metrics, report, rollout, views
+from dsstage.shards import indexfile
+from dsstage.shards.indexfile import Shard
 
 
 def requested_names(request: str) -> list[str] | None:
@@ -64,63 +69,131 @@ def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
                           env.get("SLURM_JOB_PARTITION", ""), node):
         return None  # the full Prolog gives the job its sources and says why
     tiers: dict[str, RootDir] = {}
+    job = Job(job_id, node, user, uid, gid, env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""))
     try:
-        return _lease_all(names, catalog, tiers, state_dir, run_dir, job_id, node, user, uid, gid, log,
-                          cache.get("report_user"))
-    except (OSError, DsstageError):
+        return _lease_all(names, catalog, tiers, state_dir, run_dir, job, log, cache.get("report_user"))
+    except (OSError, ValueError, DsstageError):
         return None  # the full Prolog decides, and says why
     finally:
         for tier in tiers.values():
             tier.close()
 
 
+class Job(NamedTuple):
+    job_id: str
+    node: str
+    user: str
+    uid: int
+    gid: int
+    nodes: str  # the job's nodes, a Slurm hostlist
+
+    def node_names(self) -> list[str]:
+        """The job's nodes; this node alone for a one-node job."""
+        if not self.nodes or ("," not in self.nodes and "[" not in self.nodes):
+            return [self.node]
+        names = expand_nodes(self.nodes)  # ValueError: the full Prolog says what is wrong
+        return names if self.node in names else [self.node]
+
+
+class Pick(NamedTuple):
+    """A dataset found ready: its version, tier, and for a sharded one this node's part of it."""
+
+    name: str
+    digest: str
+    tier: RootDir
+    path: str
+    shards: tuple[Shard, ...] = ()  # this node's shards (sharded datasets)
+    exports: tuple[tuple[str, str], ...] = ()
+
+
 def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str, RootDir], state_dir: str,
-               run_dir: str, job_id: str, node: str, user: str, uid: int, gid: int, log: Any,
-               report_user: str | None = None) -> int | None:
-    picked: list[tuple[str, str, RootDir]] = []
+               run_dir: str, job: Job, log: Any, report_user: str | None = None) -> int | None:
     groups: set[str] | None = None
+    chosen: dict[str, str] = {}
     for name in names:
         ds = catalog.get(name)
-        if not ds or ds.get("verify") != "quick" or ds.get("shards"):
-            return None  # a sharded dataset's part and view: the full Prolog (dsstage.hooks.shardjob)
-        if ds.get("groups") is not None and uid != 0:
-            groups = group_names(user, gid) if groups is None else groups
+        if not ds or ds.get("verify") != "quick":
+            return None
+        if ds.get("groups") is not None and job.uid != 0:
+            groups = group_names(job.user, job.gid) if groups is None else groups
             if not groups & set(ds["groups"]):
                 return None
-        try:
-            digest = layout.read_current(state_dir, name)
-        except ValueError:
+        digest = layout.read_current(state_dir, name)
+        if digest is None:
             return None
-        root = ds["root"].replace("{node}", node)
+        chosen[name] = digest
+    nodes = job.node_names()
+    if len(nodes) > 1:  # every node of the job uses the same versions (dsstage.hooks.jobrecord)
+        chosen = jobrecord.pin(state_dir, job.job_id, job.nodes, job.node, chosen, report_user)
+    picked: list[Pick] = []
+    for name in names:
+        ds, digest = catalog[name], chosen[name]
+        root = ds["root"].replace("{node}", job.node)
         if root not in tiers:
             tiers[root] = RootDir(root, create=False)
         tier = tiers[root]
-        if digest is None or layout.not_ready(tier, name, digest) is not None:
+        if ds.get("shards"):
+            pick = _part(name, int(ds["shards"]), digest, tier, state_dir, run_dir, job, nodes, report_user)
+            if pick is None:
+                return None
+            picked.append(pick)
+        elif layout.not_ready(tier, name, digest) is None:
+            picked.append(Pick(name, digest, tier, Layout(tier.root).version_dir(name, digest)))
+        else:
             return None
-        picked.append((name, digest, tier))
     host = os.uname().nodename
-    for name, digest, tier in picked:
-        safe.write_json_at(tier.dir("leases", name), f"{job_id}.json",
-                             layout.lease_record(name, digest, job_id, user, node, taken=time.time(), host=host),
-                             fsync=False)
-    if any(layout.not_ready(tier, name, digest) is not None for name, digest, tier in picked):
+    for p in picked:
+        safe.write_json_at(p.tier.dir("leases", p.name), f"{job.job_id}.json",
+                           layout.lease_record(p.name, p.digest, job.job_id, job.user, job.node, taken=time.time(),
+                                               host=host, shards=[s.digest for s in p.shards]), fsync=False)
+    if any(not _still_ready(p) for p in picked):
         # lost a race with an eviction (see dsstage.node.store): give the leases back, take the full path
-        for name, _digest, tier in picked:
-            safe.unlink_at(tier.has_dir("leases", name), f"{job_id}.json")
+        for p in picked:
+            safe.unlink_at(p.tier.has_dir("leases", p.name), f"{job.job_id}.json")
         return None
-    paths = [(name, Layout(tier.root).version_dir(name, digest)) for name, digest, tier in picked]
-    runfiles.write_task_file(run_dir, node, job_id, runfiles.export_lines(paths), gid)
+    lines = runfiles.export_lines([(p.name, p.path) for p in picked])
+    for p in picked:
+        lines += runfiles.more_exports(p.name, p.exports, first=p is picked[0]) if p.exports else []
+    runfiles.write_task_file(run_dir, job.node, job.job_id, lines, job.gid)
     bounded.tell("decided run")  # what follows writes to the shared state directory, which may hang
     try:
-        leased = [(name, layout.version_id(digest)) for name, digest, _ in picked]
-        report.note_leases(run_dir, node, job_id, user, leased, (state_dir, report_user))
+        leased = [(p.name, layout.version_id(p.digest)) for p in picked]
+        report.note_leases(run_dir, job.node, job.job_id, job.user, leased, (state_dir, report_user))
     except (OSError, DsstageError, ValueError):
         pass  # the report is informative; the next rebuild has the lease
-    metrics.count(run_dir, node, [("hits", {"dataset": name}, 1) for name, _d, _t in picked])
+    metrics.count(run_dir, job.node, [("hits", {"dataset": p.name}, 1) for p in picked])
     if log:
-        for name, path in paths:
-            log(f"job {job_id}: {name} cached at {path} (warm path)")
+        for p in picked:
+            part = f" (shards {','.join(str(s.index) for s in p.shards)})" if p.shards else ""
+            log(f"job {job.job_id}: {p.name} cached at {p.path}{part} (warm path)")
     return 0
+
+
+def _part(name: str, count: int, version: str, tier: RootDir, state_dir: str, run_dir: str, job: Job,
+          nodes: Sequence[str], report_user: str | None) -> Pick | None:
+    """This node's part of sharded dataset ``name`` if every shard the job's plan gives it is
+    ready here and their view was made (dsstage.node.views); else None. Writes the job's map."""
+    shards = indexfile.read(os.path.join(state_dir, "manifests", name), name, version, count)
+    by_id = {s.id: s for s in shards}
+    plan = jobrecord.plan_for(state_dir, job.job_id, nodes, job.node, {name: list(by_id)}, report_user)[name]
+    mine = sorted((by_id[s] for s in dict.fromkeys(plan.get(job.node) or ())), key=lambda s: s.index)
+    if not mine or any(layout.not_ready(tier, name, s.digest) is not None for s in mine):
+        return None
+    view = views.find(tier, name, [s.id for s in mine])
+    if view is None:
+        return None
+    map_path = shardmap.write_map(run_dir, job.node, job.job_id, job.gid, name, version, shards, plan)
+    return Pick(name, version, tier, view.path, tuple(mine),
+                shardmap.exports(mine, count, shards, plan, view.files_list, view.files, map_path))
+
+
+def _still_ready(p: Pick) -> bool:
+    """Whether a pick is still ready now that the job's lease holds it (an eviction that came
+    first took it, and a view goes with any of its shards)."""
+    if not p.shards:
+        return layout.not_ready(p.tier, p.name, p.digest) is None
+    return all(layout.not_ready(p.tier, p.name, s.digest) is None for s in p.shards) and \
+        views.find(p.tier, p.name, [s.id for s in p.shards]) is not None
 
 
 def main(argv: Sequence[str], cache: Mapping[str, Any] | None = None) -> int | None:

@@ -19,10 +19,10 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import blake3
 
-from dsstage.config.manifest import Manifest
 from dsstage.fs import safe
 from dsstage.fs.beneath import Tree
 from dsstage.fs.layout import version_id
@@ -31,6 +31,25 @@ from dsstage.fs.safe import RootDir
 TOP = "views"
 #: trash entries of views start with this (the report does not show them as evicted copies)
 TRASH_PREFIX = "view."
+
+
+class _Entry(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+class ShardFiles(Protocol):
+    """What a view needs of a shard's manifest (dsstage.config.manifest.Manifest): this module
+    is read by the warm Prolog, which does not load manifests."""
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def total_bytes(self) -> int: ...
+
+    @property
+    def entries(self) -> Sequence[_Entry]: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +82,7 @@ def find(tier: RootDir, name: str, shard_ids: Sequence[str]) -> View | None:
                 int(record.get("bytes") or 0))
 
 
-def make(tier: RootDir, name: str, shards: Sequence[Manifest]) -> View:
+def make(tier: RootDir, name: str, shards: Sequence[ShardFiles]) -> View:
     """The view of ``shards`` (their manifests, in shard order; each ready in
     ``datasets/<name>/<shard id>``), made now unless it exists. The caller holds the
     dataset's lock and leases the shards, so none goes while its files are linked."""

@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dsstage.config.manifest import Catalog, Manifest, write
 from dsstage.errors import ManifestError
 from dsstage.fs import formats
 from dsstage.fs.safe import write_atomic
-from dsstage.shards.split import Shard, split
+from dsstage.shards import indexfile
+from dsstage.shards.indexfile import Shard
+from dsstage.shards.split import split
 
-KIND = "shard-index"
-
-
-def index_name(digest: str, count: int) -> str:
-    return f"{digest}.shards-{count}.json"
+KIND = indexfile.KIND
+index_name = indexfile.index_name
 
 
 @dataclass(frozen=True)
@@ -76,33 +74,11 @@ def publish(catalog: Catalog, manifest: Manifest, count: int) -> Index:
 def load(catalog: Catalog, name: str, version: str, count: int) -> Index:
     """The index of ``version`` split into ``count`` shards; ManifestError, saying what to run,
     if there is none or it is damaged."""
-    path = os.path.join(catalog.dir(name), index_name(version, count))
     try:
-        with open(path, encoding="utf-8") as fh:
-            record = json.load(fh)
-    except FileNotFoundError:
-        raise ManifestError(f"dataset {name!r}: version {version[:16]} was not split into {count} shards (its "
-                            f"shards: setting): an admin must run `dsstage manifest build {name}`") from None
-    except (OSError, ValueError) as exc:
-        raise ManifestError(f"{path}: unreadable ({exc}); rebuild with `dsstage manifest build {name}`") from None
-    why = formats.problem(KIND, record, path) if isinstance(record, dict) else f"{path}: not a shard index"
-    if why:
-        raise ManifestError(why)
-    try:
-        shards = tuple(Shard(int(r["index"]), int(r["start"]), int(r["stop"]), int(r["files"]), int(r["bytes"]),
-                             str(r["digest"])) for r in record["shards"])
-    except (KeyError, TypeError, ValueError):
-        raise ManifestError(f"{path}: damaged; rebuild with `dsstage manifest build {name}`") from None
-    if record.get("version") != version or len(shards) != count or \
-            [s.index for s in shards] != list(range(count)) or not _chained(shards):
-        raise ManifestError(f"{path}: does not describe {count} shards of version {version[:16]}; rebuild with "
-                            f"`dsstage manifest build {name}`")
-    return Index(name, version, shards)
-
-
-def _chained(shards: Sequence[Shard]) -> bool:
-    return shards[0].start == 0 and all(a.stop == b.start for a, b in zip(shards, shards[1:])) \
-        and all(s.stop - s.start == s.files >= 1 for s in shards)
+        return Index(name, version, indexfile.read(catalog.dir(name), name, version, count))
+    except OSError as exc:
+        raise ManifestError(f"{catalog.dir(name)}: unreadable ({exc}); rebuild with "
+                            f"`dsstage manifest build {name}`") from None
 
 
 def shard_manifest(catalog: Catalog, name: str, shard: Shard, version: str) -> Manifest:

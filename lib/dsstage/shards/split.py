@@ -13,30 +13,13 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import accumulate
 
 from dsstage.config.manifest import Entry, compute_digest
 from dsstage.errors import ManifestError
+from dsstage.shards.indexfile import Shard
 
-#: how many hex digits of a shard's digest name it (as a version's id does)
-ID_DIGITS = 16
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Files ``start:stop`` of a manifest's entries."""
-
-    index: int
-    start: int
-    stop: int
-    files: int
-    bytes: int
-    digest: str
-
-    @property
-    def id(self) -> str:
-        return self.digest[:ID_DIGITS]
+__all__ = ["Shard", "cuts", "least_nodes", "per_node_bytes", "split", "unevenness", "worst_unevenness"]
 
 
 def cuts(sizes: Sequence[int], n: int) -> list[int]:

@@ -1,0 +1,76 @@
+"""A version's shard index read back: what every node needs to know of a sharded dataset's
+version (its shards' digests, files and bytes), without its manifests.
+
+    manifests/<name>/<version digest>.shards-<N>.json
+
+Written by dsstage.shards.index (``dsstage manifest build``); read here, with the standard
+library only, so that the warm Prolog (dsstage.hooks.warm) can read it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dsstage.errors import ManifestError
+from dsstage.fs import formats
+
+KIND = "shard-index"
+
+#: how many hex digits of a shard's digest name it (as a version's id does)
+ID_DIGITS = 16
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Files ``start:stop`` of a manifest's entries."""
+
+    index: int
+    start: int
+    stop: int
+    files: int
+    bytes: int
+    digest: str
+
+    @property
+    def id(self) -> str:
+        return self.digest[:ID_DIGITS]
+
+
+def index_name(digest: str, count: int) -> str:
+    return f"{digest}.shards-{count}.json"
+
+
+def read(directory: str, name: str, version: str, count: int) -> tuple[Shard, ...]:
+    """The shards of ``version`` split into ``count``, from the index in ``directory`` (the
+    dataset's manifests); ManifestError, saying what to run, if there is none or it is damaged.
+    OSError where the state directory fails."""
+    path = os.path.join(directory, index_name(version, count))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+    except FileNotFoundError:
+        raise ManifestError(f"dataset {name!r}: version {version[:16]} was not split into {count} shards (its "
+                            f"shards: setting): an admin must run `dsstage manifest build {name}`") from None
+    except ValueError as exc:
+        raise ManifestError(f"{path}: unreadable ({exc}); rebuild with `dsstage manifest build {name}`") from None
+    why = formats.problem(KIND, record, path) if isinstance(record, dict) else f"{path}: not a shard index"
+    if why:
+        raise ManifestError(why)
+    try:
+        shards = tuple(Shard(int(r["index"]), int(r["start"]), int(r["stop"]), int(r["files"]), int(r["bytes"]),
+                             str(r["digest"])) for r in record["shards"])
+    except (KeyError, TypeError, ValueError):
+        raise ManifestError(f"{path}: damaged; rebuild with `dsstage manifest build {name}`") from None
+    if record.get("version") != version or len(shards) != count or \
+            [s.index for s in shards] != list(range(count)) or not _chained(shards):
+        raise ManifestError(f"{path}: does not describe {count} shards of version {version[:16]}; rebuild with "
+                            f"`dsstage manifest build {name}`")
+    return shards
+
+
+def _chained(shards: Sequence[Shard]) -> bool:
+    return bool(shards) and shards[0].start == 0 and all(a.stop == b.start for a, b in zip(shards, shards[1:])) \
+        and all(s.stop - s.start == s.files >= 1 for s in shards)
