@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from dsstage.config.catalog import User
-from dsstage.node import report, staging, verifying
+from dsstage.node import report, staging, standalone, verifying
 from dsstage.node.lock import read_owner
 from dsstage.policy import demand
 from dsstage.slurm.records import Job
@@ -144,15 +144,15 @@ def test_spares_what_a_sooner_job_needs(env: Env) -> None:
     data = yaml.safe_load(env.config_path.read_text())
     data["tiers"]["nvme"].update(capacity=17000, high_watermark="100%", low_watermark="50%")
     env.config_path.write_text(yaml.safe_dump(data))
-    staging.warm(env.store(), "x", user=User.lookup(os.getuid()))
-    staging.warm(env.store(), "y", user=User.lookup(os.getuid()))
+    standalone.warm(env.store(), "x", user=User.lookup(os.getuid()))
+    standalone.warm(env.store(), "y", user=User.lookup(os.getuid()))
     snapshot(env, pending("51", "x", start_in=30), pending("52", "z", start_in=120))
     res = env.cli("prefetch", "--once")
     # y (no demand) may go for z; x (job 51, sooner) may not
     assert "staged z for job 52" in res.stderr
     assert ready(env, "x") and ready(env, "z") and not ready(env, "y")
 
-    staging.warm(env.store(), "y", user=User.lookup(os.getuid()))  # the Prolog's make_room evicts z (no demand)
+    standalone.warm(env.store(), "y", user=User.lookup(os.getuid()))  # the Prolog's make_room evicts z (no demand)
     snapshot(env, pending("53", "x", start_in=30), pending("54", "y", start_in=20), pending("55", "z", start_in=600))
     res = env.cli("prefetch", "--once")
     assert "skipped z for job 55" in res.stderr and "which pending job" in res.stderr
@@ -206,3 +206,48 @@ def test_a_running_prefetch_follows_the_configuration_file(env: Env) -> None:
     assert "z" in pre.conf.datasets
     cands, _skips, _dem = pre.candidates()
     assert [c.dataset for c in cands] == ["z"]
+
+
+def test_a_sharded_dataset_prefetches_the_part_the_jobs_plan_will_give_this_node(env: Env, tmp_path: Path) -> None:
+    """A pending 3-node job on a sharded dataset: this node stages only the shards the job's
+    plan will give it (not the whole version), and when the job starts its plan gives this
+    node exactly those, found ready with their view: the warm path answers."""
+    from dsstage.hooks import job as hooks
+    from dsstage.hooks import warm
+    from dsstage.slurm.fake import FakeSlurm
+    files = {f"part-{i:03d}": bytes([i]) * (300 + i) for i in range(12)}
+    env.add("big", files, shards=6)
+    env.cli("manifest", "build", "big")
+    snapshot(env, pending("41", "big", nodes="n[1-3]"))
+    res = env.cli("prefetch", "--once")
+    assert "staged big for job 41" in res.stderr, res.stderr
+    held = sorted(os.listdir(env.tier_root() / "datasets" / "big"))
+    assert len(held) == 2, held  # a third of the 6 shards, not the version
+    assert not any((env.tier_root() / "leases").rglob("*.json")), "a prefetch keeps no lease"
+    # the job starts: n1's Prolog (its first node) makes the plan from the published reports
+    run = tmp_path / "run"
+    e = {"SLURM_JOB_ID": "41", "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid()),
+         "SLURM_JOB_USER": ME, "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n[1-3]",
+         "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}
+    assert hooks.prolog({**e, "SLURM_JOB_ID": "40", "SLURM_JOB_NODELIST": "n1"}, run_dir=str(run),
+                        slurm=FakeSlurm(), load_config=env.config) == 0  # another job; leaves the cache
+    assert warm.prolog(e, str(run), str(env.config_path)) == 0
+    task = (run / "n1" / "jobs" / "41.task").read_text()
+    plan = json.loads((env.state / "jobs" / "41.shards.json").read_text())["shards"]["big"]
+    assert sorted(plan["n1"]) == held and "DSSTAGE_SHARDS_BIG=" in task
+
+
+def test_stage_and_warm_of_a_sharded_dataset_stage_this_nodes_part(env: Env) -> None:
+    files = {f"part-{i:03d}": bytes([i]) * (300 + i) for i in range(12)}
+    env.add("big", files, shards=6)
+    env.cli("manifest", "build", "big")
+    out = env.cli_json("stage", "big", "--with", "n[1-2]", "--job-id", "7")
+    assert out["action"] == "staged" and "/views/big/" in out["path"]
+    assert len(os.listdir(env.tier_root() / "datasets" / "big")) == 3  # half of the shards
+    listed = sorted(str(p.relative_to(out["path"])) for p in Path(out["path"]).rglob("*") if p.is_file())
+    assert len(listed) == 6 and all((Path(out["path"]) / p).read_bytes() == files[p] for p in listed)
+    # alone (no job's nodes): every shard; dsstage warm the same, without a lease
+    assert len(os.listdir(Path(env.cli_json("stage", "big", "--job-id", "8")["path"]))) == 12
+    assert env.cli_json("warm", "big")["action"] == "cached"
+    with pytest.raises(Exception, match="sharded"):
+        staging.stage(env.store(), "big", user=User.lookup(os.getuid()), job_id="9")

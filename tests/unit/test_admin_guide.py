@@ -168,6 +168,9 @@ COVERAGE: dict[str, list[Runs]] = {
     "dsstage status": [Runs(CLUSTER, "test_status_shows_copies_and_queue", ('cluster.dsstage("status")',)),
                        Runs("packaging/demo", None, ("\ndsstage status\n",))],
     # fleet
+    "dsstage warm": [Runs("tests/functional/test_prefetch.py",
+                          "test_stage_and_warm_of_a_sharded_dataset_stage_this_nodes_part",
+                          ('env.cli_json("warm", "big")',))],
     "dsstage warm NAME --nodes HOSTLIST": [Runs(FLEET, "test_warm_on_three_nodes_and_one_unreachable",
                                                 ('"warm", DATASET, "--nodes", "n[1-3]"',))],
     "dsstage evict NAME --nodes ...": [Runs(FLEET, "test_evict_refuses_wanted_and_leased_copies",
@@ -246,7 +249,8 @@ COVERAGE: dict[str, list[Runs]] = {
 }
 
 #: a verb the guide names without its arguments, and a command line of it
-VERB_ONLY = {"dsstage manifest build": "dsstage manifest build NAME", "dsstage bb status": "dsstage bb status all"}
+VERB_ONLY = {"dsstage manifest build": "dsstage manifest build NAME", "dsstage bb status": "dsstage bb status all",
+             "dsstage warm": "dsstage warm NAME"}
 
 
 def guide() -> str:

@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--full", action="store_true", help="re-hash a cached copy and repair it")
     c.add_argument("--with", dest="group", metavar="HOSTLIST",
                    help="stage together with these nodes, this one among them (peers.enabled): this node's "
-                        "share from the source, the rest from them (default: $SLURM_JOB_NODELIST)")
+                        "share from the source, the rest from them; of a sharded dataset, the shards a job on "
+                        "these nodes would give this one (default: $SLURM_JOB_NODELIST; none: every shard)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_stage)
 

@@ -24,7 +24,7 @@ from dsstage.config import catalog as cat
 from dsstage.config import load
 from dsstage.errors import DsstageError
 from dsstage.fs import runfiles
-from dsstage.node import eviction, inventory, staging, verifying
+from dsstage.node import eviction, inventory, standalone, verifying
 from dsstage.node.lease import default_holder
 from dsstage.node.store import Store
 from dsstage.slurm import client as slurm_client
@@ -45,7 +45,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         job_id, pid = default_holder()
     store = Store(conf, args.node)
     nodes = args.group if args.group is not None else os.environ.get("SLURM_JOB_NODELIST", "")
-    results = [staging.stage(store, ds.name, user=user, job_id=job_id, pid=pid, full=args.full, nodes=nodes)
+    results = [standalone.stage(store, ds.name, user=user, job_id=job_id, pid=pid, full=args.full, nodes=nodes)
                for ds in datasets]
     inventory.refresh(store)
 
@@ -238,7 +238,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     cat.lookup(conf, args.name)
     progress = ProgressLines() if args.progress_json else None
     store = Store(conf, args.node)
-    result = staging.warm(store, args.name, user=cat.User.lookup(), progress=progress)
+    result = standalone.warm(store, args.name, user=cat.User.lookup(), progress=progress)
     inventory.refresh(store)
     emit(args, result.to_dict(), lambda: print(f"{result.dataset}: {result.path}  ({how(result)}, "
                                                 f"{result.seconds:.2f}s, no lease)"))

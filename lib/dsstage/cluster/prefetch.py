@@ -50,7 +50,7 @@ from dsstage.config import load
 from dsstage.config.model import Config
 from dsstage.fs import runfiles
 from dsstage.hostlist import expand_nodes, fold_nodes
-from dsstage.node import eviction, inventory, report, staging
+from dsstage.node import eviction, inventory, report, standalone
 from dsstage.policy.retention import Copy, Demand, Want
 
 log = logging.getLogger(__name__)
@@ -383,7 +383,7 @@ def child(conf: Config, node: str, dataset: str, job_id: str, user: str, start: 
     how = Prefetching(job_id=job_id, start=start, bwlimit=conf.prefetch.bwlimit, spare=spare_rule(store.node, start))
     try:
         who = cat.User.lookup(user)
-        result = staging.stage(store, dataset, user=who, job_id=holder, pid=pid, prefetch=how, nodes=nodes)
+        result = standalone.stage(store, dataset, user=who, job_id=holder, pid=pid, prefetch=how, nodes=nodes)
     except LockTimeout:
         return SKIPPED, {"reason": "its lock is held (a Prolog, a verify or an evict): tried again next round"}
     except NoSpace as exc:

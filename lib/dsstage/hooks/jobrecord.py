@@ -31,8 +31,7 @@ from contextlib import AbstractContextManager
 
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import formats, shared
-from dsstage.node import report as node_report
-from dsstage.shards.assign import assign
+from dsstage.node import shardplan
 
 log = logging.getLogger(__name__)
 
@@ -126,22 +125,6 @@ def claim_hold(state_dir: str, job_id: str, nodes: str, node: str, user: str | N
 Plan = dict[str, list[str]]  # node -> shard ids
 
 
-def held_ready(state_dir: str, nodes: Sequence[str], name: str, shard_ids: Sequence[str]) -> dict[str, set[str]]:
-    """node -> the shards of ``shard_ids`` its published report shows ready (reports that
-    cannot be read count as holding nothing)."""
-    wanted = set(shard_ids)
-    out: dict[str, set[str]] = {}
-    for node in nodes:
-        try:
-            with open(node_report.published_path(state_dir, node), encoding="utf-8") as fh:
-                rows = json.load(fh).get("copies") or []
-        except (OSError, ValueError, AttributeError):
-            continue
-        out[node] = {str(r.get("version")) for r in rows if isinstance(r, dict) and r.get("dataset") == name
-                     and r.get("state") == "ready" and r.get("version") in wanted}
-    return out
-
-
 def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shards: Mapping[str, Sequence[str]],
              user: str | None = None) -> dict[str, Plan]:
     """dataset -> node -> shard ids, for the sharded datasets of job ``job_id`` (``shards``:
@@ -156,8 +139,7 @@ def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shard
         with _as_writer(user):
             raw = shared.read(where, record_name, writers)
             if raw is None:
-                made = {name: assign(ids, nodes, held_ready(state_dir, nodes, name, ids))
-                        for name, ids in shards.items()}
+                made = {name: shardplan.plan(state_dir, name, ids, nodes) for name, ids in shards.items()}
                 data = json.dumps({"format": FORMAT, "job": job_id, "nodes": sorted(nodes), "by": node,
                                    "time": time.time(), "shards": made}, sort_keys=True).encode() + b"\n"
                 if shared.create_once(where, record_name, data, writers):

@@ -65,6 +65,23 @@ def published_path(state_dir: str, node: str) -> str:
     return os.path.join(state_dir, NODES, f"{node}.json")
 
 
+def ready_in_reports(state_dir: str, nodes: Sequence[str], name: str, versions: Sequence[str]) -> dict[str, set[str]]:
+    """node -> the versions (ids; a sharded dataset's shards) of ``versions`` that its published
+    report shows ready (a report that cannot be read counts as holding nothing)."""
+    import json
+    wanted = set(versions)
+    out: dict[str, set[str]] = {}
+    for node in nodes:
+        try:
+            with open(published_path(state_dir, node), encoding="utf-8") as fh:
+                rows = json.load(fh).get("copies") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        out[node] = {str(r.get("version")) for r in rows if isinstance(r, dict) and r.get("dataset") == name
+                     and r.get("state") == "ready" and r.get("version") in wanted}
+    return out
+
+
 @contextmanager
 def _locked(run_dir: str, node: str) -> Iterator[int]:
     """Hold this node's report lock; yield the descriptor of the reports directory."""

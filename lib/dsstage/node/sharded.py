@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from dsstage.config import catalog as cat
 from dsstage.errors import ManifestError
 from dsstage.node import access, staging, views
-from dsstage.node.store import StageResult, Store, local_errors, open_tier, state_errors
+from dsstage.node.store import Prefetching, StageResult, Store, local_errors, open_tier, state_errors
 from dsstage.shards import index as shard_index
 from dsstage.shards.split import Shard
 
@@ -59,7 +59,8 @@ def shards_of(store: Store, name: str, version: str) -> shard_index.Index:
 
 def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], *, user: cat.User, job_id: str,
                deadline: float | None = None, nodes: str = "",
-               progress: Callable[[str, int, int], None] | None = None) -> PartResult:
+               progress: Callable[[str, int, int], None] | None = None, pid: int = 0, full: bool = False,
+               prefetch: Prefetching | None = None) -> PartResult:
     """Make shards ``shard_ids`` (ids of ``version``'s shards) ready on this node, leased to
     ``job_id``, and their view; raises as a stage does (OutOfTime keeps the work so far)."""
     started = time.monotonic()
@@ -74,7 +75,8 @@ def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], 
     leased: tuple[str, ...] = ()
     for shard in shards:
         results.append(staging.stage(store, name, user=user, job_id=job_id, deadline=deadline, nodes=nodes,
-                                     digest=shard.digest, shard_of=version, leased=leased, progress=progress))
+                                     digest=shard.digest, shard_of=version, leased=leased, progress=progress,
+                                     pid=pid, full=full, prefetch=prefetch))
         leased = (*leased, shard.digest)
     ds = store.dataset(name)
     layout = store.layout(ds.tier)

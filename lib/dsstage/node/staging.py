@@ -27,7 +27,7 @@ from dsstage.fs.safe import RootDir
 from dsstage.hostlist import expand_nodes
 from dsstage.node import background, eviction, inventory, publish, space, verifying
 from dsstage.node import report as node_report
-from dsstage.node.lease import Lease, LeaseBook, check_job_id, default_holder
+from dsstage.node.lease import Lease, LeaseBook, check_job_id
 from dsstage.node.store import Prefetching, StageResult, Store, local_errors, open_tier
 from dsstage.transfer import parallel, peers
 
@@ -83,6 +83,9 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     job = StageRequest(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes,
                        shard=bool(shard_of))
     ds, digest = authorize(store, name, job, digest)
+    if ds.shards and not shard_of:
+        raise StateError(f"dataset {name!r} is sharded: a node stages its part of a job's plan "
+                         "(dsstage.node.standalone), never the whole version")
     layout = store.layout(ds.tier)
     result = StageResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), tier=ds.tier,
                          node=store.node, action="cached", job_id=job_id)
@@ -259,15 +262,3 @@ def older_versions(store: Store, tier: RootDir, name: str, digest: str) -> list[
         except (DsstageError, OSError):
             continue  # its manifest was pruned, or the copy is gone: nothing to reuse from it
     return out
-
-
-def warm(store: Store, name: str, *, user: cat.User, progress: Callable[[str, int, int], None] | None = None,
-         deadline: float | None = None) -> StageResult:
-    """Make ``name`` ready on this node without keeping a lease (``dsstage warm``, ahead
-    of a reservation or a campaign): the copy then stays as retention decides, its last
-    use being now."""
-    holder, pid = default_holder()
-    result = stage(store, name, user=user, job_id=holder, pid=pid, progress=progress, deadline=deadline)
-    store.release(name, holder)
-    result.job_id = ""
-    return result

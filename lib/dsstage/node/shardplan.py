@@ -1,0 +1,17 @@
+"""Which node of a job holds which shards, from what the nodes hold now: the plan a job's
+first node records (dsstage.hooks.jobrecord) and the part a prefetch stages on a pending
+job's planned node (dsstage.cluster.prefetch), the same function so that what a prefetch
+staged is what the job's plan gives that node. Light: the warm Prolog uses it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dsstage.node import report
+from dsstage.shards.assign import assign
+
+
+def plan(state_dir: str, name: str, shard_ids: Sequence[str], nodes: Sequence[str]) -> dict[str, list[str]]:
+    """node -> shard ids of ``name`` for a job on ``nodes`` (dsstage.shards.assign), preferring
+    what each node's published report shows ready now."""
+    return assign(shard_ids, nodes, report.ready_in_reports(state_dir, nodes, name, shard_ids))

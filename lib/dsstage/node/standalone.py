@@ -1,0 +1,53 @@
+"""A stage that no job's Prolog asks for: ``dsstage stage``, ``dsstage warm`` and a prefetch
+for a pending job. A dataset is staged whole; of a sharded dataset, this node stages the
+part that a job on the given nodes would get (dsstage.node.shardplan, from what the nodes
+hold now), and its view, so that the job's own plan finds it there when it starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dsstage.config import catalog as cat
+from dsstage.errors import StateError
+from dsstage.hostlist import expand_nodes
+from dsstage.node import sharded, shardplan, staging
+from dsstage.node.lease import default_holder
+from dsstage.node.store import Prefetching, StageResult, Store
+
+
+def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, nodes: str = "",
+          full: bool = False, prefetch: Prefetching | None = None, deadline: float | None = None,
+          progress: Callable[[str, int, int], None] | None = None) -> StageResult:
+    """``name`` ready on this node and leased to ``job_id``: the current version, or of a
+    sharded dataset this node's part for a job on ``nodes`` (a Slurm hostlist; this node
+    alone when empty: every shard). Raises as a stage does."""
+    ds = store.dataset(name)
+    if not ds.shards:
+        return staging.stage(store, name, user=user, job_id=job_id, pid=pid, nodes=nodes, full=full,
+                             prefetch=prefetch, deadline=deadline, progress=progress)
+    version = store.current(name)
+    index = sharded.shards_of(store, name, version)
+    planned = expand_nodes(nodes) if nodes else [store.node]
+    planned = planned if store.node in planned else [store.node]
+    mine = shardplan.plan(store.config.state_dir, name, [s.id for s in index.shards], planned).get(store.node)
+    if not mine:  # assign gives every node of a job at least one shard
+        raise StateError(f"no shard of {name!r} for node {store.node} among {', '.join(planned)}")
+    part = sharded.stage_part(store, name, version, mine, user=user, job_id=job_id, deadline=deadline,
+                              nodes=nodes if len(planned) > 1 else "", progress=progress, pid=pid, full=full,
+                              prefetch=prefetch)
+    return StageResult(dataset=name, digest=version, path=part.view.path, tier=ds.tier, node=store.node,
+                       action=part.action, job_id=job_id, transferred_files=part.transferred_files,
+                       transferred_bytes=part.transferred_bytes, seconds=part.seconds)
+
+
+def warm(store: Store, name: str, *, user: cat.User, progress: Callable[[str, int, int], None] | None = None,
+         deadline: float | None = None) -> StageResult:
+    """Make ``name`` ready on this node without keeping a lease (``dsstage warm``, ahead
+    of a reservation or a campaign): the copy then stays as retention decides, its last
+    use being now."""
+    holder, pid = default_holder()
+    result = stage(store, name, user=user, job_id=holder, pid=pid, progress=progress, deadline=deadline)
+    store.release(name, holder)
+    result.job_id = ""
+    return result
