@@ -18,18 +18,22 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dsstage.errors import DsstageError
 from dsstage.fs import layout, runfiles, safe
 from dsstage.fs.groups import group_names
 from dsstage.fs.layout import Layout
 from dsstage.fs.safe import RootDir
-from dsstage.hooks import bbrequest, bounded, joblog, jobrecord, shardmap
-from dsstage.hostlist import expand_nodes
-from dsstage.node import metrics, report, rollout, views
-from dsstage.shards import indexfile
-from dsstage.shards.indexfile import Shard
+from dsstage.hooks import bbrequest, bounded, joblog
+from dsstage.node import metrics, report, rollout
+
+if TYPE_CHECKING:
+    from dsstage.shards.indexfile import Shard
+
+# a job on several nodes or a sharded dataset imports what it needs (the job records, the
+# hostlist, the shard index, views) when it needs it: a one-node job on a whole dataset,
+# the common case, does not pay for their import
 
 
 def requested_names(request: str) -> list[str] | None:
@@ -91,6 +95,7 @@ class Job(NamedTuple):
         """The job's nodes; this node alone for a one-node job."""
         if not self.nodes or ("," not in self.nodes and "[" not in self.nodes):
             return [self.node]
+        from dsstage.hostlist import expand_nodes
         names = expand_nodes(self.nodes)  # ValueError: the full Prolog says what is wrong
         return names if self.node in names else [self.node]
 
@@ -124,6 +129,7 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
         chosen[name] = digest
     nodes = job.node_names()
     if len(nodes) > 1:  # every node of the job uses the same versions (dsstage.hooks.jobrecord)
+        from dsstage.hooks import jobrecord
         chosen = jobrecord.pin(state_dir, job.job_id, job.nodes, job.node, chosen, report_user)
     picked: list[Pick] = []
     for name in names:
@@ -173,6 +179,9 @@ def _part(name: str, count: int, version: str, tier: RootDir, state_dir: str, ru
           nodes: Sequence[str], report_user: str | None) -> Pick | None:
     """This node's part of sharded dataset ``name`` if every shard the job's plan gives it is
     ready here and their view was made (dsstage.node.views); else None. Writes the job's map."""
+    from dsstage.hooks import jobrecord, shardmap
+    from dsstage.node import views
+    from dsstage.shards import indexfile
     shards = indexfile.read(os.path.join(state_dir, "manifests", name), name, version, count)
     by_id = {s.id: s for s in shards}
     plan = jobrecord.plan_for(state_dir, job.job_id, nodes, job.node, {name: list(by_id)}, report_user)[name]
@@ -192,6 +201,7 @@ def _still_ready(p: Pick) -> bool:
     first took it, and a view goes with any of its shards)."""
     if not p.shards:
         return layout.not_ready(p.tier, p.name, p.digest) is None
+    from dsstage.node import views
     return all(layout.not_ready(p.tier, p.name, s.digest) is None for s in p.shards) and \
         views.find(p.tier, p.name, [s.id for s in p.shards]) is not None
 
