@@ -10,6 +10,7 @@ baselines alike. See docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import mmap
 import os
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -504,9 +505,42 @@ class Bench:
         self.sh(prolog, env=env)
         return self.time_median(lambda: self.sh(prolog, env=env), runs=max(self.runs, 10))
 
+    #: the sharded warm Prolog's dataset: shards, and the 3-node job whose third this node holds
+    WARM_SHARDS, WARM_JOB_NODES = 96, "bench,bench2,bench3"
+
+    def warm_prolog_sharded(self, files: int) -> float:
+        """The warm Prolog of a 3-node job on the same files as a dataset of WARM_SHARDS shards:
+        this node's part (a third) and its view are ready; each run is a new job, so the warm
+        path also records the job's versions and makes its plan, as a job's first node does."""
+        name = f"warm{files // 1000}k-sharded"
+        self.configure(name, str(self.dir / "data" / f"warm{files // 1000}k"), shards=self.WARM_SHARDS)
+        self.ds("manifest", "build", name)
+        defaults = self.dir / "defaults"
+        prolog = str(TOP / "prolog" / "dsstage-prolog")
+        jobs = iter(range(5000 + files, 10**7))  # job ids of their own: a job's records are its own
+
+        def one() -> str:
+            job = str(next(jobs))
+            self.sh(prolog, env={**self.hook_env(defaults, name, job), "SLURM_JOB_NODELIST": self.WARM_JOB_NODES})
+            return job
+        first = one()  # the full Prolog stages this node's part and makes its view
+        t = self.time_median(one, runs=max(self.runs, 10))
+        log = (self.dir / "hooks.log").read_text()
+        last = str(int(first) + max(self.runs, 10))
+        if f"job {last}: {name} cached at " not in log or "(warm path)" not in log.split(f"job {last}: ")[-1]:
+            raise SystemExit(f"bench: the warm Prolog did not answer job {last} of {name}: see {self.dir}/hooks.log")
+        return t
+
     def warm(self) -> None:
         t10 = self.warm_prolog(10_000)
         t100 = self.warm_prolog(100_000)
+        s10 = self.warm_prolog_sharded(10_000)
+        s100 = self.warm_prolog_sharded(100_000)
+        part = f"{self.WARM_SHARDS} shards, this node's third of a 3-node job (its view)"
+        self.add("warm prolog, sharded", f"10k files in {part}", s10 * 1000, "ms", "cached dataset, 10k files",
+                 t10 * 1000, s10 / t10, "<= 150 ms", s10 <= 0.150)
+        self.add("warm prolog, sharded", f"100k files in {part}", s100 * 1000, "ms", "cached dataset, 100k files",
+                 t100 * 1000, s100 / t100, "<= 150 ms", s100 <= 0.150)
         t_cli = self.time_median(lambda: self.ds("stage", "warm100k", "--job-id", "cli"), runs=max(self.runs, 10))
         self.add("warm stage", "`dsstage stage` of a cached 100k-file dataset (CLI)", t_cli * 1000, "ms")
         self.add("warm prolog", "cached dataset, 10k files", t10 * 1000, "ms", target="<= 150 ms", met=t10 <= 0.150)
@@ -920,6 +954,8 @@ class Bench:
             self.latency(self.delays)
         if self.wants("fanout"):
             self.fanout()
+        if self.wants("sharded"):
+            self.sharded()
 
     #: the fan-out scenario's devcluster: its own directory and ports (bench/replay uses 46917)
     FANOUT_PORT = 36817
@@ -935,8 +971,82 @@ class Bench:
         peers off (three independent stages)."""
         n = 240 if self.quick else 480
         root = self.make_files(f"fanout{n}", n, 1 << 20, fanout=60)
-        mnt = self.dir / "mnt-fanout"
-        cdir = Path(f"/var/tmp/dsstage-bench-fanout-{os.getpid()}")
+        with self.devcluster("fanout") as (cdir, env), \
+                LatencyFS(root, self.dir / "mnt-fanout", delay_us=200, rate=self.FANOUT_RATE << 20,
+                          extra_options="uncached") as fs:
+            self._fanout_runs(n, root, fs, cdir, env)
+
+    @staticmethod
+    def runner(cdir: Path, env: dict[str, str]) -> Callable[..., str]:
+        """A command on the devcluster (its Slurm and dsstage configuration): its output."""
+        def run(*argv: str, check: bool = True) -> str:
+            res = subprocess.run(list(argv), env=env, text=True, capture_output=True, timeout=900,
+                                 cwd=str(cdir / "jobs"))
+            if check and res.returncode != 0:
+                raise SystemExit(f"bench: {' '.join(argv[:3])}... failed ({res.returncode}): {res.stderr[-800:]}")
+            return res.stdout
+        return run
+
+    @staticmethod
+    def wait_for_job(run: Callable[..., str], job_id: str, seconds: float = 900) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and run("squeue", "-h", "-j", job_id, "-o", "%T").strip():
+            time.sleep(0.5)
+
+    #: the sharded scenario's dataset: shards, and what the source serves (MiB/s, all nodes)
+    SHARDED_SHARDS = 24
+
+    def sharded(self) -> None:
+        """A dataset larger than a node's share, spread over a 3-node job on the devcluster:
+        what the source (a latencyfs mount) served for the job, and what each node holds,
+        against the dataset and a third of it; each run starts from nodes that hold nothing."""
+        n = 240 if self.quick else 480
+        root = self.make_files(f"fanout{n}", n, 1 << 20, fanout=60)
+        total = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        with self.devcluster("sharded") as (cdir, env), \
+                LatencyFS(root, self.dir / "mnt-sharded", delay_us=200, rate=self.FANOUT_RATE << 20,
+                          extra_options="uncached") as fs:
+            run = self.runner(cdir, env)
+            conf_path = cdir / "etc" / "dsstage.yaml"
+            conf = yaml.safe_load(conf_path.read_text())
+            conf["datasets"]["big"] = {"source": str(fs.mountpoint), "shards": self.SHARDED_SHARDS}
+            conf_path.write_text(yaml.safe_dump(conf))
+            conf_path.chmod(0o644)
+            dsstage = str(TOP / ".venv" / "bin" / "dsstage")
+            run(dsstage, "manifest", "build", "big")
+            run(dsstage, "export-catalog", "-o", str(cdir / "etc" / "dsstage_catalog.lua"))
+            tier = str(conf["tiers"]["nvme"]["path"])
+            served, held = [], []
+            for i in range(self.runs):
+                self.say(f"sharded: run {i + 1} of {self.runs}")
+                for node in ("n1", "n2", "n3"):
+                    run(dsstage, "--node", node, "evict", "big", "--force", check=False)
+                fs.remount()
+                fs.reset()
+                job_id = run("sbatch", "--parsable", "-N", "3", "-w", "n[1-3]", "--dataset=big", "-o", "/dev/null",
+                             "--wrap", "true").strip().split(";")[0]
+                self.wait_for_job(run, job_id)
+                log = (cdir / "log" / "dsstage-hooks.log").read_text()
+                if log.count(f"job {job_id}: big shards ") != 3:
+                    raise SystemExit(f"bench: sharded job {job_id}: not every node staged its part; see "
+                                     f"{cdir}/log/dsstage-hooks.log")
+                served.append(int(fs.stats()["bytes_read"]))
+                held.append([sum(p.stat().st_size for p in Path(tier.replace("{node}", node), "datasets", "big")
+                                 .rglob("*") if p.is_file()) for node in ("n1", "n2", "n3")])
+        b_src = statistics.median(served) / total
+        b_node = statistics.median(max(h) for h in held) / (total / 3)
+        label = f"sharded, 3-node job, {n} x 1 MiB in {self.SHARDED_SHARDS} shards"
+        self.add(label, "source bytes / dataset", b_src, "x", "dataset, MiB", total / 2**20, b_src, "<= 1.05",
+                 b_src <= 1.05)
+        self.add(label, "bytes the fullest node holds / (dataset / 3)", b_node, "x", "dataset / 3, MiB",
+                 total / 3 / 2**20, b_node, "<= 1.1", b_node <= 1.1)
+
+    @contextlib.contextmanager
+    def devcluster(self, what: str) -> Iterator[tuple[Path, dict[str, str]]]:
+        """A devcluster of its own for a scenario (packaging/devcluster: real Slurm, the
+        Prolog on each of n1-n3), stopped afterwards: its directory and the environment its
+        commands run in."""
+        cdir = Path(f"/var/tmp/dsstage-bench-{what}-{os.getpid()}")
         dc_env = dict(os.environ, DEVCLUSTER_DIR=str(cdir), DEVCLUSTER_PORT=str(self.FANOUT_PORT),
                       DEVCLUSTER_SAMPLE_FILES="10")
         env = dict(os.environ, SLURM_CONF=str(cdir / "etc" / "slurm.conf"),
@@ -944,13 +1054,12 @@ class Bench:
         for var in ("SLURM_JOB_ID", "SLURMD_NODENAME"):
             env.pop(var, None)
         script = str(TOP / "packaging" / "devcluster")
-        self.say(f"fanout: devcluster up in {cdir} (slurmctld port {self.FANOUT_PORT})")
+        self.say(f"{what}: devcluster up in {cdir} (slurmctld port {self.FANOUT_PORT})")
         up = subprocess.run([script, "up"], env=dc_env, text=True, capture_output=True, timeout=1800)
         try:
             if up.returncode != 0:
                 raise SystemExit(f"bench: devcluster up failed: {up.stderr[-2000:]}")
-            with LatencyFS(root, mnt, delay_us=200, rate=self.FANOUT_RATE << 20, extra_options="uncached") as fs:
-                self._fanout_runs(n, root, fs, cdir, env)
+            yield cdir, env
         finally:
             subprocess.run([script, "down"], env=dc_env, timeout=300)
             shutil.rmtree(cdir, ignore_errors=True)
@@ -961,12 +1070,7 @@ class Bench:
         log_path = cdir / "log" / "dsstage-hooks.log"
         dsstage = str(TOP / ".venv" / "bin" / "dsstage")
 
-        def run(*argv: str, check: bool = True) -> str:
-            res = subprocess.run(list(argv), env=env, text=True, capture_output=True, timeout=900,
-                                 cwd=str(cdir / "jobs"))
-            if check and res.returncode != 0:
-                raise SystemExit(f"bench: {' '.join(argv[:3])}... failed ({res.returncode}): {res.stderr[-800:]}")
-            return res.stdout
+        run = self.runner(cdir, env)
 
         def configure(peers: bool) -> None:
             conf = yaml.safe_load(conf_path.read_text())
@@ -990,12 +1094,7 @@ class Bench:
             out = run("sbatch", "--parsable", "-N", str(count), "-w", nodes, "--dataset=fan",
                       "-o", "/dev/null", "--wrap", "true")
             job_id = out.strip().split(";")[0]
-            deadline = time.monotonic() + 900
-            while time.monotonic() < deadline:
-                state = run("squeue", "-h", "-j", job_id, "-o", "%T").strip()
-                if not state:
-                    break
-                time.sleep(0.5)
+            self.wait_for_job(run, job_id)
             served = int(fs.stats()["bytes_read"])
             times = [float(t) for t in re.findall(rf"job {job_id}: fan staged at \S+ in ([0-9.]+)s",
                                                    log_path.read_text())]
@@ -1040,7 +1139,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, help="runs per measurement (default 3 quick, 5 full)")
     p.add_argument("--dir", default="/var/tmp/dsstage-bench", help="where data and stores go")
     p.add_argument("--only", help="comma-separated scenarios: cold, single, warm, verify, sharing, manifest, status, "
-                   "latency, fanout (single, one 2 GiB file, runs only when named)")
+                   "latency, fanout, sharded (single, one 2 GiB file, runs only when named)")
     p.add_argument("--cache", choices=("cold", "warm", "both"), default="cold",
                    help="cold, warm or both: page cache dropped before each run of cold, warm and single stages "
                    "and of verify (cold), or the data read into it beforehand (warm), to see the hashing "
