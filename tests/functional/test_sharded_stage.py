@@ -325,3 +325,33 @@ def test_a_multi_node_job_on_the_warm_path_uses_the_version_its_first_node_chose
         "/" + first[:16])
     assert warm_on(env, "n1", "93", "n[1-2]", run, "coco") == 0  # the first node of job 93: records its reading
     assert json.loads((env.state / "jobs" / "93.json").read_text())["versions"] == {"coco": second}
+
+
+def test_retention_values_a_shard_by_the_pending_jobs_whose_plan_gives_it_this_node(env: Env, big, tmp_path):
+    """n1 holds every shard (a one-node job's); a pending job planned on n1 and n2 will give
+    n1 three of them (what n1 holds, its larger share): the retention planner counts that
+    job's demand for those three only, and they are the ones its plan gives n1."""
+    from dsstage.hooks import jobrecord
+    from dsstage.policy import demand
+    from dsstage.slurm.records import Job
+    run = tmp_path / "run"
+    prolog_on(env, "n1", "70", "n1", run)
+    from dsstage.hooks import job as hooks
+    hooks.epilog({"SLURM_JOB_ID": "70", "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1",
+                  "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}, run_dir=str(run), load_config=env.config)
+    demand.write(str(env.state), demand.build([Job("71", "root", "PENDING", ("big",), partition="gpu", priority=1,
+                                                   start_time=time.time() + 60, sched_nodes="n[1-2]")], time.time()))
+    store = env.store()
+    with open_tier(store.layout("nvme")) as tier:
+        copies = eviction.copies(store, tier, store.config.tiers["nvme"], dem=store.demand()[0])
+    assert len(copies) == 6
+    spare = {c.version for c in copies if c.not_for == frozenset({"71"})}
+    assert len(spare) == 3 and all(not c.not_for for c in copies if c.version not in spare)
+    ids = [s.id for s in sharded.shards_of(store, "big", big["digest"]).shards]
+    plan = jobrecord.plan_for(str(env.state), "71", ["n1", "n2"], "n1", {"big": ids})["big"]
+    assert set(plan["n1"]) == {c.version for c in copies} - spare
+    with open_tier(store.layout("nvme")) as tier:
+        decisions = eviction.plan(store, tier, store.config.tiers["nvme"], store.demand()[0]).decisions
+    reasons = {d.copy.version: d.reason for d in decisions}
+    assert all("wanted by pending job 71" in reasons[v] for v in plan["n1"]) and \
+        not any("wanted by pending job 71" in reasons[v] for v in spare), reasons

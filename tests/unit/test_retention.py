@@ -278,3 +278,26 @@ def test_a_job_running_on_this_node_is_not_demand_from_other_nodes():
     assert d["a"] == ("evict", "asked to evict")
     _p, d = decide([copy("a")], wants={"a": [here, Want("8", "running", nodes=("n2",))]})
     assert d["a"][1] == "in use by running job 8 on other nodes"
+
+
+def test_a_shard_copy_counts_only_the_pending_jobs_whose_plan_gives_it_this_node():
+    """Two shards of one dataset on n1, over the high watermark; pending job 456, planned on
+    n1 and n2, would give n1 shard s1 only (not_for on s2): s2 goes first, with no demand of
+    its own, and s1 stays, wanted by the job."""
+    s1 = copy("big", 40, version="s1" * 8, idle=2 * DAY)
+    s2 = copy("big", 40, version="s2" * 8, idle=3 * DAY, not_for=frozenset({"456"}))
+    other = copy("x", 15, idle=5 * DAY)
+    p = plan([s1, s2, other], Demand(wants={"big": [pending("456", nodes=("n1", "n2"))], "x": [pending("457")]}),
+             Space(capacity=100 * GB, high=0.9, low=0.75), NOW, node="n1")
+    got = {d.copy.version: (d.action, d.reason) for d in p.decisions}
+    assert got["s2" * 8][0] == "evict" and "no demand" in got["s2" * 8][1], got
+    assert got["s1" * 8] == ("keep", "wanted by pending job 456 (partition gpu, expected in 10 min, planned on "
+                                     "this node)"), got
+    assert got[other.version][0] == "keep"  # wanted here: the shard nobody will read goes instead
+    # without what the plan says (the dataset's demand for every shard), both shards count as
+    # wanted here, and x, the least recently used, goes instead of the shard nobody will read
+    p = plan([s1, copy("big", 40, version="s2" * 8, idle=3 * DAY), other],
+             Demand(wants={"big": [pending("456", nodes=("n1", "n2"))], "x": [pending("457")]}),
+             Space(capacity=100 * GB, high=0.9, low=0.75), NOW, node="n1")
+    assert {d.copy.version: d.action for d in p.decisions} == {"s1" * 8: "keep", "s2" * 8: "keep",
+                                                               other.version: "evict"}

@@ -142,7 +142,8 @@ def spare_rule(node: str, start: float) -> Callable[[Copy, Demand], str]:
     def spare(copy: Copy, demand: Demand) -> str:
         if demand.stale:
             return "the demand is unknown (stale snapshot)"
-        sooner = [w for w in demand.wants.get(copy.dataset, ()) if _needs_here(w, node, start)]
+        sooner = [w for w in demand.wants.get(copy.dataset, ())
+                  if _needs_here(w, node, start) and w.job_id not in copy.not_for]  # not_for: other shards
         if sooner:
             w = min(sooner, key=lambda w: w.start or 0.0)
             return f"which pending job {w.job_id} needs sooner"

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dsstage.config.model import Tier
-from dsstage.errors import LockTimeout, NoSpace
+from dsstage.errors import DsstageError, LockTimeout, NoSpace
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.layout import Layout, version_id
 from dsstage.fs.safe import RootDir
-from dsstage.node import background, publish, space, views
+from dsstage.node import background, publish, shardplan, space, views
 from dsstage.node.lease import LeaseBook
 from dsstage.node.store import PREEMPT_WAIT, Eviction, Store, _human, _lock, local_errors, open_tier
 from dsstage.policy import retention
@@ -30,15 +30,18 @@ if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs i
 log = logging.getLogger(__name__)
 
 
-def copies(store: Store, tier: RootDir, tier_conf: Tier, released: str = "") -> list[retention.Copy]:
+def copies(store: Store, tier: RootDir, tier_conf: Tier, released: str = "",
+           dem: retention.Demand | None = None) -> list[retention.Copy]:
     """This tier's copies as the retention planner sees them. Last use: the last lease
     taken or released on the dataset (the mtime of its leases directory), or when it
     was staged. A copy whose current version cannot be read counts as current. ``released``:
-    a job whose leases count as given back (what its Epilog would see, for a dry run)."""
+    a job whose leases count as given back (what its Epilog would see, for a dry run).
+    ``dem``: the queue's demand, to tell which pending jobs a shard copy is for."""
     book = LeaseBook(tier)
     out = []
     for name in tier.names("datasets"):
         current = store.current_copies(name)
+        not_for = shards_not_for(store, name, dem) if dem is not None else {}
         leases = book.of_dataset(name)
         lfd = tier.has_dir("leases", name)
         touched = os.fstat(lfd).st_mtime if lfd is not None else 0.0
@@ -53,8 +56,39 @@ def copies(store: Store, tier: RootDir, tier_conf: Tier, released: str = "") -> 
                                     if x.covers(version) and x.job_id != (released or None))),
                 current=current is None or version in current,
                 ready=bool(mark) and not mark.get("bad"),
-                shared={str(v): space.as_bytes(b) for v, b in linked.items()} if isinstance(linked, dict) else {}))
+                shared={str(v): space.as_bytes(b) for v, b in linked.items()} if isinstance(linked, dict) else {},
+                not_for=not_for.get(version, frozenset())))
     return out
+
+
+#: the pending jobs per sharded dataset whose plans are worked out for retention, soonest
+#: first (each reads its nodes' published reports); the demand of the others counts for
+#: every shard, which keeps more, never less
+PLANNED_JOBS = 8
+
+
+def shards_not_for(store: Store, name: str, dem: retention.Demand) -> dict[str, frozenset[str]]:
+    """shard id -> the pending jobs planned on this node (and others) whose plan would give
+    this node other shards of ``name`` (dsstage.node.shardplan, as the job's first node will
+    make it from what the nodes hold now); {} for a dataset that is not sharded."""
+    ds = store.config.datasets.get(name)
+    if ds is None or not ds.shards or dem.stale:
+        return {}
+    planned = sorted((w for w in dem.wants.get(name, ()) if w.state == "pending" and store.node in w.nodes
+                      and len(w.nodes) > 1), key=lambda w: (w.start is None, w.start or 0.0))[:PLANNED_JOBS]
+    if not planned:
+        return {}
+    try:
+        ids = [fs_layout.version_id(d) for d in store.shard_digests(name, store.current(name))]
+    except (DsstageError, OSError):
+        return {}
+    out: dict[str, set[str]] = {}
+    for w in planned:
+        mine = set(shardplan.plan(store.config.state_dir, name, ids, list(w.nodes)).get(store.node) or ids)
+        for shard in ids:
+            if shard not in mine:
+                out.setdefault(shard, set()).add(w.job_id)
+    return {shard: frozenset(jobs) for shard, jobs in out.items()}
 
 
 def space_of(store: Store, tier: RootDir, tier_conf: Tier, need: int = 0,
@@ -76,7 +110,8 @@ def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *,
          protect: tuple[str, ...] = (), evict: tuple[str, ...] = (), force: bool = False,
          released: str = "") -> retention.Plan:
     """The planner on this tier; ``space``: the tier's, if the caller has it already."""
-    return retention.plan(copies(store, tier, tier_conf, released), dem, space or space_of(store, tier, tier_conf),
+    return retention.plan(copies(store, tier, tier_conf, released, dem), dem,
+                          space or space_of(store, tier, tier_conf),
                           store.clock(),
                           policy=policy(store), node=store.node, protect=protect, evict=evict, force=force)
 

@@ -86,6 +86,9 @@ class Copy:
     ready: bool = True  # False: flagged bad (no job may get it)
     #: bytes it hard-links from older versions of the same dataset on the node, by version
     shared: Mapping[str, int] = field(default_factory=dict)
+    #: a sharded dataset's shard: the pending jobs planned on this node whose plan gives this
+    #: node other shards (dsstage.node.shardplan); their demand does not count for this copy
+    not_for: frozenset[str] = frozenset()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -188,7 +191,7 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
     for c in copies:
         d = _rule(c, demand, now, policy, node, ready_current, protected)
         if c.dataset in asked and (d is None or not d.evict) and not c.leases:
-            wanted = _demand_text(c.dataset, demand, node, now)
+            wanted = _demand_text(c.dataset, demand, node, now, c.not_for)
             if wanted and not force:
                 d = Decision(c, False, f"{wanted}: not evicted without --force")
             else:
@@ -206,11 +209,11 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
     recent = {c.key for c in candidates if c.current and now - c.last_used < policy.min_keep}
     if total > space.high * space.capacity:
         order = sorted(candidates, key=lambda c: eviction_key(c, demand, node, now))
-        hot = {c.key for c in candidates if c.current and demand_score(c.dataset, demand, node, now) > 0}
+        hot = {c.key for c in candidates if c.current and demand_score(c.dataset, demand, node, now, c.not_for) > 0}
         fits_room = [c for c in order if c.key not in recent]
         if space.need:
             # min_keep must not fail a stage: a recent copy no job may still use here goes, last of all
-            fits_room += [c for c in order if c.key in recent and not wanted_here(c.dataset, demand, node)]
+            fits_room += [c for c in order if c.key in recent and not wanted_here(c.dataset, demand, node, c.not_for)]
         pressured = _shortest_prefix(fits_room, remaining, space, hot)
     for c in candidates:
         if c in pressured:
@@ -284,12 +287,18 @@ def _shortest_prefix(order: list[Copy], remaining: dict[tuple[str, str], Copy], 
     return order[:n] if n else order
 
 
-def demand_score(dataset: str, demand: Demand, node: str, now: float) -> float:
-    """How much the queue wants ``dataset`` on ``node`` (0 on a stale snapshot)."""
+def wants_of(dataset: str, demand: Demand, skip: frozenset[str] = frozenset()) -> list[Want]:
+    """The queue's wants of ``dataset`` but those of the jobs in ``skip`` (Copy.not_for)."""
+    return [w for w in demand.wants.get(dataset, ()) if w.job_id not in skip]
+
+
+def demand_score(dataset: str, demand: Demand, node: str, now: float, skip: frozenset[str] = frozenset()) -> float:
+    """How much the queue wants ``dataset`` on ``node`` (0 on a stale snapshot); ``skip``:
+    jobs whose want does not count (Copy.not_for)."""
     if demand.stale:
         return 0.0
     score = 0.0
-    for w in demand.wants.get(dataset, ()):
+    for w in wants_of(dataset, demand, skip):
         if w.state == "running":
             score += 0.0 if node in w.nodes else RUNNING_ELSEWHERE
             continue
@@ -298,14 +307,14 @@ def demand_score(dataset: str, demand: Demand, node: str, now: float) -> float:
     return score
 
 
-def wanted_here(dataset: str, demand: Demand, node: str) -> bool:
+def wanted_here(dataset: str, demand: Demand, node: str, skip: frozenset[str] = frozenset()) -> bool:
     """Whether a pending job may still use this node's copy of ``dataset``: one the backfill
     plan put here, or one not planned yet (it may land anywhere). A job running or planned
     on another node reads its own node's copy, not this one. A stale snapshot carries no
     demand (as in ``demand_score``)."""
     if demand.stale:
         return False
-    return any(w.state == "pending" and (not w.nodes or node in w.nodes) for w in demand.wants.get(dataset, ()))
+    return any(w.state == "pending" and (not w.nodes or node in w.nodes) for w in wants_of(dataset, demand, skip))
 
 
 def soonness(w: Want, now: float) -> float:
@@ -318,7 +327,8 @@ def soonness(w: Want, now: float) -> float:
 def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, float, float, float, int]:
     """Lowest first: superseded versions, then by demand, then by use frequency, then least
     recently used, then the larger copy."""
-    return (1 if c.current else 0, demand_score(c.dataset, demand, node, now), demand.uses.get(c.dataset, 0.0),
+    return (1 if c.current else 0, demand_score(c.dataset, demand, node, now, c.not_for),
+            demand.uses.get(c.dataset, 0.0),
             c.last_used, -c.bytes)
 
 
@@ -326,7 +336,7 @@ def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, f
 
 def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: float) -> str:
     why = "over high watermark" if space.need == 0 else "room for the stage in progress"
-    what = "old version" if not c.current else _demand_text(c.dataset, demand, node, now) or "no demand"
+    what = "old version" if not c.current else _demand_text(c.dataset, demand, node, now, c.not_for) or "no demand"
     return (f"{why} ({space.high:.0%} of {_size(space.capacity)}); {what}{_uses_text(c.dataset, demand)}, "
             f"idle {human_duration(now - c.last_used)}")
 
@@ -334,7 +344,7 @@ def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: floa
 def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy) -> str:
     if not c.current:
         return "old version, kept while there is room: staging the current one reuses its files"
-    wanted = _demand_text(c.dataset, demand, node, now)
+    wanted = _demand_text(c.dataset, demand, node, now, c.not_for)
     if wanted:
         return wanted
     idle = now - c.last_used
@@ -356,10 +366,10 @@ def _uses_text(dataset: str, demand: Demand) -> str:
     return f"; used by {count} in the cluster (decayed count, half-life {human_duration(HALF_LIFE)})"
 
 
-def _demand_text(dataset: str, demand: Demand, node: str, now: float) -> str:
+def _demand_text(dataset: str, demand: Demand, node: str, now: float, skip: frozenset[str] = frozenset()) -> str:
     if demand.stale:
         return ""
-    wants = demand.wants.get(dataset, ())
+    wants = wants_of(dataset, demand, skip)
     pending = [w for w in wants if w.state == "pending"]
     if pending:
         best = min(pending, key=lambda w: (0 if node in w.nodes else 1, w.start if w.start is not None else 1e300))
