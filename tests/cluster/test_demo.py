@@ -23,6 +23,8 @@ CLAIMS = [
     r"check: job \d+ started warm: its Prolog found sample cached",
     r"check: the Epilog evicted dropme \(nobody wants it\) and kept keepme \(job \d+ wants it\)",
     r"check: job \d+ ran from the copy the Epilog kept",
+    r"check: refused at submit: bigset needs 3 nodes, and the error says so",
+    r"check: each node saw only its part \(8 of the 24 files\); together the parts are the whole dataset",
 ]
 
 
@@ -43,7 +45,9 @@ def test_the_demo_tells_the_whole_story_and_its_checks_hold(another_devcluster):
         assert re.search(r"job \d+: sample staged at .*/nvme/n3/", out)
         assert re.search(r"job \d+: evicted dropme \w+ \(over high watermark", out)
         assert re.search(r"demo keepme \w+ \([^)]*\): kept: wanted by pending job \d+", out)
+        assert re.search(r"bigset is [0-9.]+ [kMG]i?B in 6 shards; .*ask for at least 3 nodes \(--nodes=3\)", out), out
         status = out.split("$ dsstage status\n")[1]
+        assert re.search(r"bigset +6 shards +6 ready +3 ", status), status
         assert "Datasets on nodes" in status and "Wanted by the queue" in status
         job_answer = out.split("$ dsstage status --job ")[-1]
         assert job_answer.split("\n", 1)[1].startswith("Job "), "status --job prints its paragraph alone"
