@@ -355,3 +355,36 @@ def test_retention_values_a_shard_by_the_pending_jobs_whose_plan_gives_it_this_n
     reasons = {d.copy.version: d.reason for d in decisions}
     assert all("wanted by pending job 71" in reasons[v] for v in plan["n1"]) and \
         not any("wanted by pending job 71" in reasons[v] for v in spare), reasons
+
+
+def test_status_job_shows_a_running_jobs_shard_map_and_a_pending_jobs_plan(env: Env, big, tmp_path):
+    """`status --job` for a running 3-node job: its recorded map, by node; for a pending one
+    planned on two nodes: the plan its first node would make now (the shards n1 and n2 hold)."""
+    from dsstage.cluster import shardmaps, status
+    from dsstage.policy import demand
+    from dsstage.slurm.fake import FakeSlurm
+    from dsstage.slurm.records import Job
+    run = tmp_path / "run"
+    parts = {n: exported(prolog_on(env, n, "97", "n[1-3]", run))["DSSTAGE_SHARDS"] for n in ("n1", "n2", "n3")}
+    now = time.time()
+    demand.write(str(env.state), demand.build([
+        Job("97", "root", "RUNNING", ("big",), partition="gpu", priority=1, nodes="n[1-3]"),
+        Job("98", "root", "PENDING", ("big",), partition="gpu", priority=1, start_time=now + 60,
+            sched_nodes="n[1-2]")], now))
+    conf = env.config()
+    st = status.collect(conf, FakeSlurm())
+    job, nodes = status.job_of(st, "97")
+    maps = shardmaps.for_job(conf, job, nodes)
+    assert maps["big"]["recorded"] and {n: ",".join(map(str, v)) for n, v in maps["big"]["nodes"].items()} == parts
+    text = status.explain_job(st, "97", maps)
+    assert "big's shards by node: " in text and all(f"{n} {shardmaps._ranges(list(map(int, p.split(','))))}" in text
+                                                    for n, p in parts.items()), text
+    job, nodes = status.job_of(st, "98")
+    pending = shardmaps.for_job(conf, job, nodes)["big"]
+    assert not pending["recorded"] and sorted(pending["nodes"]) == ["n1", "n2"]
+    assert sorted(i for v in pending["nodes"].values() for i in v) == list(range(6))
+    held = {n: set(map(int, parts[n].split(","))) for n in ("n1", "n2")}
+    assert all(held[n] <= set(pending["nodes"][n]) for n in held)  # each keeps what it holds
+    assert "as its plan would be if it started now" in status.explain_job(st, "98", {"big": pending})
+    out = env.cli_json("status", "--job", "97")
+    assert out["shard_maps"]["big"]["nodes"] == maps["big"]["nodes"]

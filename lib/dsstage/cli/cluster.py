@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from dataclasses import asdict
+from typing import Any
 
 from dsstage.cli.common import emit, live_reports, load_config
 from dsstage.cluster import poller as cluster_poller
@@ -60,7 +61,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     whole = status.collect(conf, client, reports=reports, unreachable=unreachable)
     whole = status.as_seen_by(conf, whole, os.getuid())
     st = status.select(whole, filt) if filt else whole
-    explain = status.explain_job(whole, args.job) if args.job else ""
+    maps: dict[str, dict[str, Any]] = {}
+    if args.job:
+        from dsstage.cluster import shardmaps
+        job, nodes = status.job_of(whole, args.job)
+        maps = shardmaps.for_job(conf, job, nodes) if job and whole.sharded else {}
+    explain = status.explain_job(whole, args.job, maps) if args.job else ""
 
     def text() -> None:
         out = console()
@@ -81,6 +87,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         data = status.to_json(st)
         if args.job:
             data["explain"] = explain
+            data["shard_maps"] = maps
         emit(args, data, text)
     else:
         text()

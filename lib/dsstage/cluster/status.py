@@ -280,16 +280,22 @@ def dataset_rows(st: Status) -> list[dict[str, Any]]:
     return sorted(out, key=lambda g: (g["dataset"], not g["current"], order.get(g["state"], 99), g["version"]))
 
 
-def explain_job(st: Status, job_id: str) -> str:
-    """One paragraph on job ``job_id``'s datasets: where they are, what is staging, what
-    happens next. ``st`` is the unfiltered status."""
+def job_of(st: Status, job_id: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """Job ``job_id`` of the queue's demand (None if it is not there) and its nodes."""
     job = next((q for q in st.queue if q["job_id"] == job_id), None)
+    return job, _expand(job["nodes"]) if job else []
+
+
+def explain_job(st: Status, job_id: str, maps: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """One paragraph on job ``job_id``'s datasets: where they are, what is staging, what
+    happens next. ``st`` is the unfiltered status; ``maps``: the job's shard maps
+    (dsstage.cluster.shardmaps.for_job), for its sharded datasets."""
+    job, planned = job_of(st, job_id)
     if job is None:
         if st.queue_error:
             return f"Job {job_id}: the queue could not be read ({st.queue_error}), so its datasets are unknown."
         return (f"Job {job_id} is not in the queue's demand: it requests no dataset, it has ended, or it was "
                 f"submitted after the demand snapshot ({human_duration(st.time - st.demand_time)} old) was taken.")
-    planned = _expand(job["nodes"])
     where = {"pending": "pending", "running": "running"}[job["state"]]
     parts = [f"Job {job_id} ({job['user'] or 'unknown user'}, {where}"
              + (f" in {job['partition']}" if job["partition"] else "") + f") wants {_and(job['datasets'])}."]
@@ -308,6 +314,9 @@ def explain_job(st: Status, job_id: str) -> str:
     by_node = {r["node"]: r for r in st.nodes}
     for name in job["datasets"]:
         parts.append(_dataset_sentence(name, planned, by_node, job))
+        if maps and name in maps:
+            from dsstage.cluster import shardmaps
+            parts.append(shardmaps.sentence(name, maps[name]))
     if job["state"] == "pending":
         parts.append("Its Prolog stages what is missing on each node before the job starts; if that fails the job "
                      "falls back to the source or is held, as the dataset's on_failure says.")
