@@ -53,6 +53,8 @@ if "{array}" ~= "" then job.array_inx = "{array}" end
 if "{features}" ~= "" then job.features = "{features}" end
 if "{nodes}" ~= "" then job.req_nodes = "{nodes}" end
 if "{min_nodes}" ~= "" then job.min_nodes = tonumber("{min_nodes}") end
+local script = [==[{script}]==]
+if script ~= "" then job.script = script end
 if "{tasks}" ~= "" then job.num_tasks = tonumber("{tasks}"); job.ntasks_per_node = tonumber("{per_node}") end
 local rc, msg = d.check(job, {uid})
 print(rc, msg or "", job.admin_comment or "", job.prefer or "")
@@ -66,13 +68,13 @@ def check(tmp_path, env: list[str], uid: int = 0, admin: str = "") -> tuple[int,
 
 def run_check(tmp_path, env: list[str], uid: int = 0, admin: str = "", prefer: str = "",
               conf=CONF, array: str = "", features: str = "", nodes: str = "", min_nodes: str = "",
-              tasks: str = "", per_node: str = "", sized=None) -> tuple[int, str, str, str]:
+              tasks: str = "", per_node: str = "", sized=None, script: str = "") -> tuple[int, str, str, str]:
     catalog = tmp_path / "dsstage_catalog.lua"
     if not catalog.exists():
         catalog.write_text(render(conf, sized=sized))
     script = HARNESS.format(sbatch_ext=ROOT / "sbatch_ext", catalog=catalog, env="|".join(env), uid=uid,
                             admin=admin, prefer=prefer, array=array, features=features, nodes=nodes,
-                            min_nodes=min_nodes, tasks=tasks, per_node=per_node)
+                            min_nodes=min_nodes, tasks=tasks, per_node=per_node, script=script)
     out = subprocess.run([LUA, "-e", script], capture_output=True, text=True, check=True).stdout
     rc, msg, comment, prefer_out = out.rstrip("\n").split("\t")
     return int(rc), msg, comment, prefer_out
@@ -441,6 +443,14 @@ def test_a_job_whose_nodes_cannot_hold_a_sharded_dataset_is_told_how_many_to_ask
     else:
         assert rc != 0 and msg == ("dsstage: imagenet22t is 20.2 TiB in 1024 shards; each node holds 2.8 TiB: ask "
                                    "for at least 8 nodes (--nodes=8)"), msg
+
+
+@pytest.mark.parametrize("min_nodes, ok", [("4", False), ("8", True)])
+def test_a_bb_lua_directive_gets_the_same_fit_check(tmp_path, min_nodes, ok):
+    rc, msg, _c, _p = run_check(tmp_path, [], sized=SIZED, min_nodes=min_nodes,
+                                script="#!/bin/bash\n#BB_LUA dataset=imagenet22t\nsrun train.py\n")
+    assert (rc == 0) == ok, msg
+    assert ok or msg.endswith("ask for at least 8 nodes (--nodes=8)"), msg
 
 
 def test_a_dataset_larger_than_a_node_without_shards_is_refused_saying_what_admins_can_do(tmp_path):
