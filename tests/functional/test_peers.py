@@ -316,3 +316,60 @@ def test_the_nodes_a_pending_job_is_planned_on_prefetch_it_reading_the_source_on
     assert total <= source_read <= 1.1 * total, (source_read, total)  # three separate prefetches: 3x
     for n in NODES:
         assert verified(env, n)
+
+
+@pytest.mark.parametrize("with_peers", [True, False])
+def test_replicas_of_a_shard_share_its_transfer_through_the_peers(env: Env, tmp_path: Path, with_peers: bool):
+    """A dataset of 2 shards for a 3-node job: one shard is on two nodes (replicas). With
+    peers, those two share its transfer (one reads part of it from the other) and the source
+    serves the dataset about once; without, it serves that shard twice."""
+    from dsstage.config import catalog
+    from dsstage.hooks import shardjob
+    latencyfs.require()
+    backing = random_tree(tmp_path / "backing", FILES, SIZE, fanout=20)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    secret = tmp_path / "peers.secret"
+    secret.write_text("s3cret-for-tests-" + "x" * 24 + "\n")
+    secret.chmod(0o600)
+    daemons = Peers(env)
+    env.extra["peers"] = {"enabled": with_peers, "secret_file": str(secret), "wait": 30, "timeout": 20,
+                          "hosts": {n: f"127.0.0.1:{p}" for n, p in daemons.ports.items()}}
+    with LatencyFS(backing, mnt, delay_us=0) as fs:
+        env.add("twin", source=str(mnt), shards=2)
+        env.cli("manifest", "build", "twin")
+        fs.remount()
+        fs.reset()
+        try:
+            if with_peers:
+                for n in NODES:
+                    daemons.start(n)
+            results: dict[str, object] = {}
+            errors: list[BaseException] = []
+
+            def one(node: str) -> None:
+                try:
+                    results[node] = shardjob.stage(shardjob.Job("720", node, "n[1-3]", 0), env.store(node=node),
+                                                   "twin", None, catalog.User.lookup(0), None)
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+            threads = [threading.Thread(target=one, args=(n,)) for n in NODES]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+            assert not errors, errors
+            source_read = fs.stats()["bytes_read"]
+        finally:
+            daemons.stop()
+    total = dataset_bytes(env)
+    shards = {n: dict(results[n].exports)["SHARDS"] for n in NODES}  # type: ignore[attr-defined]
+    assert sorted(shards.values()) in (["0", "0", "1"], ["0", "1", "1"]), shards
+    if with_peers:
+        assert total <= source_read <= 1.1 * total, (source_read, total)
+    else:
+        assert source_read >= 1.3 * total, (source_read, total)  # the replicated shard twice
+    for n in NODES:
+        view = Path(results[n].path)  # type: ignore[attr-defined]
+        listed = Path(dict(results[n].exports)["FILES"]).read_text().splitlines()  # type: ignore[attr-defined]
+        assert all((backing / os.path.relpath(p, view)).read_bytes() == Path(p).read_bytes() for p in listed)

@@ -22,7 +22,7 @@ from dsstage.errors import StateError
 from dsstage.hooks import jobrecord, shardmap
 from dsstage.hooks.decisions import Verdict
 from dsstage.hostlist import expand_nodes
-from dsstage.node import sharded
+from dsstage.node import sharded, shardplan
 from dsstage.node.store import Store
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def stage(ctx: Job, store: Store, name: str, version: str | None, user: cat.User
     if not mine:
         raise StateError(f"job {ctx.job_id}'s shard plan gives node {ctx.node} no shard of {name!r}: requeue the job")
     part = sharded.stage_part(store, name, version, mine, user=user, job_id=ctx.job_id, deadline=deadline,
-                              nodes=ctx.nodes)
+                              nodes=ctx.nodes, replicas=shardplan.replicas(plan, mine))
     map_path = shardmap.write_map(store.run_dir, ctx.node, ctx.job_id, ctx.gid, name, version, index.shards, plan)
     log.info("job %s: %s shards %s of %d %s on %s (view %s, %d files; %d files from the source)", ctx.job_id, name,
              ",".join(str(s.index) for s in part.shards), index.count, part.action, ctx.node, part.view.path,

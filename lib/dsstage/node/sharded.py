@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dsstage.config import catalog as cat
@@ -60,9 +60,11 @@ def shards_of(store: Store, name: str, version: str) -> shard_index.Index:
 def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], *, user: cat.User, job_id: str,
                deadline: float | None = None, nodes: str = "",
                progress: Callable[[str, int, int], None] | None = None, pid: int = 0, full: bool = False,
-               prefetch: Prefetching | None = None) -> PartResult:
+               prefetch: Prefetching | None = None, replicas: Mapping[str, str] | None = None) -> PartResult:
     """Make shards ``shard_ids`` (ids of ``version``'s shards) ready on this node, leased to
-    ``job_id``, and their view; raises as a stage does (OutOfTime keeps the work so far)."""
+    ``job_id``, and their view; raises as a stage does (OutOfTime keeps the work so far).
+    ``replicas``: shard id -> the job's nodes (a hostlist) that stage that shard too, where
+    there are more nodes than shards: they share its transfer through the peers."""
     started = time.monotonic()
     index = shards_of(store, name, version)
     by_id = index.by_id()
@@ -76,7 +78,8 @@ def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], 
     for shard in shards:
         results.append(staging.stage(store, name, user=user, job_id=job_id, deadline=deadline, nodes=nodes,
                                      digest=shard.digest, shard_of=version, leased=leased, progress=progress,
-                                     pid=pid, full=full, prefetch=prefetch))
+                                     pid=pid, full=full, prefetch=prefetch,
+                                     replicas=(replicas or {}).get(shard.id, "")))
         leased = (*leased, shard.digest)
     ds = store.dataset(name)
     layout = store.layout(ds.tier)

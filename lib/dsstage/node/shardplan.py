@@ -5,7 +5,7 @@ staged is what the job's plan gives that node. Light: the warm Prolog uses it.""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dsstage.node import report
 from dsstage.shards.assign import assign
@@ -15,3 +15,16 @@ def plan(state_dir: str, name: str, shard_ids: Sequence[str], nodes: Sequence[st
     """node -> shard ids of ``name`` for a job on ``nodes`` (dsstage.shards.assign), preferring
     what each node's published report shows ready now."""
     return assign(shard_ids, nodes, report.ready_in_reports(state_dir, nodes, name, shard_ids))
+
+
+def replicas(plan: Mapping[str, Sequence[str]], mine: Sequence[str]) -> dict[str, str]:
+    """shard id -> the nodes (a Slurm hostlist) that hold it in ``plan``, for each of
+    ``mine`` that more than one node holds (a job of more nodes than shards): they share its
+    transfer through the peers."""
+    from dsstage.hostlist import fold_nodes
+    out = {}
+    for shard in mine:
+        holders = [node for node, ids in plan.items() if shard in ids]
+        if len(holders) > 1:
+            out[shard] = fold_nodes(holders)
+    return out

@@ -49,13 +49,15 @@ class StageRequest:
     prefetch: Prefetching | None = None  # the stage is a prefetch for a pending job
     nodes: str = ""  # the job's nodes (a Slurm hostlist), for the peers
     shard: bool = False  # the version staged is a shard (dsstage.node.sharded)
+    #: a shard: the job's nodes that stage the same shard (its replicas), for the peers
+    replicas: str = ""
 
 
 def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,
           on_staging: Callable[[], None] | None = None, deadline: float | None = None,
           progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None,
           nodes: str = "", digest: str | None = None, shard_of: str = "",
-          leased: tuple[str, ...] = ()) -> StageResult:
+          leased: tuple[str, ...] = (), replicas: str = "") -> StageResult:
     """Make the current version of ``name`` (or the version ``digest``: the one the job's
     nodes agreed on) ready on this node and lease it to ``job_id``.
 
@@ -78,10 +80,12 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     one, this node copies its share from the source and the rest from them.
 
     ``shard_of``: ``digest`` is a shard of that version (dsstage.node.sharded); the job's
-    lease then holds this shard with those it holds already (``leased``)."""
+    lease then holds this shard with those it holds already (``leased``), and ``replicas``
+    (a hostlist) are the job's nodes that stage the same shard: with ``peers.enabled`` they
+    share its transfer as a job's nodes share a version's."""
     started = time.monotonic()
     job = StageRequest(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes,
-                       shard=bool(shard_of))
+                       shard=bool(shard_of), replicas=replicas if shard_of else "")
     ds, digest = authorize(store, name, job, digest)
     if ds.shards and not shard_of:
         raise StateError(f"dataset {name!r} is sharded: a node stages its part of a job's plan "
@@ -214,8 +218,9 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
                                 store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
                                 interval=store.config.report.interval,
                                 publish_to=node_report.publish_target(store.config), also=progress),
-                            # each node of a job stages other shards: no peer holds this one
-                            group=None if job.shard else peers.group_for(store.config.peers, job.nodes, store.node),
+                            # a shard: only the nodes that stage the same one (its replicas) are peers
+                            group=peers.group_for(store.config.peers, job.replicas if job.shard else job.nodes,
+                                                  store.node),
                             tier=tier_conf.name)
         versions = [version_id(m.digest) for _fd, m in older]
         publish.publish(tier, name, digest, {

@@ -30,12 +30,13 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     index = sharded.shards_of(store, name, version)
     planned = expand_nodes(nodes) if nodes else [store.node]
     planned = planned if store.node in planned else [store.node]
-    mine = shardplan.plan(store.config.state_dir, name, [s.id for s in index.shards], planned).get(store.node)
+    plan = shardplan.plan(store.config.state_dir, name, [s.id for s in index.shards], planned)
+    mine = plan.get(store.node)
     if not mine:  # assign gives every node of a job at least one shard
         raise StateError(f"no shard of {name!r} for node {store.node} among {', '.join(planned)}")
     part = sharded.stage_part(store, name, version, mine, user=user, job_id=job_id, deadline=deadline,
                               nodes=nodes if len(planned) > 1 else "", progress=progress, pid=pid, full=full,
-                              prefetch=prefetch)
+                              prefetch=prefetch, replicas=shardplan.replicas(plan, mine))
     return StageResult(dataset=name, digest=version, path=part.view.path, tier=ds.tier, node=store.node,
                        action=part.action, job_id=job_id, transferred_files=part.transferred_files,
                        transferred_bytes=part.transferred_bytes, seconds=part.seconds)
