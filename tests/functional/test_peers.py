@@ -9,6 +9,7 @@ bytes read is what the source served.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -16,7 +17,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import latencyfs
 import pytest
@@ -75,9 +78,11 @@ class Peers:
                     proc.wait()
 
 
-@pytest.fixture
-def cluster(env: Env, tmp_path: Path):
-    """Dataset "shared" on a latencyfs source, peers on for n1..n3, their daemons not started."""
+@contextlib.contextmanager
+def peered(env: Env, tmp_path: Path, name: str, enabled: bool = True, options: str = "", **spec: object):
+    """Dataset ``name`` (``spec``: its catalog entry's extras) on a latencyfs source (mounted
+    with ``options``), peers on (``enabled``) for n1..n3, their daemons not started:
+    (backing tree, latencyfs, Peers)."""
     latencyfs.require()
     backing = random_tree(tmp_path / "backing", FILES, SIZE, fanout=20)
     mnt = tmp_path / "mnt"
@@ -86,22 +91,49 @@ def cluster(env: Env, tmp_path: Path):
     secret.write_text("s3cret-for-tests-" + "x" * 24 + "\n")
     secret.chmod(0o600)
     peers = Peers(env)
-    env.extra["peers"] = {"enabled": True, "secret_file": str(secret), "wait": 30, "timeout": 20,
+    env.extra["peers"] = {"enabled": enabled, "secret_file": str(secret), "wait": 30, "timeout": 20,
                           "hosts": {n: f"127.0.0.1:{p}" for n, p in peers.ports.items()}}
-    with LatencyFS(backing, mnt, delay_us=0) as fs:
-        env.add("shared", source=str(mnt))
-        env.cli("manifest", "build", "shared")
+    with LatencyFS(backing, mnt, delay_us=0, extra_options=options) as fs:
+        env.add(name, source=str(mnt), **spec)
+        env.cli("manifest", "build", name)
         fs.remount()
         fs.reset()
         try:
-            yield env, fs, peers
+            yield backing, fs, peers
         finally:
             peers.stop()
+
+
+@pytest.fixture
+def cluster(env: Env, tmp_path: Path):
+    """Dataset "shared" on a latencyfs source, peers on for n1..n3, their daemons not started."""
+    with peered(env, tmp_path, "shared") as (_backing, fs, peers):
+        yield env, fs, peers
 
 
 def stage(env: Env, node: str, job: str, nodes: str) -> object:
     from dsstage.config import catalog
     return staging.stage(env.store(node=node), "shared", user=catalog.User.lookup(0), job_id=job, nodes=nodes)
+
+
+def on_every_node(fn: Callable[[str], object]) -> dict[str, Any]:
+    """``fn(node)`` for n1..n3 at once, in threads: node -> its result (the first error raised)."""
+    results: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def one(node: str) -> None:
+        try:
+            results[node] = fn(node)
+        except BaseException as exc:  # raised below
+            errors.append(exc)
+    threads = [threading.Thread(target=one, args=(n,)) for n in NODES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    if errors:
+        raise errors[0]
+    return results
 
 
 def verified(env: Env, node: str) -> bool:
@@ -116,21 +148,7 @@ def test_three_nodes_read_the_source_about_once_and_all_end_verified(cluster):
     env, fs, peers = cluster
     for n in NODES:
         peers.start(n)
-    results: dict[str, object] = {}
-    errors: list[BaseException] = []
-
-    def one(node: str) -> None:
-        try:
-            results[node] = stage(env, node, "700", "n[1-3]")
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(n,)) for n in NODES]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
+    results = on_every_node(lambda node: stage(env, node, "700", "n[1-3]"))
     total = dataset_bytes(env)
     source_read = fs.stats()["bytes_read"]
     # three independent stages would read 3x
@@ -325,43 +343,14 @@ def test_replicas_of_a_shard_share_its_transfer_through_the_peers(env: Env, tmp_
     serves the dataset about once; without, it serves that shard twice."""
     from dsstage.config import catalog
     from dsstage.hooks import shardjob
-    latencyfs.require()
-    backing = random_tree(tmp_path / "backing", FILES, SIZE, fanout=20)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    secret = tmp_path / "peers.secret"
-    secret.write_text("s3cret-for-tests-" + "x" * 24 + "\n")
-    secret.chmod(0o600)
-    daemons = Peers(env)
-    env.extra["peers"] = {"enabled": with_peers, "secret_file": str(secret), "wait": 30, "timeout": 20,
-                          "hosts": {n: f"127.0.0.1:{p}" for n, p in daemons.ports.items()}}
-    with LatencyFS(backing, mnt, delay_us=0) as fs:
-        env.add("twin", source=str(mnt), shards=2)
-        env.cli("manifest", "build", "twin")
-        fs.remount()
-        fs.reset()
-        try:
-            if with_peers:
-                for n in NODES:
-                    daemons.start(n)
-            results: dict[str, object] = {}
-            errors: list[BaseException] = []
-
-            def one(node: str) -> None:
-                try:
-                    results[node] = shardjob.stage(shardjob.Job("720", node, "n[1-3]", 0), env.store(node=node),
-                                                   "twin", None, catalog.User.lookup(0), None)
-                except BaseException as exc:  # reported below
-                    errors.append(exc)
-            threads = [threading.Thread(target=one, args=(n,)) for n in NODES]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(300)
-            assert not errors, errors
-            source_read = fs.stats()["bytes_read"]
-        finally:
-            daemons.stop()
+    # uncached: two nodes reading one shard through one mount never share a page of it, as
+    # two NFS clients would not
+    with peered(env, tmp_path, "twin", with_peers, "uncached", shards=2) as (backing, fs, daemons):
+        for n in NODES if with_peers else ():
+            daemons.start(n)
+        results = on_every_node(lambda node: shardjob.stage(
+            shardjob.Job("720", node, "n[1-3]", 0), env.store(node=node), "twin", None, catalog.User.lookup(0), None))
+        source_read = fs.stats()["bytes_read"]
     total = dataset_bytes(env)
     shards = {n: dict(results[n].exports)["SHARDS"] for n in NODES}  # type: ignore[attr-defined]
     assert sorted(shards.values()) in (["0", "0", "1"], ["0", "1", "1"]), shards
