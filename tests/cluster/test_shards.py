@@ -91,4 +91,14 @@ def test_a_dataset_larger_than_a_node_is_spread_over_the_jobs_nodes(big):
     assert len(after[new] - before[new]) == 2  # the new node stages its two shards, nothing more
     reused = sum(len(second[n]) for n in first)
     assert reused >= 0.6 * len(FILES), second
+    # the same three nodes again: each node's part and view are there, and the warm Prolog
+    # (dsstage.hooks.warm, under the real slurmd's environment) answers on every node
+    third_job = cluster.submit("#SBATCH --dataset=big\n#SBATCH -N 3\n" + LOOK.format(n=3), user="daemon")
+    info = cluster.wait(third_job)
+    assert info["JobState"] == "COMPLETED", (info, cluster.output(third_job))
+    third = parts(cluster.output(third_job))
+    assert {n: set(f) for n, f in third.items()} == {n: set(f) for n, f in second.items()}
+    log = (cluster.dir / "log" / "dsstage-hooks.log").read_text()
+    warm = [line for line in log.splitlines() if f"job {third_job}: big cached at " in line and "(warm path)" in line]
+    assert len(warm) == 3, [line for line in log.splitlines() if f"job {third_job}:" in line]
     assert Path(cluster.dir / "half").exists()
