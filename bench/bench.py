@@ -159,7 +159,7 @@ class Bench:
         self.touch = 1 << 30
 
     def wants(self, scenario: str) -> bool:
-        if scenario == "single":  # the same shape as the large-file scenario: on request only
+        if scenario in ("single", "tiny"):  # single: the large-file scenario's shape; tiny: long. On request
             return self.only is not None and scenario in self.only
         return self.only is None or scenario in self.only
 
@@ -956,6 +956,8 @@ class Bench:
             self.fanout()
         if self.wants("sharded"):
             self.sharded()
+        if self.wants("tiny"):
+            self.tiny()
 
     #: the fan-out scenario's devcluster: its own directory and ports (bench/replay uses 46917)
     FANOUT_PORT = 36817
@@ -992,6 +994,56 @@ class Bench:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and run("squeue", "-h", "-j", job_id, "-o", "%T").strip():
             time.sleep(0.5)
+
+    #: threads of the bare verified copy in the tiny-files scenario (the same as the other scenarios' ceiling)
+    TINY_THREADS = (1, 4)
+
+    def tiny(self) -> None:
+        """Many tiny files (1 KB, and empty), local and in the page cache: per-file cost alone.
+        dsstage stage against cp -a, rsync -a and the bare verified copy (read, BLAKE3,
+        compare, write a new file; no temporary name, no mtime, no fsync) in Python threads."""
+        n = 100_000 if self.quick else 300_000
+        for size, what in ((1024, "1 KB"), (0, "empty")):
+            name = f"tiny{n // 1000}k-{size}"
+            root = self.make_files(name, n, size)
+            self.build_manifest(name, root)
+            sources = [str(p) for p in root.rglob("*") if p.is_file() and p.name != ".shape"]
+            rels = [os.path.relpath(p, root) for p in sources]
+            hashes = {e.path: e.hash for e in config_manifest.Catalog(str(self.dir / "state")).load(name).entries}
+            dest = self.dir / "baseline-dest"
+            self.touch = 256 << 20
+
+            def fresh_dest() -> None:
+                shutil.rmtree(dest, ignore_errors=True)
+                self.settle("warm", sources)
+
+            def fresh_store() -> None:
+                self.clear_store(name)
+                self.settle("warm", sources)
+
+            def vcopy(k: int) -> None:
+                for d in sorted({os.path.dirname(r) for r in rels}):
+                    os.makedirs(dest / d, exist_ok=True)
+                in_parallel([(str(root / r), str(dest / r), hashes[r]) for r in rels], verified_copy_file, k)
+            label = f"tiny files, {n:,} x {what}, page cache"
+            t_ds = self.time_median(lambda: self.ds("stage", name, "--job-id", "1"), fresh_store)
+            t_cp = self.time_median(lambda: self.sh("cp", "-a", str(root), str(dest)), fresh_dest)
+            t_rsync = self.time_median(lambda: self.sh("rsync", "-a", f"{root}/", f"{dest}/"), fresh_dest)
+            t_v = {k: self.time_median(lambda k=k: vcopy(k), fresh_dest) for k in self.TINY_THREADS}  # type: ignore[misc]
+            best = min(t_v, key=lambda k: t_v[k])
+            self.add(label, "dsstage stage (incl. BLAKE3 verify)", t_ds, "s")
+            self.add(label, "cp -a", t_cp, "s")
+            self.add(label, "rsync -a", t_rsync, "s")
+            for k, t in t_v.items():
+                self.add(label, f"bare verified copy, {k} threads", t, "s")
+            self.add(label, "dsstage throughput / cp -a throughput", t_cp / t_ds, "x", "cp -a, files/s", n / t_cp,
+                     t_cp / t_ds, ">= 0.9x", t_cp / t_ds >= 0.9)
+            self.add(label, "dsstage throughput / rsync -a throughput", t_rsync / t_ds, "x", "rsync -a, files/s",
+                     n / t_rsync, t_rsync / t_ds, ">= 2x", t_rsync / t_ds >= 2)
+            self.add(label, "dsstage throughput / bare verified copy throughput", t_v[best] / t_ds, "x",
+                     f"bare verified copy, {best} threads, files/s", n / t_v[best], t_v[best] / t_ds, ">= 0.9x",
+                     t_v[best] / t_ds >= 0.9)
+            self.add(label, "dsstage files per second", n / t_ds, "files/s")
 
     #: the sharded scenario's dataset: shards, and what the source serves (MiB/s, all nodes)
     SHARDED_SHARDS = 24
@@ -1139,7 +1191,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, help="runs per measurement (default 3 quick, 5 full)")
     p.add_argument("--dir", default="/var/tmp/dsstage-bench", help="where data and stores go")
     p.add_argument("--only", help="comma-separated scenarios: cold, single, warm, verify, sharing, manifest, status, "
-                   "latency, fanout, sharded (single, one 2 GiB file, runs only when named)")
+                   "latency, fanout, sharded, tiny (single, one 2 GiB file, and tiny, 300,000 tiny files, "
+                   "run only when named)")
     p.add_argument("--cache", choices=("cold", "warm", "both"), default="cold",
                    help="cold, warm or both: page cache dropped before each run of cold, warm and single stages "
                    "and of verify (cold), or the data read into it beforehand (warm), to see the hashing "
