@@ -224,6 +224,9 @@ def test_a_sharded_dataset_prefetches_the_part_the_jobs_plan_will_give_this_node
     held = sorted(os.listdir(env.tier_root() / "datasets" / "big"))
     assert len(held) == 2, held  # a third of the 6 shards, not the version
     assert not any((env.tier_root() / "leases").rglob("*.json")), "a prefetch keeps no lease"
+    dry = env.cli_json("prefetch", "--dry-run")  # the next round has nothing to do for it
+    assert dry["prefetch"] == [] and {(s["dataset"], s["reason"]) for s in dry["skipped"]} == {
+        ("big", "its part for the job is ready here already")}, dry
     # the job starts: n1's Prolog (its first node) makes the plan from the published reports
     run = tmp_path / "run"
     e = {"SLURM_JOB_ID": "41", "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid()),

@@ -26,6 +26,19 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     if not ds.shards:
         return staging.stage(store, name, user=user, job_id=job_id, pid=pid, nodes=nodes, full=full,
                              prefetch=prefetch, deadline=deadline, progress=progress)
+    version, planned, plan, mine = part_for(store, name, nodes)
+    part = sharded.stage_part(store, name, version, mine, user=user, job_id=job_id, deadline=deadline,
+                              nodes=nodes if len(planned) > 1 else "", progress=progress, pid=pid, full=full,
+                              prefetch=prefetch, replicas=shardplan.replicas(plan, mine))
+    return StageResult(dataset=name, digest=version, path=part.view.path, tier=ds.tier, node=store.node,
+                       action=part.action, job_id=job_id, transferred_files=part.transferred_files,
+                       transferred_bytes=part.transferred_bytes, seconds=part.seconds)
+
+
+def part_for(store: Store, name: str, nodes: str) -> tuple[str, list[str], dict[str, list[str]], list[str]]:
+    """Sharded dataset ``name`` for a job on ``nodes`` (a hostlist; this node alone if empty):
+    the current version, the job's nodes, the plan its first node would make now, and this
+    node's shard ids in it."""
     version = store.current(name)
     index = sharded.shards_of(store, name, version)
     planned = expand_nodes(nodes) if nodes else [store.node]
@@ -34,12 +47,21 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     mine = plan.get(store.node)
     if not mine:  # assign gives every node of a job at least one shard
         raise StateError(f"no shard of {name!r} for node {store.node} among {', '.join(planned)}")
-    part = sharded.stage_part(store, name, version, mine, user=user, job_id=job_id, deadline=deadline,
-                              nodes=nodes if len(planned) > 1 else "", progress=progress, pid=pid, full=full,
-                              prefetch=prefetch, replicas=shardplan.replicas(plan, mine))
-    return StageResult(dataset=name, digest=version, path=part.view.path, tier=ds.tier, node=store.node,
-                       action=part.action, job_id=job_id, transferred_files=part.transferred_files,
-                       transferred_bytes=part.transferred_bytes, seconds=part.seconds)
+    return version, planned, plan, mine
+
+
+def part_ready(store: Store, name: str, nodes: str) -> bool:
+    """Whether this node's part of sharded dataset ``name`` for a job on ``nodes`` is ready
+    here, its view included (a prefetch then has nothing to do). Raises as part_for does."""
+    from dsstage.fs.layout import version_id
+    from dsstage.node import views
+    from dsstage.node.store import open_tier
+    version, _planned, _plan, mine = part_for(store, name, nodes)
+    digests = {version_id(d): d for d in store.shard_digests(name, version)}
+    ds = store.dataset(name)
+    with open_tier(store.layout(ds.tier), create=False) as tier:
+        return all(store.ready_state(tier, name, digests[s]).ready for s in mine) and \
+            views.find(tier, name, mine) is not None
 
 
 def warm(store: Store, name: str, *, user: cat.User, progress: Callable[[str, int, int], None] | None = None,
