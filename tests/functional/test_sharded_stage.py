@@ -388,3 +388,57 @@ def test_status_job_shows_a_running_jobs_shard_map_and_a_pending_jobs_plan(env: 
     assert "as its plan would be if it started now" in status.explain_job(st, "98", {"big": pending})
     out = env.cli_json("status", "--job", "97")
     assert out["shard_maps"]["big"]["nodes"] == maps["big"]["nodes"]
+
+
+def test_a_multi_node_job_on_two_sharded_datasets_plans_both_in_one_record(env: Env, big, tmp_path):
+    """One record holds the job's plan for all its sharded datasets, whichever a node stages
+    first: the full Prolog on each node, then the warm path for the next job."""
+    env.add("big2", {f"e/{i:03d}": bytes([i]) * 700 for i in range(12)}, shards=4)
+    env.cli("manifest", "build", "big2")
+    run = tmp_path / "run"
+    from dsstage.hooks import job as hooks
+    from dsstage.slurm.fake import FakeSlurm
+    for node in ("n1", "n2"):
+        e = {"SLURM_JOB_ID": "130", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+             "SLURMD_NODENAME": node, "SLURM_JOB_NODELIST": "n[1-2]",
+             "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big,big2"}
+        assert hooks.prolog(e, run_dir=str(run), slurm=FakeSlurm(), load_config=env.config) == 0
+        got = exported((run / node / "jobs" / "130.task").read_text().splitlines())
+        assert "DSSTAGE_SHARDS_BIG" in got and "DSSTAGE_SHARDS_BIG2" in got, got
+        hooks.epilog(e, run_dir=str(run), load_config=env.config)
+    for node in ("n2", "n1"):
+        assert warm_on(env, node, "131", "n[1-2]", run, "big,big2") == 0, node
+    record = json.loads((env.state / "jobs" / "131.shards.json").read_text())["shards"]
+    assert sorted(record) == ["big", "big2"]
+
+
+def test_pruning_a_view_gives_it_back_to_a_lease_taken_meanwhile(env: Env, big):
+    store = env.store()
+    index = sharded.shards_of(store, "big", big["digest"])
+    part = sharded.stage_part(store, "big", big["digest"], [index.shards[0].id], user=User.lookup(0), job_id="140")
+    with open_tier(store.layout("nvme")) as tier:
+        # a Prolog leased it between the prune's first reading of the leases and its record's removal
+        assert not views.retire(tier, "big", part.view.id, lambda: {part.view.id})
+        assert views.find(tier, "big", [index.shards[0].id]) == part.view
+        assert views.retire(tier, "big", part.view.id, set)
+        assert views.find(tier, "big", [index.shards[0].id]) is None and not Path(part.view.path).exists()
+
+
+def test_the_warm_path_gives_its_leases_back_when_it_cannot_finish(env: Env, big, tmp_path, monkeypatch):
+    from dsstage.fs.safe import RootDir
+    from dsstage.hooks import job as hooks
+    from dsstage.hooks import warm
+    run = tmp_path / "run"
+    prolog_on(env, "n1", "150", "n1", run)
+    hooks.epilog({"SLURM_JOB_ID": "150", "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1",
+                  "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}, run_dir=str(run), load_config=env.config)
+    monkeypatch.setattr(warm, "_still_ready", lambda p: False)  # an eviction came first
+    assert warm_on(env, "n1", "151", "n1", run) is None
+    monkeypatch.undo()
+
+    def broken(*_a, **_k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(warm.runfiles, "write_task_file", broken)
+    assert warm_on(env, "n1", "152", "n1", run) is None
+    with RootDir(str(env.tier_root("n1"))) as tier:
+        assert LeaseBook(tier).of_job("151") == [] and LeaseBook(tier).of_job("152") == []

@@ -39,6 +39,11 @@ def version_id(digest: str) -> str:
     return digest[:VERSION_LEN]
 
 
+def digest_ok(digest: object) -> bool:
+    """Whether ``digest`` is a version digest (64 lowercase hex digits): safe in a path."""
+    return isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+
+
 def read_current(state_dir: str, name: str) -> str | None:
     """The digest in ``<state_dir>/manifests/<name>/CURRENT``; None if there is none.
     Raises ValueError if the file is damaged, OSError if the state directory fails."""
@@ -47,7 +52,7 @@ def read_current(state_dir: str, name: str) -> str | None:
             digest = fh.read(200).strip()
     except FileNotFoundError:
         return None
-    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+    if not digest_ok(digest):
         raise ValueError(digest)
     return digest
 

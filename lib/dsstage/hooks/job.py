@@ -90,6 +90,7 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
     except DsstageError as exc:
         return [Verdict(ctx.request or "", "hold", None, str(exc))]
     versions = pinned_versions(ctx, conf, store, names)
+    sharded_names = [n for n in names if (d := conf.datasets.get(n)) is not None and d.shards]
     outcomes = []
     for name in names:
         ds = conf.datasets.get(name)
@@ -97,7 +98,7 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
             if ds is not None and ds.shards:
                 cat.authorize(ds, user)
                 part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.gid)
-                outcomes.append(shardjob.stage(part_of, store, name, versions.get(name), user, deadline))
+                outcomes.append(shardjob.stage(part_of, store, name, versions, user, deadline, sharded_names))
                 continue
             result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes,
                                    digest=versions.get(name))

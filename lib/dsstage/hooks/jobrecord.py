@@ -31,7 +31,6 @@ from contextlib import AbstractContextManager
 
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import formats, shared
-from dsstage.node import shardplan
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +138,7 @@ def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shard
         with _as_writer(user):
             raw = shared.read(where, record_name, writers)
             if raw is None:
+                from dsstage.node import shardplan
                 made = {name: shardplan.plan(state_dir, name, ids, nodes) for name, ids in shards.items()}
                 data = json.dumps({"format": FORMAT, "job": job_id, "nodes": sorted(nodes), "by": node,
                                    "time": time.time(), "shards": made}, sort_keys=True).encode() + b"\n"

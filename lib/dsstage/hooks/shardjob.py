@@ -15,15 +15,17 @@ job's first dataset, as ``DSSTAGE_DATASET_DIR`` does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dsstage.config import catalog as cat
-from dsstage.errors import StateError
+from dsstage.errors import DsstageError, StateError
 from dsstage.hooks import jobrecord, shardmap
 from dsstage.hooks.decisions import Verdict
 from dsstage.hostlist import expand_nodes
 from dsstage.node import sharded, shardplan
 from dsstage.node.store import Store
+from dsstage.shards import index as shard_index
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +40,37 @@ class Job:
     gid: int
 
 
-def stage(ctx: Job, store: Store, name: str, version: str | None, user: cat.User,
-          deadline: float | None) -> Verdict:
-    """This node's part of sharded dataset ``name`` (of ``version``, the one the job's nodes
-    agreed on, else the current one) staged and leased to the job; its Verdict with the
-    job's exports. Raises as a stage does."""
-    conf = store.config
-    version = version or store.current(name)
-    index = sharded.shards_of(store, name, version)
+def job_plans(ctx: Job, store: Store, names: Sequence[str], versions: Mapping[str, str]
+              ) -> tuple[dict[str, shard_index.Index], dict[str, jobrecord.Plan]]:
+    """The shards of each of the job's sharded datasets ``names`` (of the versions its nodes
+    agreed on, else the current ones) and the job's plan for all of them, recorded in one
+    record (dsstage.hooks.jobrecord.plan_for) whichever of them a node stages first. A
+    dataset whose shards cannot be read is left out: its own stage meets the error."""
+    indexes = {}
+    for other in names:
+        try:
+            indexes[other] = sharded.shards_of(store, other, versions.get(other) or store.current(other))
+        except DsstageError:
+            continue
     nodes = expand_nodes(ctx.nodes) if ctx.nodes else [ctx.node]
     nodes = nodes if ctx.node in nodes else [ctx.node]
-    plan = jobrecord.plan_for(conf.state_dir, ctx.job_id, nodes, ctx.node, {name: [s.id for s in index.shards]},
-                              conf.report.user)[name]
+    conf = store.config
+    plans = jobrecord.plan_for(conf.state_dir, ctx.job_id, nodes, ctx.node,
+                               {n: [s.id for s in ix.shards] for n, ix in indexes.items()}, conf.report.user)
+    return indexes, plans
+
+
+def stage(ctx: Job, store: Store, name: str, versions: Mapping[str, str], user: cat.User,
+          deadline: float | None, sharded_names: Sequence[str] = ()) -> Verdict:
+    """This node's part of sharded dataset ``name`` (of the version the job's nodes agreed
+    on, else the current one) staged and leased to the job; its Verdict with the job's
+    exports. ``sharded_names``: all the job's sharded datasets, planned together. Raises as
+    a stage does."""
+    indexes, plans = job_plans(ctx, store, list(dict.fromkeys([name, *sharded_names])), versions)
+    if name not in indexes:
+        sharded.shards_of(store, name, versions.get(name) or store.current(name))  # raises what went wrong
+    index, plan = indexes[name], plans[name]
+    version = index.version
     mine = plan.get(ctx.node)
     if not mine:
         raise StateError(f"job {ctx.job_id}'s shard plan gives node {ctx.node} no shard of {name!r}: requeue the job")

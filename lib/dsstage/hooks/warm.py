@@ -92,12 +92,12 @@ class Job(NamedTuple):
     nodes: str  # the job's nodes, a Slurm hostlist
 
     def node_names(self) -> list[str]:
-        """The job's nodes; this node alone for a one-node job."""
+        """The names the job's hostlist stands for (as the full Prolog reads it); this node
+        alone for a one-node job."""
         if not self.nodes or ("," not in self.nodes and "[" not in self.nodes):
             return [self.node]
         from dsstage.hostlist import expand_nodes
-        names = expand_nodes(self.nodes)  # ValueError: the full Prolog says what is wrong
-        return names if self.node in names else [self.node]
+        return expand_nodes(self.nodes)  # ValueError: the full Prolog says what is wrong
 
 
 class Pick(NamedTuple):
@@ -127,10 +127,14 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
         if digest is None:
             return None
         chosen[name] = digest
-    nodes = job.node_names()
-    if len(nodes) > 1:  # every node of the job uses the same versions (dsstage.hooks.jobrecord)
+    names_of_job = job.node_names()
+    if len(names_of_job) > 1:  # every node of the job uses the same versions (dsstage.hooks.jobrecord)
         from dsstage.hooks import jobrecord
         chosen = jobrecord.pin(state_dir, job.job_id, job.nodes, job.node, chosen, report_user)
+        if any(not layout.digest_ok(d) for d in chosen.values()):
+            return None  # the full Prolog says what is wrong with the record
+    nodes = names_of_job if job.node in names_of_job else [job.node]
+    parts = _parts(names, catalog, chosen, state_dir, job, nodes, report_user)
     picked: list[Pick] = []
     for name in names:
         ds, digest = catalog[name], chosen[name]
@@ -139,7 +143,7 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
             tiers[root] = RootDir(root, create=False)
         tier = tiers[root]
         if ds.get("shards"):
-            pick = _part(name, int(ds["shards"]), digest, tier, state_dir, run_dir, job, nodes, report_user)
+            pick = _part(name, digest, tier, run_dir, job, parts[name]) if name in parts else None
             if pick is None:
                 return None
             picked.append(pick)
@@ -148,22 +152,27 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
         else:
             return None
     host = os.uname().nodename
-    for p in picked:
-        safe.write_json_at(p.tier.dir("leases", p.name), f"{job.job_id}.json",
-                           layout.lease_record(p.name, p.digest, job.job_id, job.user, job.node, taken=time.time(),
-                                               host=host, shards=[s.digest for s in p.shards]), fsync=False)
-    if any(not _still_ready(p) for p in picked):
-        # lost a race with an eviction (see dsstage.node.store): give the leases back, take the full path
+    try:
         for p in picked:
-            safe.unlink_at(p.tier.has_dir("leases", p.name), f"{job.job_id}.json")
-        return None
-    lines = runfiles.export_lines([(p.name, p.path) for p in picked])
-    for p in picked:
-        lines += runfiles.more_exports(p.name, p.exports, first=p is picked[0]) if p.exports else []
-    runfiles.write_task_file(run_dir, job.node, job.job_id, lines, job.gid)
+            safe.write_json_at(p.tier.dir("leases", p.name), f"{job.job_id}.json",
+                               layout.lease_record(p.name, p.digest, job.job_id, job.user, job.node,
+                                                   taken=time.time(), host=host, shards=[s.digest for s in p.shards]),
+                               fsync=False)
+        if any(not _still_ready(p) for p in picked):
+            # lost a race with an eviction (see dsstage.node.store): give the leases back, take the full path
+            _give_back(picked, job.job_id)
+            return None
+        lines = runfiles.export_lines([(p.name, p.path) for p in picked])
+        for p in picked:
+            lines += runfiles.more_exports(p.name, p.exports, first=p is picked[0]) if p.exports else []
+        runfiles.write_task_file(run_dir, job.node, job.job_id, lines, job.gid)
+    except BaseException:
+        _give_back(picked, job.job_id)  # the full Prolog takes its own leases
+        raise
     bounded.tell("decided run")  # what follows writes to the shared state directory, which may hang
     try:
-        leased = [(p.name, layout.version_id(p.digest)) for p in picked]
+        leased = [(p.name, s.id) for p in picked for s in p.shards] + \
+            [(p.name, layout.version_id(p.digest)) for p in picked if not p.shards]
         report.note_leases(run_dir, job.node, job.job_id, job.user, leased, (state_dir, report_user))
     except (OSError, DsstageError, ValueError):
         pass  # the report is informative; the next rebuild has the lease
@@ -175,17 +184,37 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
     return 0
 
 
-def _part(name: str, count: int, version: str, tier: RootDir, state_dir: str, run_dir: str, job: Job,
-          nodes: Sequence[str], report_user: str | None) -> Pick | None:
+class Part(NamedTuple):
+    """A sharded dataset's shards (of the version the job uses) and the job's plan for it."""
+
+    shards: tuple[Shard, ...]
+    plan: dict[str, list[str]]
+
+
+def _parts(names: Sequence[str], catalog: Mapping[str, Any], versions: Mapping[str, str], state_dir: str, job: Job,
+           nodes: Sequence[str], report_user: str | None) -> dict[str, Part]:
+    """The shards and the job's plan of each of its sharded datasets, planned together in one
+    record (dsstage.hooks.jobrecord.plan_for), as the full Prolog plans them."""
+    sharded = [n for n in names if catalog[n].get("shards")]
+    if not sharded:
+        return {}
+    from dsstage.hooks import jobrecord
+    from dsstage.shards import indexfile
+    shards = {n: indexfile.read(os.path.join(state_dir, "manifests", n), n, versions[n], int(catalog[n]["shards"]))
+              for n in sharded}
+    ids = {n: [s.id for s in v] for n, v in shards.items()}
+    plans = jobrecord.plan_for(state_dir, job.job_id, nodes, job.node, ids, report_user)
+    return {n: Part(shards[n], plans[n]) for n in sharded}
+
+
+def _part(name: str, version: str, tier: RootDir, run_dir: str, job: Job, part: Part) -> Pick | None:
     """This node's part of sharded dataset ``name`` if every shard the job's plan gives it is
     ready here and their view was made (dsstage.node.views); else None. Writes the job's map."""
-    from dsstage.hooks import jobrecord, shardmap
+    from dsstage.hooks import shardmap
     from dsstage.node import views
-    from dsstage.shards import indexfile
-    shards = indexfile.read(os.path.join(state_dir, "manifests", name), name, version, count)
+    shards, plan = part
     by_id = {s.id: s for s in shards}
-    plan = jobrecord.plan_for(state_dir, job.job_id, nodes, job.node, {name: list(by_id)}, report_user)[name]
-    mine = sorted((by_id[s] for s in dict.fromkeys(plan.get(job.node) or ())), key=lambda s: s.index)
+    mine = sorted((by_id[s] for s in dict.fromkeys(plan.get(job.node) or ()) if s in by_id), key=lambda s: s.index)
     if not mine or any(layout.not_ready(tier, name, s.digest) is not None for s in mine):
         return None
     view = views.find(tier, name, [s.id for s in mine])
@@ -193,7 +222,12 @@ def _part(name: str, count: int, version: str, tier: RootDir, state_dir: str, ru
         return None
     map_path = shardmap.write_map(run_dir, job.node, job.job_id, job.gid, name, version, shards, plan)
     return Pick(name, version, tier, view.path, tuple(mine),
-                shardmap.exports(mine, count, shards, plan, view.files_list, view.files, map_path))
+                shardmap.exports(mine, len(shards), shards, plan, view.files_list, view.files, map_path))
+
+
+def _give_back(picked: Sequence[Pick], job_id: str) -> None:
+    for p in picked:
+        safe.unlink_at(p.tier.has_dir("leases", p.name), f"{job_id}.json")
 
 
 def _still_ready(p: Pick) -> bool:

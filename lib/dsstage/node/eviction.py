@@ -148,12 +148,16 @@ def _prune_views(tier: RootDir, layout: Layout, held: str) -> None:
     """Drop the sharded datasets' views no job uses, but the newest (dsstage.node.views), each
     dataset's under its lock (a Prolog makes and finds views holding it); a busy lock: later."""
     book = LeaseBook(tier)
+
+    def leased(name: str) -> set[str]:
+        return {views.view_id([version_id(d) for d in x.shards]) for x in book.of_dataset(name) if x.shards}
     for name in tier.names(views.TOP):
-        leased = {views.view_id([version_id(d) for d in x.shards]) for x in book.of_dataset(name) if x.shards}
         try:
             with _lock(layout, name, 0.0, held):
-                for vid in views.unused(tier, name, leased):
-                    views.drop(tier, name, vid)
+                for vid in views.unused(tier, name, leased(name)):
+                    # the warm path leases, then finds the view without this lock: retire
+                    # hides the view before it reads the leases again
+                    views.retire(tier, name, vid, lambda name=name: leased(name))  # type: ignore[misc]
         except LockTimeout:
             continue
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -154,6 +154,22 @@ def unused(tier: RootDir, name: str, leased: set[str]) -> list[str]:
         if entry.endswith(".json") and entry[:-len(".json")] not in leased:
             made.append((float(safe.read_json_at(fd, entry).get("made") or 0), entry[:-len(".json")]))
     return [vid for _t, vid in sorted(made, reverse=True)[KEPT:]]
+
+
+def retire(tier: RootDir, name: str, vid: str, in_use: Callable[[], set[str]]) -> bool:
+    """Drop view ``vid`` unless a job uses it, race-free against a Prolog that leases its
+    shards and then finds it without the dataset's lock (the warm path): its record goes
+    first, so ``find`` fails from then on; then ``in_use()`` (the view ids the leases hold,
+    read now) decides, and a view a lease took meanwhile gets its record back. True if dropped."""
+    fd = tier.dir(TOP, name)
+    record = safe.read_json_at(fd, f"{vid}.json")
+    safe.unlink_at(fd, f"{vid}.json")
+    if vid in in_use():
+        if record:
+            safe.write_json_at(fd, f"{vid}.json", record, fsync=False)
+        return False
+    drop(tier, name, vid)
+    return True
 
 
 def drop(tier: RootDir, name: str, vid: str) -> None:
