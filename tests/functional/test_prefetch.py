@@ -208,14 +208,15 @@ def test_a_running_prefetch_follows_the_configuration_file(env: Env) -> None:
     assert [c.dataset for c in cands] == ["z"]
 
 
-def test_a_sharded_dataset_prefetches_the_part_the_jobs_plan_will_give_this_node(env: Env, tmp_path: Path) -> None:
+@pytest.mark.parametrize("shift", [0, 1, 2])  # other files, other shard digests, other rendezvous
+def test_a_sharded_dataset_prefetches_the_part_the_jobs_plan_will_give_this_node(env: Env, tmp_path: Path,
+                                                                                shift: int) -> None:
     """A pending 3-node job on a sharded dataset: this node stages only the shards the job's
     plan will give it (not the whole version), and when the job starts its plan gives this
     node exactly those, found ready with their view: the warm path answers."""
     from dsstage.hooks import job as hooks
     from dsstage.hooks import warm
-    from dsstage.slurm.fake import FakeSlurm
-    files = {f"part-{i:03d}": bytes([i]) * (300 + i) for i in range(12)}
+    files = {f"part-{i:03d}": bytes([i + shift]) * (300 + i) for i in range(12)}
     env.add("big", files, shards=6)
     env.cli("manifest", "build", "big")
     snapshot(env, pending("41", "big", nodes="n[1-3]"))
@@ -232,12 +233,14 @@ def test_a_sharded_dataset_prefetches_the_part_the_jobs_plan_will_give_this_node
     e = {"SLURM_JOB_ID": "41", "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid()),
          "SLURM_JOB_USER": ME, "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n[1-3]",
          "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}
-    assert hooks.prolog({**e, "SLURM_JOB_ID": "40", "SLURM_JOB_NODELIST": "n1"}, run_dir=str(run),
-                        slurm=FakeSlurm(), load_config=env.config) == 0  # another job; leaves the cache
+    hooks.write_config_cache(str(run), env.config())  # what the full Prolog leaves for the warm path
     assert warm.prolog(e, str(run), str(env.config_path)) == 0
     task = (run / "n1" / "jobs" / "41.task").read_text()
     plan = json.loads((env.state / "jobs" / "41.shards.json").read_text())["shards"]["big"]
     assert sorted(plan["n1"]) == held and "DSSTAGE_SHARDS_BIG=" in task
+    assert sorted(os.listdir(env.tier_root() / "datasets" / "big")) == held  # nothing more was staged
+    views = [v for v in os.listdir(env.tier_root() / "views" / "big") if not v.endswith((".json", ".files"))]
+    assert len(views) == 1 and f"/views/big/{views[0]}" in task  # the view the prefetch made
 
 
 def test_stage_and_warm_of_a_sharded_dataset_stage_this_nodes_part(env: Env) -> None:

@@ -216,23 +216,11 @@ class Prefetcher:
         ready = self._ready()
         cands, skips = select(dem, self.node, self.clock(), self.conf.prefetch.horizon,
                               catalog=list(self.conf.datasets), ready=ready, partitions=self.conf.rollout.partitions)
-        todo = []
-        for c in cands:  # a sharded dataset is ready for a job when its part here is
-            if self._part_ready(c):
-                skips.append(Skip(c.dataset, c.job_id, "its part for the job is ready here already"))
-            else:
-                todo.append(c)
+        # a sharded dataset is ready for a job when this node's part of the job's plan is
+        todo = [c for c in cands if not standalone.part_ready(self.store, c.dataset, c.nodes)]
+        skips += [Skip(c.dataset, c.job_id, "its part for the job is ready here already") for c in cands
+                  if c not in todo]
         return todo, skips, dem
-
-    def _part_ready(self, c: Candidate) -> bool:
-        ds = self.conf.datasets.get(c.dataset)
-        if ds is None or not ds.shards:
-            return False
-        from dsstage.errors import DsstageError
-        try:
-            return standalone.part_ready(self.store, c.dataset, c.nodes)
-        except (DsstageError, OSError):
-            return False  # the child meets the same error and reports it
 
     def _ready(self) -> set[str]:
         from dsstage.errors import DsstageError

@@ -30,8 +30,13 @@ def for_job(conf: Config, job: Mapping[str, Any], planned: Sequence[str]) -> dic
     datasets whose map is known; a dataset whose map cannot be worked out is left out."""
     out: dict[str, dict[str, Any]] = {}
     job_id = str(job.get("job_id") or "")
-    recorded = _read(conf.state_dir, f"{job_id}.shards.json").get("shards") if job.get("state") == "running" else None
-    versions = _read(conf.state_dir, f"{job_id}.json").get("versions") or {}
+    running = job.get("state") == "running"
+    record = _read(conf.state_dir, f"{job_id}.shards.json") if running else {}
+    # a record left by an earlier job of the same id, for other nodes, is not this job's
+    recorded = record.get("shards") if record.get("job") == job_id and record.get("nodes") == sorted(planned) \
+        else None
+    pins = _read(conf.state_dir, f"{job_id}.json")
+    versions = (pins.get("versions") or {}) if pins.get("job") == job_id else {}
     catalog = Catalog(conf.state_dir)
     for name in job.get("datasets") or ():
         ds = conf.datasets.get(name)
@@ -45,7 +50,9 @@ def for_job(conf: Config, job: Mapping[str, Any], planned: Sequence[str]) -> dic
         number = {s.id: s.index for s in index.shards}
         plan = recorded.get(name) if isinstance(recorded, dict) else None
         made = not isinstance(plan, dict)
-        if made:
+        if made and running and len(planned) == 1:  # a one-node job holds every shard; nothing is recorded
+            plan, made = {planned[0]: list(number)}, False
+        elif made:
             plan = shardplan.plan(conf.state_dir, name, list(number), list(planned))
         assert isinstance(plan, dict)
         out[name] = {"recorded": not made,

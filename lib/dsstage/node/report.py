@@ -77,8 +77,8 @@ def ready_in_reports(state_dir: str, nodes: Sequence[str], name: str, versions: 
                 rows = json.load(fh).get("copies") or []
         except (OSError, ValueError, AttributeError):
             continue
-        out[node] = {str(r.get("version")) for r in rows if isinstance(r, dict) and r.get("dataset") == name
-                     and r.get("state") == "ready" and r.get("version") in wanted}
+        out[node] = {r["version"] for r in rows if isinstance(r, dict) and r.get("dataset") == name
+                     and r.get("state") == "ready" and isinstance(r.get("version"), str) and r["version"] in wanted}
     return out
 
 

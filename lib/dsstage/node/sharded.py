@@ -87,7 +87,7 @@ def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], 
         view = views.find(tier, name, [s.id for s in shards])
         if view is None:
             with staging.dataset_lock(store, layout, name, staging.StageRequest(user=user, job_id=job_id,
-                                                                                 deadline=deadline)):
+                                                                                 deadline=deadline, prefetch=prefetch)):
                 manifests = [store.load_manifest(name, s.digest) for s in shards]
                 view = views.make(tier, name, manifests)
         access.apply(tier, ds, origin=store.config.origin, node=store.node, top=views.TOP)

@@ -51,17 +51,24 @@ def part_for(store: Store, name: str, nodes: str) -> tuple[str, list[str], dict[
 
 
 def part_ready(store: Store, name: str, nodes: str) -> bool:
-    """Whether this node's part of sharded dataset ``name`` for a job on ``nodes`` is ready
-    here, its view included (a prefetch then has nothing to do). Raises as part_for does."""
+    """Whether ``name`` is a sharded dataset and this node's part of it for a job on
+    ``nodes`` is ready here, its view included (a prefetch then has nothing to do); False
+    for any other dataset, and where that cannot be read (a stage meets the error)."""
+    from dsstage.errors import DsstageError
     from dsstage.fs.layout import version_id
     from dsstage.node import views
     from dsstage.node.store import open_tier
-    version, _planned, _plan, mine = part_for(store, name, nodes)
-    digests = {version_id(d): d for d in store.shard_digests(name, version)}
-    ds = store.dataset(name)
-    with open_tier(store.layout(ds.tier), create=False) as tier:
-        return all(store.ready_state(tier, name, digests[s]).ready for s in mine) and \
-            views.find(tier, name, mine) is not None
+    ds = store.config.datasets.get(name)
+    if ds is None or not ds.shards:
+        return False
+    try:
+        version, _planned, _plan, mine = part_for(store, name, nodes)
+        digests = {version_id(d): d for d in store.shard_digests(name, version)}
+        with open_tier(store.layout(ds.tier), create=False) as tier:
+            return all(store.ready_state(tier, name, digests[s]).ready for s in mine) and \
+                views.find(tier, name, mine) is not None
+    except (DsstageError, OSError):
+        return False
 
 
 def warm(store: Store, name: str, *, user: cat.User, progress: Callable[[str, int, int], None] | None = None,
