@@ -257,3 +257,27 @@ def test_stage_and_warm_of_a_sharded_dataset_stage_this_nodes_part(env: Env) -> 
     assert env.cli_json("warm", "big")["action"] == "cached"
     with pytest.raises(Exception, match="sharded"):
         staging.stage(env.store(), "big", user=User.lookup(os.getuid()), job_id="9")
+
+
+def test_a_ready_sharded_part_is_not_worked_out_again_every_round(env: Env, monkeypatch) -> None:
+    """Working out a pending job's part reads each of its nodes' published reports: once found
+    ready, the prefetch takes it as ready for PART_READY_TTL, then looks again."""
+    from dsstage.cluster import prefetch
+    env.add("big", {f"part-{i:03d}": bytes([i]) * (300 + i) for i in range(12)}, shards=6)
+    env.cli("manifest", "build", "big")
+    snapshot(env, pending("42", "big", nodes="n[1-3]"))
+    assert "staged big for job 42" in env.cli("prefetch", "--once").stderr  # n1's part
+    now = [time.time()]
+    pre = prefetch.Prefetcher(env.config(), env.node, run_dir=str(env.run), clock=lambda: now[0])
+    looks = []
+    real = prefetch.standalone.part_ready
+    monkeypatch.setattr(prefetch.standalone, "part_ready", lambda *a: looks.append(a) or real(*a))
+    for _ in range(3):
+        cands, skips, _dem = pre.candidates()
+        assert cands == [] and [s.reason for s in skips] == ["its part for the job is ready here already"]
+    assert len(looks) == 1  # the first round after the stage looked; the next two did not
+    now[0] += prefetch.PART_READY_TTL + 1
+    later = pending("42", "big", nodes="n[1-3]", start_in=now[0] - time.time() + 60)
+    demand.write(str(env.state), demand.build([later], now[0]))  # the poller's snapshot of that moment
+    cands, skips, _dem = pre.candidates()
+    assert cands == [] and len(looks) == 2, skips  # looked again, and found it ready

@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +173,10 @@ class PrefetchResult:
     seconds: float = 0.0
 
 
+#: seconds a job's sharded part found ready here stays ready without a new look (its Prolog stages what went)
+PART_READY_TTL = 300.0
+
+
 class Prefetcher:
     """The node-side loop: select, stage in a child, watch it; one dataset at a time."""
 
@@ -186,6 +190,8 @@ class Prefetcher:
         self.clock = clock
         self.python = python
         self._config_key = runfiles.config_key(conf.origin)
+        #: (dataset, job, nodes) -> when its sharded part was last found ready here (PART_READY_TTL)
+        self._part_ready: dict[tuple[str, str, str], float] = {}
 
     def follow_config(self) -> None:
         """A prefetch runs for weeks: when the configuration file changes (a tier or a dataset
@@ -217,10 +223,23 @@ class Prefetcher:
         cands, skips = select(dem, self.node, self.clock(), self.conf.prefetch.horizon,
                               catalog=list(self.conf.datasets), ready=ready, partitions=self.conf.rollout.partitions)
         # a sharded dataset is ready for a job when this node's part of the job's plan is
-        todo = [c for c in cands if not standalone.part_ready(self.store, c.dataset, c.nodes)]
+        todo = [c for c in cands if not self._part_is_ready(c)]
         skips += [Skip(c.dataset, c.job_id, "its part for the job is ready here already") for c in cands
                   if c not in todo]
         return todo, skips, dem
+
+    def _part_is_ready(self, c: Candidate) -> bool:
+        """standalone.part_ready, its yes kept for PART_READY_TTL: working out a part reads the
+        published report of each of the job's nodes, and a 500-node job pending for an hour
+        must not have each of its nodes read 500 reports every round."""
+        key, now = (c.dataset, c.job_id, c.nodes), self.clock()
+        if now - self._part_ready.get(key, -PART_READY_TTL) < PART_READY_TTL:
+            return True
+        if not standalone.part_ready(self.store, c.dataset, c.nodes):
+            return False
+        self._part_ready = {k: t for k, t in self._part_ready.items() if now - t < PART_READY_TTL}
+        self._part_ready[key] = now
+        return True
 
     def _ready(self) -> set[str]:
         from dsstage.errors import DsstageError
@@ -425,16 +444,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     code, result = child(conf, args.node, args.dataset, args.job, args.user, args.start, args.nodes)
     print(json.dumps(result))
     return code
-
-
-def describe(events: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per prefetch event of a node report, newest last (for status)."""
-    from dsstage.units import human
-    out = []
-    for e in events:
-        size = f", {human(int(e.get('bytes') or 0))}" if e.get("bytes") else ""
-        out.append(f"{e.get('action')} {e.get('dataset')} for job {e.get('job_id')}{size}: {e.get('reason')}")
-    return out
 
 
 if __name__ == "__main__":
