@@ -442,3 +442,34 @@ def test_the_warm_path_gives_its_leases_back_when_it_cannot_finish(env: Env, big
     assert warm_on(env, "n1", "152", "n1", run) is None
     with RootDir(str(env.tier_root("n1"))) as tier:
         assert LeaseBook(tier).of_job("151") == [] and LeaseBook(tier).of_job("152") == []
+
+
+def test_the_nodes_of_a_job_wait_for_the_plan_of_the_node_that_claimed_it(env: Env, big, monkeypatch):
+    """M nodes starting at once must not each read the M nodes' reports: the first claims
+    the making of the plan, the others wait for its record; if none comes in time, a node
+    makes one itself (the first record written is the plan)."""
+    import threading
+
+    from dsstage.hooks import jobrecord
+    from dsstage.node import shardplan
+    ids = [s.id for s in sharded.shards_of(env.store(), "big", big["digest"]).shards]
+    nodes = ["n1", "n2", "n3"]
+    env.state.mkdir(exist_ok=True)
+    made = []
+    real = shardplan.plan
+    monkeypatch.setattr(shardplan, "plan", lambda *a: made.append(a) or real(*a))
+    first = jobrecord.plan_for(str(env.state), "160", nodes, "n1", {"big": ids})
+    # n2 and n3 come while n1 would still be planning: n1's claim is there, its record not yet
+    record = env.state / "jobs" / "160.shards.json"
+    data = record.read_bytes()
+    record.unlink()
+    threading.Timer(0.5, record.write_bytes, [data]).start()
+    got = [jobrecord.plan_for(str(env.state), "160", nodes, n, {"big": ids}) for n in ("n2", "n3")]
+    assert got == [first, first] and len(made) == 1  # only n1 read the reports
+    # a claim whose record never comes: after PLAN_WAIT the node plans itself
+    monkeypatch.setattr(jobrecord, "PLAN_WAIT", 0.3)
+    (env.state / "jobs" / "161.shards.claim").write_text("n9")
+    assert jobrecord.plan_for(str(env.state), "161", nodes, "n2", {"big": ids}) == first
+    assert len(made) == 2
+    jobrecord.forget(str(env.state), "161")
+    assert not list((env.state / "jobs").glob("161.*"))

@@ -12,7 +12,9 @@ job's, not each node's:
   from starting (the TaskProlog's hold mark) and say who holds it.
 * **which node holds which shards** of a sharded dataset (``plan_for``, ``<job id>.shards.json``):
   the first node decides (dsstage.shards.assign: quotas, what each node's published report
-  shows ready now, rendezvous hashing); a one-node job holds every shard and writes nothing.
+  shows ready now, rendezvous hashing); it claims the making first (``<job id>.shards.claim``)
+  and the others wait for its record, so that a job's M nodes read the M reports once, not
+  M times each; a one-node job holds every shard and writes nothing.
 
 Both are made with ``fs.shared.create_once`` (link(2): exactly one node wins, NFS included),
 written by root or, where NFS squashes root, by ``report.user``, and trusted only if nobody
@@ -123,6 +125,20 @@ def claim_hold(state_dir: str, job_id: str, nodes: str, node: str, user: str | N
 
 Plan = dict[str, list[str]]  # node -> shard ids
 
+#: seconds a node waits for the plan of the node that claimed the making of it, before it
+#: makes one itself (create_once keeps whichever comes first)
+PLAN_WAIT = 20.0
+#: seconds between two looks for it
+PLAN_POLL = 0.1
+
+
+def _wait_for(where: str, name: str, writers: Sequence[int], until: float) -> bytes | None:
+    while True:
+        raw = shared.read(where, name, writers)
+        if raw is not None or time.monotonic() >= until:
+            return raw
+        time.sleep(PLAN_POLL)
+
 
 def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shards: Mapping[str, Sequence[str]],
              user: str | None = None) -> dict[str, Plan]:
@@ -137,6 +153,10 @@ def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shard
     try:
         with _as_writer(user):
             raw = shared.read(where, record_name, writers)
+            if raw is None and not shared.create_once(where, f"{job_id}.shards.claim", node.encode(), writers):
+                # another node of the job is making the plan: wait for its record rather than
+                # read every node's report here too (M nodes starting at once: M x M reads)
+                raw = _wait_for(where, record_name, writers, time.monotonic() + PLAN_WAIT)
             if raw is None:
                 from dsstage.node import shardplan
                 made = {name: shardplan.plan(state_dir, name, ids, nodes) for name, ids in shards.items()}
@@ -173,7 +193,7 @@ def forget(state_dir: str, job_id: str, user: str | None = None) -> None:
     try:
         writers = _writers(user)
         with _as_writer(user):
-            for suffix in (".json", ".hold", ".shards.json"):
+            for suffix in (".json", ".hold", ".shards.json", ".shards.claim"):
                 shared.remove(where, job_id + suffix, writers)
     except (OSError, DsstageError) as exc:  # a record left behind is only clutter: the Epilog goes on
         log.warning("job %s: cannot remove its records in %s: %s", job_id, where, exc)
