@@ -281,3 +281,17 @@ def test_a_ready_sharded_part_is_not_worked_out_again_every_round(env: Env, monk
     demand.write(str(env.state), demand.build([later], now[0]))  # the poller's snapshot of that moment
     cands, skips, _dem = pre.candidates()
     assert cands == [] and len(looks) == 2, skips  # looked again, and found it ready
+
+
+def test_warm_on_nodes_stages_each_nodes_part_of_a_sharded_dataset(env: Env) -> None:
+    """`dsstage warm NAME --nodes HOSTLIST` runs `dsstage warm NAME --with HOSTLIST` on each
+    node for a sharded dataset: each node stages the part a job on those nodes would get."""
+    from dsstage.cli.node import warm_argv
+    env.add("big", {f"part-{i:03d}": bytes([i]) * (300 + i) for i in range(12)}, shards=6)
+    env.cli("manifest", "build", "big")
+    assert warm_argv(env.config(), "big", "n[1-2]") == ["warm", "big", "--with", "n[1-2]"]
+    assert warm_argv(env.config(), "x", "n[1-2]") == ["warm", "x"]
+    out = env.cli_json("warm", "big", "--with", "n[1-2]")
+    assert out["action"] == "staged" and out["job_id"] == ""
+    assert len(os.listdir(env.tier_root() / "datasets" / "big")) == 3  # half of the 6 shards
+    assert not any((env.tier_root() / "leases").rglob("*.json")), "warm keeps no lease"

@@ -180,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Make the current version of NAME ready (verified) without keeping a lease: "
                                    "ahead of a reservation or a campaign. Retention keeps it as for any copy.")
     c.add_argument("name", help="dataset name")
-    c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
+    c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings); of a sharded "
+                   "dataset, each node stages the part a job on these nodes would give it")
+    c.add_argument("--with", dest="group", metavar="HOSTLIST", help=argparse.SUPPRESS)  # what --nodes passes on
     c.add_argument("--progress-json", action="store_true", help=argparse.SUPPRESS)  # for --nodes
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=cmd_warm)

@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 from dataclasses import asdict
+from typing import Any
 
 from dsstage.cli.common import (
     ProgressLines,
@@ -230,15 +231,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def warm_argv(conf: Any, name: str, nodes: str) -> list[str]:
+    """What ``dsstage warm NAME --nodes HOSTLIST`` runs on each node: of a sharded dataset,
+    the part a job on those nodes would give it (a dataset larger than a node fits on them
+    together, not on each)."""
+    ds = conf.datasets.get(name)
+    return ["warm", name, *(["--with", nodes] if ds is not None and ds.shards else [])]
+
+
 def cmd_warm(args: argparse.Namespace) -> int:
     conf = load_config(args)
     if args.nodes:
-        return run_on_nodes(args, conf, "warm", ["warm", args.name])
+        return run_on_nodes(args, conf, "warm", warm_argv(conf, args.name, args.nodes))
     need_root("warm", "copies into this node's store")
     cat.lookup(conf, args.name)
     progress = ProgressLines() if args.progress_json else None
     store = Store(conf, args.node)
-    result = standalone.warm(store, args.name, user=cat.User.lookup(), progress=progress)
+    result = standalone.warm(store, args.name, user=cat.User.lookup(), progress=progress, nodes=args.group or "")
     inventory.refresh(store)
     emit(args, result.to_dict(), lambda: print(f"{result.dataset}: {result.path}  ({how(result)}, "
                                                 f"{result.seconds:.2f}s, no lease)"))

@@ -72,12 +72,13 @@ def part_ready(store: Store, name: str, nodes: str) -> bool:
 
 
 def warm(store: Store, name: str, *, user: cat.User, progress: Callable[[str, int, int], None] | None = None,
-         deadline: float | None = None) -> StageResult:
+         deadline: float | None = None, nodes: str = "") -> StageResult:
     """Make ``name`` ready on this node without keeping a lease (``dsstage warm``, ahead
     of a reservation or a campaign): the copy then stays as retention decides, its last
-    use being now."""
+    use being now. ``nodes``: of a sharded dataset, this node's part for a job on them."""
     holder, pid = default_holder()
-    result = stage(store, name, user=user, job_id=holder, pid=pid, progress=progress, deadline=deadline)
+    result = stage(store, name, user=user, job_id=holder, pid=pid, progress=progress, deadline=deadline,
+                   nodes=nodes)
     store.release(name, holder)
     result.job_id = ""
     return result
