@@ -342,16 +342,24 @@ def test_retention_values_a_shard_by_the_pending_jobs_whose_plan_gives_it_this_n
     demand.write(str(env.state), demand.build([Job("71", "root", "PENDING", ("big",), partition="gpu", priority=1,
                                                    start_time=time.time() + 60, sched_nodes="n[1-2]")], time.time()))
     store = env.store()
+    dem = store.demand()[0]
     with open_tier(store.layout("nvme")) as tier:
-        copies = eviction.copies(store, tier, store.config.tiers["nvme"], dem=store.demand()[0])
+        plain = eviction.copies(store, tier, store.config.tiers["nvme"])
+        # no pressure: the planner does not work out the job's plan (nothing to decide by it)
+        assert all(not d.copy.not_for for d in eviction.plan(store, tier, store.config.tiers["nvme"], dem).decisions)
+        # over the high watermark it does (what then goes first: tests/unit/test_retention.py)
+        from dsstage.policy import retention
+        tight = retention.Space(capacity=sum(c.bytes for c in plain), high=0.9, low=0.5)
+        pressed = eviction.plan(store, tier, store.config.tiers["nvme"], dem, space=tight).decisions
+        assert sum(1 for d in pressed if d.copy.not_for == frozenset({"71"})) == 3
+    copies = eviction.with_shard_demand(store, plain, dem)
     assert len(copies) == 6
     spare = {c.version for c in copies if c.not_for == frozenset({"71"})}
     assert len(spare) == 3 and all(not c.not_for for c in copies if c.version not in spare)
     ids = [s.id for s in sharded.shards_of(store, "big", big["digest"]).shards]
     plan = jobrecord.plan_for(str(env.state), "71", ["n1", "n2"], "n1", {"big": ids})["big"]
     assert set(plan["n1"]) == {c.version for c in copies} - spare
-    with open_tier(store.layout("nvme")) as tier:
-        decisions = eviction.plan(store, tier, store.config.tiers["nvme"], store.demand()[0]).decisions
+    decisions = retention.plan(copies, dem, retention.Space(10**12), time.time(), node="n1").decisions
     reasons = {d.copy.version: d.reason for d in decisions}
     assert all("wanted by pending job 71" in reasons[v] for v in plan["n1"]) and \
         not any("wanted by pending job 71" in reasons[v] for v in spare), reasons

@@ -10,6 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dsstage.config.model import Tier
@@ -30,18 +31,15 @@ if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs i
 log = logging.getLogger(__name__)
 
 
-def copies(store: Store, tier: RootDir, tier_conf: Tier, released: str = "",
-           dem: retention.Demand | None = None) -> list[retention.Copy]:
+def copies(store: Store, tier: RootDir, tier_conf: Tier, released: str = "") -> list[retention.Copy]:
     """This tier's copies as the retention planner sees them. Last use: the last lease
     taken or released on the dataset (the mtime of its leases directory), or when it
     was staged. A copy whose current version cannot be read counts as current. ``released``:
-    a job whose leases count as given back (what its Epilog would see, for a dry run).
-    ``dem``: the queue's demand, to tell which pending jobs a shard copy is for."""
+    a job whose leases count as given back (what its Epilog would see, for a dry run)."""
     book = LeaseBook(tier)
     out = []
     for name in tier.names("datasets"):
         current = store.current_copies(name)
-        not_for = shards_not_for(store, name, dem) if dem is not None else {}
         leases = book.of_dataset(name)
         lfd = tier.has_dir("leases", name)
         touched = os.fstat(lfd).st_mtime if lfd is not None else 0.0
@@ -56,8 +54,18 @@ def copies(store: Store, tier: RootDir, tier_conf: Tier, released: str = "",
                                     if x.covers(version) and x.job_id != (released or None))),
                 current=current is None or version in current,
                 ready=bool(mark) and not mark.get("bad"),
-                shared={str(v): space.as_bytes(b) for v, b in linked.items()} if isinstance(linked, dict) else {},
-                not_for=not_for.get(version, frozenset())))
+                shared={str(v): space.as_bytes(b) for v, b in linked.items()} if isinstance(linked, dict) else {}))
+    return out
+
+
+def with_shard_demand(store: Store, cs: list[retention.Copy], dem: retention.Demand) -> list[retention.Copy]:
+    """``cs`` with each sharded dataset's copies marked with the pending jobs whose plan
+    gives this node other shards (``Copy.not_for``, from shards_not_for)."""
+    out = list(cs)
+    for name in {c.dataset for c in cs}:
+        not_for = shards_not_for(store, name, dem)
+        if not_for:
+            out = [replace(c, not_for=not_for.get(c.version, frozenset())) if c.dataset == name else c for c in out]
     return out
 
 
@@ -83,8 +91,9 @@ def shards_not_for(store: Store, name: str, dem: retention.Demand) -> dict[str, 
     except (DsstageError, OSError):
         return {}
     out: dict[str, set[str]] = {}
-    for w in planned:
-        mine = set(shardplan.plan(store.config.state_dir, name, ids, list(w.nodes)).get(store.node) or ids)
+    plans = shardplan.plans(store.config.state_dir, name, ids, [list(w.nodes) for w in planned])
+    for w, plan in zip(planned, plans):
+        mine = set(plan.get(store.node) or ids)
         for shard in ids:
             if shard not in mine:
                 out.setdefault(shard, set()).add(w.job_id)
@@ -109,9 +118,14 @@ def policy(store: Store) -> retention.Policy:
 def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, space: retention.Space | None = None,
          protect: tuple[str, ...] = (), evict: tuple[str, ...] = (), force: bool = False,
          released: str = "") -> retention.Plan:
-    """The planner on this tier; ``space``: the tier's, if the caller has it already."""
-    return retention.plan(copies(store, tier, tier_conf, released, dem), dem,
-                          space or space_of(store, tier, tier_conf),
+    """The planner on this tier; ``space``: the tier's, if the caller has it already. Which
+    pending jobs a shard copy is for (reading the published reports of their nodes) is worked
+    out only where it can matter: over the high watermark, or for a stage that needs room."""
+    sp = space or space_of(store, tier, tier_conf)
+    cs = copies(store, tier, tier_conf, released)
+    if retention.used(cs) + sp.reserved + sp.need > sp.high * sp.capacity:
+        cs = with_shard_demand(store, cs, dem)
+    return retention.plan(cs, dem, sp,
                           store.clock(),
                           policy=policy(store), node=store.node, protect=protect, evict=evict, force=force)
 

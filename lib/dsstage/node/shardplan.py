@@ -17,6 +17,14 @@ def plan(state_dir: str, name: str, shard_ids: Sequence[str], nodes: Sequence[st
     return assign(shard_ids, nodes, report.ready_in_reports(state_dir, nodes, name, shard_ids))
 
 
+def plans(state_dir: str, name: str, shard_ids: Sequence[str],
+          jobs: Sequence[Sequence[str]]) -> list[dict[str, list[str]]]:
+    """``plan`` for several jobs (each given by its nodes), each node's report read once."""
+    everyone = sorted({n for nodes in jobs for n in nodes})
+    held = report.ready_in_reports(state_dir, everyone, name, shard_ids)
+    return [assign(shard_ids, nodes, {n: held[n] for n in nodes if n in held}) for nodes in jobs]
+
+
 def replicas(plan: Mapping[str, Sequence[str]], mine: Sequence[str]) -> dict[str, str]:
     """shard id -> the nodes (a Slurm hostlist) that hold it in ``plan``, for each of
     ``mine`` that more than one node holds (a job of more nodes than shards): they share its
