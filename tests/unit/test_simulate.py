@@ -15,8 +15,10 @@ from dsstage.policy import retention as rt
 from dsstage.policy.sim import cli as simulate
 from dsstage.policy.sim import trace as tr
 from dsstage.policy.sim.bound import lower_bound, pack
-from dsstage.policy.sim.replay import JobEnd, Lru, Offline, Planner, replay
-from dsstage.policy.sim.sched import Nodes, project, schedule
+from dsstage.policy.sim.planner import Planner
+from dsstage.policy.sim.replay import JobEnd, Lru, Offline, Policy, Result
+from dsstage.policy.sim.replay import simulate as run_sim
+from dsstage.policy.sim.sched import Nodes, Schedule, project, schedule
 
 GB = 10**9
 
@@ -24,6 +26,15 @@ GB = 10**9
 def job(i: int, ds: str, submit: float = 0.0, runtime: float = 100.0, slots: int = 1, limit: float | None = None,
         user: str = "u") -> tr.Job:
     return tr.Job(str(i), submit, runtime, runtime if limit is None else limit, slots, user, ds)
+
+
+def replay(sched: Schedule, sizes: dict[str, int], capacity: int, bandwidth: float, policy: Policy) -> Result:
+    """``policy`` on the jobs of ``sched`` with placement unaware, checking that the simulation
+    schedules them as ``schedule`` did: with unaware placement the caches change nothing."""
+    res, out = run_sim([r.job for r in sched.runs], sched.nodes, sched.slots_per_node, sizes, capacity, bandwidth,
+                        policy)
+    assert out.runs == sched.runs
+    return res
 
 
 def serial(datasets: list[str]) -> list[tr.Job]:
@@ -79,7 +90,7 @@ def test_planner_keeps_what_a_pending_job_planned_here_wants():
     sched = schedule(jobs, nodes=1, slots_per_node=1)
     assert [r.start for r in sched.runs] == [0.0, 1000.0, 3000.0, 4000.0]
     lru = replay(sched, sizes, 400, 1.0, Lru())
-    planner = Planner(sched, 400)
+    planner = Planner(sched.nodes, sched.slots_per_node, 400)
     res = replay(sched, sizes, 400, 1.0, planner)
     assert lru.hits == 0  # LRU dropped a, the least recently used
     assert res.hits == 1 and res.evictions == 1  # the planner dropped b, which nothing wants
@@ -95,7 +106,7 @@ def test_planner_sees_the_queue_as_of_its_last_snapshot():
     assert [r.start for r in sched.runs] == [0.0, 1000.0, 3020.0, 4020.0]
     hits = {}
     for interval in (30.0, 0.0):
-        planner = Planner(sched, 400, policy=rt.Policy(min_keep=0), interval=interval)
+        planner = Planner(sched.nodes, sched.slots_per_node, 400, policy=rt.Policy(min_keep=0), interval=interval)
         hits[interval] = replay(sched, sizes, 400, 1.0, planner).hits
     assert hits == {30.0: 0, 0.0: 1}
 
@@ -113,7 +124,7 @@ def test_planner_counts_the_job_starts_a_poller_would_see():
             d = super().demand(now)
             seen.append((now, dict(d.uses)))
             return d
-    planner = Watching(sched, 100, interval=30.0, shortcut=False)
+    planner = Watching(sched.nodes, 1, 100, interval=30.0, shortcut=False)
     replay(sched, {"a": 10, "b": 10, "c": 10}, 100, 1.0, planner)
     # at 300 (c's Prolog) the snapshot is the one taken at 300: before c started; b was never seen
     at = dict(seen)
@@ -129,7 +140,7 @@ def test_bound_holds_on_shared_nodes():
     sched = schedule(jobs, nodes=3, slots_per_node=2)
     bound = lower_bound(sched, sizes, 100)
     bypassed = set()
-    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, 100, policy=rt.Policy(min_keep=0))):
+    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(3, 2, 100, policy=rt.Policy(min_keep=0))):
         res = replay(sched, sizes, 100, 1.0, policy)
         assert res.no_room == 0 and res.bytes_staged >= bound.bytes_staged, policy.name
         bypassed.add(res.bypassed)
@@ -140,8 +151,8 @@ def test_planner_shortcut_changes_nothing():
     trace = tr.generate(jobs=150, nodes=4, datasets=12, seed=3)
     sched = schedule(trace.jobs, trace.nodes, 1)
     cap = int(0.3 * trace.working_set())
-    fast = Planner(sched, cap)
-    slow = Planner(sched, cap, shortcut=False)
+    fast = Planner(sched.nodes, sched.slots_per_node, cap)
+    slow = Planner(sched.nodes, sched.slots_per_node, cap, shortcut=False)
     a = replay(sched, trace.sizes, cap, 2 * GB, fast)
     b = replay(sched, trace.sizes, cap, 2 * GB, slow)
     assert slow.calls > fast.calls > 0
@@ -154,7 +165,7 @@ def test_a_leased_copy_is_never_evicted_and_what_cannot_fit_is_streamed():
     # two jobs share a node; their datasets together exceed the tier: the second streams
     jobs = [job(1, "a", runtime=500.0), job(2, "b", runtime=500.0)]
     sched = schedule(jobs, nodes=1, slots_per_node=2)
-    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, 100)):
+    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched.nodes, sched.slots_per_node, 100)):
         res = replay(sched, {"a": 60, "b": 60}, 100, 1.0, policy)
         assert (res.bypassed, res.no_room, res.bytes_staged) == (1, 0, 120)
 
@@ -165,7 +176,7 @@ def test_every_policy_stays_above_the_bound():
     cap = int(0.33 * trace.working_set())
     bound = lower_bound(sched, trace.sizes, cap)
     staged = {}
-    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched, cap)):
+    for policy in (Lru(), Offline(sched.runs), JobEnd(), Planner(sched.nodes, sched.slots_per_node, cap)):
         res = replay(sched, trace.sizes, cap, 2 * GB, policy)
         assert res.bytes_compulsory == bound.bytes_compulsory
         staged[policy.name] = res.bytes_staged
@@ -222,6 +233,69 @@ def test_small_jobs_share_a_node_large_ones_take_whole_nodes():
     assert nodes.choose(1) == (0,)  # best fit
     assert nodes.choose(8) == (1, 2)
     assert not nodes.fits(12)
+
+
+# -- placement: Slurm's --prefer for the nodes that hold the job's dataset --------------------------------
+
+def placed(jobs: list[tr.Job], nodes: int, placement: str, interval: float = 30.0) -> tuple[Result, dict[str, tuple]]:
+    res, sched = run_sim(jobs, nodes, 1, {"a": 10, "b": 10, "x": 10, "y": 10}, 100, 1000.0, Lru(),
+                          placement=placement, features_interval=interval)
+    return res, {r.job.id: (r.start, r.nodes) for r in sched.runs}
+
+
+def test_prefer_starts_a_job_where_its_data_is():
+    # b lands on node 0, a on node 1; both end at 100; a second job on a at 200
+    jobs = [job(1, "b", runtime=100.0), job(2, "a", runtime=100.0), job(3, "a", submit=200.0)]
+    res, at = placed(jobs, 3, "unaware")
+    assert at["3"] == (200.0, (0,)) and res.hits == 0  # the lowest free node: staged again
+    res, at = placed(jobs, 3, "prefer")
+    assert at["3"] == (200.0, (1,)) and res.hits == 1 and res.on_preferred == 1
+
+
+def test_prefer_does_not_delay_a_job_whose_data_nodes_are_busy():
+    # a's copy is on node 1, which runs a long job on a; a second job on a starts at once elsewhere
+    jobs = [job(1, "b", runtime=100.0), job(2, "a", runtime=1000.0), job(3, "a", submit=200.0)]
+    res, at = placed(jobs, 3, "prefer")
+    assert at["3"] == (200.0, (0,))
+    assert res.queue_waits == [0.0, 0.0, 0.0] and res.on_preferred == 0
+
+
+def test_prefer_takes_whole_node_jobs_only_where_enough_nodes_hold_the_data():
+    # a is on node 2 only; a 2-node job on a goes where the scheduler would put it anyway
+    jobs = [job(1, "x", runtime=100.0), job(2, "y", runtime=100.0), job(3, "a", runtime=100.0),
+            job(4, "a", submit=200.0, slots=2)]
+    _, at = placed(jobs, 3, "prefer")
+    assert at["4"] == (200.0, (0, 1))
+
+
+def test_the_features_lag_the_caches_by_the_pollers_round():
+    # a's copy arrives on node 2 at 185, after the poller's round at 180; its job ends at 190
+    jobs = [job(1, "x", runtime=1000.0), job(2, "y", runtime=187.0), job(3, "a", submit=185.0, runtime=5.0),
+            job(4, "a", submit=200.0)]
+    _, lagged = placed(jobs, 3, "prefer", interval=30.0)
+    _, fresh = placed(jobs, 3, "prefer", interval=0.0)
+    assert lagged["3"][1] == (2,)
+    assert lagged["4"] == (200.0, (1,))  # the round at 180 did not see a on node 2
+    assert fresh["4"] == (200.0, (2,))
+
+
+def test_unaware_placement_is_the_same_for_every_policy():
+    trace = tr.generate(jobs=200, nodes=6, datasets=10, seed=4)
+    cap = int(0.3 * trace.working_set())
+    fixed = schedule(trace.jobs, trace.nodes, 1)
+    for policy in (Lru(), JobEnd(), Planner(trace.nodes, 1, cap)):
+        _, sched = run_sim(trace.jobs, trace.nodes, 1, trace.sizes, cap, 2 * GB, policy)
+        assert sched.runs == fixed.runs, policy.name
+    # with prefer the caches steer the schedule: LRU and job-end keep different caches
+    runs = [run_sim(trace.jobs, trace.nodes, 1, trace.sizes, cap, 2 * GB, p, placement="prefer")[1].runs
+            for p in (Lru(), JobEnd())]
+    assert runs[0] != runs[1]
+
+
+def test_queue_wait_percentile_is_the_nearest_rank():
+    r = Result("x", queue_waits=[float(i) for i in range(1, 101)])
+    assert (r.queue_wait_mean, r.queue_wait_p95) == (50.5, 95.0)
+    assert Result("x").queue_wait_p95 == 0.0
 
 
 # -- traces --------------------------------------------------------------------------------
@@ -304,20 +378,37 @@ def test_json_keys():
     code, out = run_main(["--jobs", "120", "--nodes", "4", "--datasets", "10", "--json"])
     assert code == 0
     rep = json.loads(out)
-    assert set(rep) == {"trace", "cluster", "scheduler", "planner", "policies", "offline_method", "bound", "goal",
+    assert set(rep) == {"trace", "cluster", "scheduler", "planner", "rows", "offline_method", "bound", "goal",
                         "seconds"}
-    assert list(rep["policies"]) == ["planner", "lru", "job-end", "offline"]
-    keys = {"bytes_staged", "bytes_staged_again", "bytes_compulsory", "requests", "hits", "hit_ratio",
-            "stage_wait_total_s", "stage_wait_mean_s", "stage_wait_max_s", "jobs_delayed", "evictions",
-            "bytes_evicted", "bypassed", "no_room", "seconds"}
-    for p in rep["policies"].values():
-        assert keys <= set(p)
-    assert rep["policies"]["offline"]["bound_on_optimum"] == "upper"
+    # offline only on the unaware schedule: its known future is that schedule's
+    assert [(r["policy"], r["placement"]) for r in rep["rows"]] == [
+        ("planner", "unaware"), ("lru", "unaware"), ("job-end", "unaware"), ("offline", "unaware"),
+        ("planner", "prefer"), ("lru", "prefer"), ("job-end", "prefer")]
+    keys = {"policy", "placement", "bytes_staged", "bytes_staged_again", "bytes_compulsory", "requests", "hits",
+            "hit_ratio", "wait_mean_s", "wait_p95_s", "stage_wait_total_s", "stage_wait_mean_s", "stage_wait_max_s",
+            "jobs_delayed", "jobs_on_preferred_nodes", "stages", "stages_evicting", "evictions", "bytes_evicted",
+            "bypassed", "no_room", "seconds"}
+    for r in rep["rows"]:
+        assert keys <= set(r)
+        assert (r["jobs_on_preferred_nodes"] is None) == (r["placement"] == "unaware")
+    offline = next(r for r in rep["rows"] if r["policy"] == "offline")
+    assert offline["bound_on_optimum"] == "upper"
     assert rep["bound"]["bound_on_optimum"] == "lower"
-    assert {"plan_calls", "planned_jobs", "planned_nodes_right"} <= set(rep["policies"]["planner"])
-    assert {"planner_vs_lru", "planner_vs_offline", "planner_vs_bound"} <= set(rep["goal"])
+    planner = [r for r in rep["rows"] if r["policy"] == "planner"]
+    assert all({"plan_calls", "planned_jobs", "planned_nodes_right"} <= set(r) for r in planner)
+    assert {"planner_prefer_vs_baseline", "planner_prefer_wait_vs_baseline", "lru_prefer_vs_baseline",
+            "planner_prefer_vs_bound"} <= set(rep["goal"])
+    assert rep["goal"]["lru_unaware_vs_baseline"] == 1.0
     assert rep["cluster"]["capacity_fraction"] == 0.33
     assert rep["trace"]["rules"]
+
+
+def test_one_placement_only():
+    code, out = run_main(["--jobs", "60", "--nodes", "4", "--datasets", "6", "--placement", "prefer", "--json",
+                          "--policies", "planner,offline"])
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert [(r["policy"], r["placement"]) for r in rows] == [("planner", "prefer")]
 
 
 def test_text_report_says_what_the_offline_figures_are():
@@ -328,10 +419,12 @@ def test_text_report_says_what_the_offline_figures_are():
 
 def test_dsstage_simulate_runs_the_simulator(capsys):
     assert cli.main(["simulate", "--jobs", "80", "--nodes", "4", "--datasets", "8", "--json"]) == 0
-    assert list(json.loads(capsys.readouterr().out)["policies"]) == ["planner", "lru", "job-end", "offline"]
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["policy"] for r in rows} == {"planner", "lru", "job-end", "offline"}
 
 
 @pytest.mark.parametrize("argv", [["--policies", "fifo"], ["--capacity", "lots"], ["--high", "0.5"],
+                                  ["--placement", "anywhere"],
                                   ["--trace", "/nonexistent.swf"]])
 def test_bad_options_end_in_one_line(argv, capsys):
     assert simulate.main(argv) != 0

@@ -25,8 +25,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dsstage.policy.sim.replay import END, START, events
-from dsstage.policy.sim.sched import Schedule
+from dsstage.policy.sim.sched import Run, Schedule
+
+END, START = 0, 1
+
+
+def events(runs: Sequence[Run]) -> list[tuple[float, int, int]]:
+    """(time, kind, run index): at one instant, ends first (their nodes are free for the starts)."""
+    return sorted([(r.end, END, i) for i, r in enumerate(runs)] + [(r.start, START, i) for i, r in enumerate(runs)])
 
 
 @dataclass
@@ -113,8 +119,6 @@ def lower_bound(sched: Schedule, sizes: dict[str, int], capacity: int) -> Bound:
     changes: list[list[tuple[float, int]]] = [[] for _ in range(sched.nodes)]  # (time, leased bytes after)
     node_gaps: list[list[tuple[float, float, int]]] = [[] for _ in range(sched.nodes)]
     for t, kind, i in events(runs):
-        if kind not in (END, START):
-            continue
         run = runs[i]
         ds = run.job.dataset
         size = sizes[ds]

@@ -1,13 +1,19 @@
-"""Replay a schedule's dataset requests through one retention policy, node by node.
+"""The simulation: the scheduler and the tiers advance together, one instant at a time.
 
-Each job, when it starts, requests its dataset on each of its nodes: a hit if a copy is
-there (it may still be arriving), else a stage over the node's link (``bandwidth`` bytes
-per second, one stage at a time per node). The job holds a lease on that copy until it
-ends; a leased copy is never evicted. When the leased copies and the new one together
-exceed the tier, the dataset is streamed past the tier (``bypassed``: staged, not kept);
-this depends only on the schedule, so it is the same for every policy.
+At each instant (a submission or a job's end), the jobs that end release their leases, the
+policy hears of it (the Epilog), the jobs submitted join the queue, and the scheduler starts
+what it can (dsstage.policy.sim.sched), placing jobs by placement ``unaware`` or ``prefer``:
+with ``prefer`` a job starts on free nodes whose ``ds_<dataset>`` feature says they hold its
+dataset, as the demand poller last set the features (every ``features_interval`` seconds),
+where there are enough of them. Each job that starts requests its dataset on each of its
+nodes: a hit if a copy is there (it may still be arriving), else a stage over the node's link
+(``bandwidth`` bytes per second, one stage at a time per node). The job holds a lease on that
+copy until it ends; a leased copy is never evicted. When the leased copies and the new one
+together exceed the tier, the dataset is streamed past the tier (``bypassed``: staged, not
+kept).
 
-The schedule is fixed: a job's staging wait is counted, not added to its run time.
+A job's staging wait is counted, not added to its run time: the schedule depends on the
+caches only through placement.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dsstage.policy import demand as dm
-from dsstage.policy import retention as rt
-from dsstage.policy.sim.sched import Nodes, Run, Schedule, project
+from dsstage.policy.sim.sched import Clock, Run, Schedule, Scheduler
+from dsstage.policy.sim.trace import Job
+
+PLACEMENTS = ("unaware", "prefer")
 
 
 @dataclass
@@ -53,14 +60,15 @@ class Tier:
 
 @dataclass
 class Result:
-    """The figures of one policy (see docs/simulation.md for each key)."""
+    """The figures of one policy under one placement (see docs/simulation.md for each key)."""
 
     policy: str
+    placement: str = "unaware"
     requests: int = 0  # (job, node) dataset requests
     hits: int = 0  # requests that found a copy on the node
     bytes_staged: int = 0
     bytes_compulsory: int = 0  # the first stage of each (node, dataset) pair
-    bypassed: int = 0  # requests streamed past the tier: leased copies leave no room (every policy)
+    bypassed: int = 0  # requests streamed past the tier: leased copies leave no room
     no_room: int = 0  # requests the policy found no room for although the leases left some
     evictions: int = 0
     bytes_evicted: int = 0
@@ -68,8 +76,11 @@ class Result:
     jobs_delayed: int = 0  # jobs whose dataset was not on all their nodes at start
     wait_total: float = 0.0  # seconds, summed over jobs: start until the dataset is on all its nodes
     wait_max: float = 0.0
+    queue_waits: list[float] = field(default_factory=list, repr=False)  # per job: submission to start
+    on_preferred: int = 0  # jobs that started on nodes all of which held their dataset's feature
+    stages_evicting: int = 0  # stages that evicted before they could start (the Prolog's make-room)
     plan_calls: int = 0  # calls of retention.plan (planner only)
-    seconds: float = 0.0  # run time of the replay
+    seconds: float = 0.0  # run time of the simulation
 
     @property
     def bytes_staged_again(self) -> int:
@@ -82,6 +93,18 @@ class Result:
     @property
     def wait_mean(self) -> float:
         return self.wait_total / self.jobs if self.jobs else 0.0
+
+    @property
+    def queue_wait_mean(self) -> float:
+        return sum(self.queue_waits) / len(self.queue_waits) if self.queue_waits else 0.0
+
+    @property
+    def queue_wait_p95(self) -> float:
+        """The 95th percentile of the queue waits (nearest rank)."""
+        if not self.queue_waits:
+            return 0.0
+        ordered = sorted(self.queue_waits)
+        return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 class Policy:
@@ -96,21 +119,27 @@ class Policy:
     def job_ended(self, tier: Tier, node: int, dataset: str, now: float) -> None:
         """After a job's lease on ``dataset`` is released on ``node`` (the Epilog)."""
 
-    def requested(self, tier: Tier, node: int, dataset: str, run_index: int, now: float) -> None:
+    def requested(self, tier: Tier, node: int, dataset: str, run: Run, now: float) -> None:
         """After a request is served (the copy is in the tier unless it was bypassed)."""
 
-    # the queue as the scheduler sees it, for policies that read the demand
-    def submitted(self, run_index: int, now: float) -> None:
+    # the cluster as the demand poller sees it, for policies that read the demand
+    def attach(self, tiers: Sequence[Tier], features: Features | None) -> None:
+        """Before the first instant: the tiers, and the features the scheduler places by."""
+
+    def before(self, now: float) -> None:
+        """Before anything happens at the instant ``now``."""
+
+    def settled(self, now: float) -> None:
+        """At the instant ``now``, once its jobs have ended and been submitted, before the starts."""
+
+    def submitted(self, job: Job, now: float) -> None:
         pass
 
-    def started(self, run_index: int, now: float) -> None:
+    def started(self, run: Run, now: float) -> None:
         pass
 
-    def ended(self, run_index: int, now: float) -> None:
+    def ended(self, run: Run, now: float) -> None:
         pass
-
-    def before(self, kind: int, now: float) -> None:
-        """Before an event of ``kind`` (END, SUBMIT, START) at ``now`` is handled."""
 
 
 class Lru(Policy):
@@ -153,14 +182,15 @@ class Offline(Policy):
     name = "offline"
 
     def __init__(self, runs: Sequence[Run]):
-        nxt: dict[tuple[int, int], float] = {}
-        last: dict[tuple[int, str], tuple[int, int]] = {}
-        for i, r in enumerate(runs):  # runs are in start order: the order the replay serves them
+        """``runs``: the unaware schedule, in start order (the order requests are served)."""
+        nxt: dict[tuple[str, int], float] = {}
+        last: dict[tuple[int, str], tuple[str, int]] = {}
+        for r in runs:
             for n in r.nodes:
                 prev = last.get((n, r.job.dataset))
                 if prev is not None:
                     nxt[prev] = r.start
-                last[(n, r.job.dataset)] = (i, n)
+                last[(n, r.job.dataset)] = (r.job.id, n)
         self.next_use = nxt
 
     def make_room(self, tier: Tier, node: int, need: int, now: float) -> bool:
@@ -173,240 +203,146 @@ class Offline(Policy):
                 return True
         return False
 
-    def requested(self, tier: Tier, node: int, dataset: str, run_index: int, now: float) -> None:
+    def requested(self, tier: Tier, node: int, dataset: str, run: Run, now: float) -> None:
         slot = tier.copies.get(dataset)
         if slot is not None:
-            slot.next_use = self.next_use.get((run_index, node), math.inf)
+            slot.next_use = self.next_use.get((run.job.id, node), math.inf)
 
 
-END, SUBMIT, START = 0, 1, 2
+class Features:
+    """The ``ds_<dataset>`` features the demand poller keeps (dsstage.cluster.features): the
+    nodes whose tier holds a ready copy of the dataset, as of the poller's last round, every
+    ``interval`` seconds of simulated time on a fixed grid (0: at every instant)."""
+
+    def __init__(self, tiers: Sequence[Tier], interval: float):
+        self.tiers = tiers
+        self.interval = interval
+        self.window = -1
+        self.held: dict[str, frozenset[int]] = {}
+
+    def before(self, now: float) -> None:
+        """Called before anything changes at ``now``: the tiers are as they were at the tick."""
+        window = int(now // self.interval) if self.interval > 0 else -2
+        if window == self.window and window != -2:
+            return
+        self.window = window
+        tick = window * self.interval if self.interval > 0 else now
+        held: dict[str, set[int]] = {}
+        for n, tier in enumerate(self.tiers):
+            for ds, slot in tier.copies.items():
+                if slot.ready <= tick:
+                    held.setdefault(ds, set()).add(n)
+        self.held = {ds: frozenset(ns) for ds, ns in held.items()}
+
+    def __call__(self, job: Job) -> frozenset[int]:
+        return self.held.get(job.dataset, frozenset())
 
 
-def events(runs: Sequence[Run]) -> list[tuple[float, int, int]]:
-    """(time, kind, run index), in the order the replay handles them: at one instant, ends
-    first (their nodes are free for the starts), then submissions, then starts."""
-    ev = [(r.end, END, i) for i, r in enumerate(runs)]
-    ev += [(r.job.submit, SUBMIT, i) for i, r in enumerate(runs)]
-    ev += [(r.start, START, i) for i, r in enumerate(runs)]
-    ev.sort()
-    return ev
-
-
-def replay(sched: Schedule, sizes: dict[str, int], capacity: int, bandwidth: float, policy: Policy,
-           ev: list[tuple[float, int, int]] | None = None) -> Result:
-    """Serve every request of ``sched`` with ``policy`` deciding what the tiers keep."""
+def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[str, int], capacity: int,
+             bandwidth: float, policy: Policy, *, placement: str = "unaware", features_interval: float = 30.0,
+             backfill_depth: int = 100) -> tuple[Result, Schedule]:
+    """Schedule ``jobs`` and serve their requests with ``policy`` deciding what the tiers keep;
+    the figures, and the schedule as it came out."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement {placement!r}: one of {', '.join(PLACEMENTS)}")
     t0 = time.perf_counter()
-    runs = sched.runs
-    ev = events(runs) if ev is None else ev
-    tiers = [Tier(node_name(n), capacity) for n in range(sched.nodes)]
-    link = [0.0] * sched.nodes  # when each node's link is free
+    sch = Scheduler(nodes, slots_per_node, backfill_depth)
+    clock = Clock(jobs)
+    tiers = [Tier(node_name(n), capacity) for n in range(nodes)]
+    link = [0.0] * nodes  # when each node's link is free
     seen: set[tuple[int, str]] = set()
-    res = Result(policy.name, jobs=len(runs))
-    for t, kind, i in ev:
-        policy.before(kind, t)
-        run = runs[i]
-        job = run.job
-        if kind == SUBMIT:
-            policy.submitted(i, t)
-            continue
-        ds = job.dataset
-        if kind == END:
-            for n in run.nodes:
-                tier = tiers[n]
-                slot = tier.copies.get(ds)
-                if slot is not None and job.id in slot.leases:
-                    slot.leases.remove(job.id)
-                    slot.last_used = t
-                    if not slot.leases:
-                        tier.leased -= slot.bytes
-                policy.job_ended(tier, n, ds, t)
-            policy.ended(i, t)
-            continue
-        size = sizes[ds]
-        ready = t
-        for n in run.nodes:
-            tier = tiers[n]
-            res.requests += 1
-            slot = tier.copies.get(ds)
-            if slot is not None:
-                res.hits += 1
-            else:
-                res.bytes_staged += size
-                if (n, ds) not in seen:
-                    seen.add((n, ds))
-                    res.bytes_compulsory += size
-                begin = max(t, link[n])
-                link[n] = begin + size / bandwidth
-                if tier.leased + size > capacity:
-                    res.bypassed += 1
-                    ready = max(ready, link[n])
-                    policy.requested(tier, n, ds, i, t)
-                    continue
-                if not policy.make_room(tier, n, size, t) or tier.used + size > capacity:
-                    res.no_room += 1
-                    ready = max(ready, link[n])
-                    policy.requested(tier, n, ds, i, t)
-                    continue
-                slot = tier.copies[ds] = Slot(size, t, link[n])
-                tier.used += size
-            if not slot.leases:
-                tier.leased += slot.bytes
-            slot.leases.append(job.id)
-            slot.last_used = t
-            ready = max(ready, slot.ready)
-            policy.requested(tier, n, ds, i, t)
-        wait = ready - t
-        if wait > 0:
-            res.jobs_delayed += 1
-            res.wait_total += wait
-            res.wait_max = max(res.wait_max, wait)
-        policy.started(i, t)
+    res = Result(policy.name, placement, jobs=len(jobs))
+    features = Features(tiers, features_interval) if placement == "prefer" else None
+    policy.attach(tiers, features)
+    runs: list[Run] = []
+    while (instant := clock.next()) is not None:
+        t, ended, submitted = instant
+        if features is not None:
+            features.before(t)
+        policy.before(t)
+        for run in ended:
+            _release(tiers, run, policy, t)
+            policy.ended(run, t)
+            sch.end(run)
+        for job in submitted:
+            sch.submit(job)
+            policy.submitted(job, t)
+        policy.settled(t)
+        for run in sch.starts(t, features):
+            clock.started(run)
+            runs.append(run)
+            res.queue_waits.append(t - run.job.submit)
+            if features is not None and set(run.nodes) <= features(run.job):
+                res.on_preferred += 1
+            _serve(tiers, link, seen, run, sizes[run.job.dataset], capacity, bandwidth, policy, res, t)
+            policy.started(run, t)
     for tier in tiers:
         res.evictions += tier.evictions
         res.bytes_evicted += tier.bytes_evicted
     res.plan_calls = getattr(policy, "calls", 0)
     res.seconds = time.perf_counter() - t0
-    return res
+    return res, Schedule(runs, nodes, slots_per_node, sch.backfilled, sch.max_queue)
+
+
+def _release(tiers: list[Tier], run: Run, policy: Policy, t: float) -> None:
+    """A job's end: its leases go, and the policy runs on each of its nodes (the Epilog)."""
+    ds, jid = run.job.dataset, run.job.id
+    for n in run.nodes:
+        tier = tiers[n]
+        slot = tier.copies.get(ds)
+        if slot is not None and jid in slot.leases:
+            slot.leases.remove(jid)
+            slot.last_used = t
+            if not slot.leases:
+                tier.leased -= slot.bytes
+        policy.job_ended(tier, n, ds, t)
+
+
+def _serve(tiers: list[Tier], link: list[float], seen: set[tuple[int, str]], run: Run, size: int, capacity: int,
+           bandwidth: float, policy: Policy, res: Result, t: float) -> None:
+    """A job's start: its dataset on each of its nodes, a hit or a stage (the Prolog)."""
+    ds = run.job.dataset
+    ready = t
+    for n in run.nodes:
+        tier = tiers[n]
+        res.requests += 1
+        slot = tier.copies.get(ds)
+        if slot is not None:
+            res.hits += 1
+        else:
+            res.bytes_staged += size
+            if (n, ds) not in seen:
+                seen.add((n, ds))
+                res.bytes_compulsory += size
+            begin = max(t, link[n])
+            link[n] = begin + size / bandwidth
+            if tier.leased + size > capacity:
+                res.bypassed += 1
+                ready = max(ready, link[n])
+                policy.requested(tier, n, ds, run, t)
+                continue
+            before = tier.evictions
+            room = policy.make_room(tier, n, size, t)
+            res.stages_evicting += tier.evictions > before
+            if not room or tier.used + size > capacity:
+                res.no_room += 1
+                ready = max(ready, link[n])
+                policy.requested(tier, n, ds, run, t)
+                continue
+            slot = tier.copies[ds] = Slot(size, t, link[n])
+            tier.used += size
+        if not slot.leases:
+            tier.leased += slot.bytes
+        slot.leases.append(run.job.id)
+        slot.last_used = t
+        ready = max(ready, slot.ready)
+        policy.requested(tier, n, ds, run, t)
+    wait = ready - t
+    if wait > 0:
+        res.jobs_delayed += 1
+        res.wait_total += wait
+        res.wait_max = max(res.wait_max, wait)
 
 
 def node_name(n: int) -> str:
     return f"n{n:03d}"
-
-
-# -- the planner ------------------------------------------------------------------------
-
-class Planner(Policy):
-    """dsstage's own: ``retention.plan`` in the Epilog of every job on each of its nodes, and in
-    the Prolog of a stage that needs room (``Space.need``), with the demand snapshot as a
-    poller would have taken it: every ``interval`` seconds of simulated time (0: at each
-    call), the pending jobs in queue order (the first ``depth`` with the expected start and
-    planned nodes of ``sched.project``, the others unplaced) and the running jobs; and the
-    counts of job starts, as the poller keeps them (``demand.count_starts``): a job counts
-    once, at the first snapshot that shows it running (one that starts and ends between two
-    snapshots is never seen), for the whole cluster.
-
-    A call the planner would answer "keep everything" (tier at or below the high watermark
-    with ``max_idle`` 0: no rule but pressure can evict a current, ready copy) is skipped;
-    ``shortcut=False`` makes every call, for the test that they agree."""
-
-    name = "planner"
-
-    def __init__(self, sched: Schedule, capacity: int, *, high: float = 0.9,
-                 low: float = 0.75, policy: rt.Policy = rt.Policy(), interval: float = 30.0, depth: int = 100,
-                 max_age: float = 300.0, shortcut: bool = True):
-        self.runs = sched.runs
-        self.space = rt.Space(capacity, high=high, low=low)
-        self.policy = policy
-        self.interval = interval
-        self.depth = depth
-        self.max_age = max_age
-        self.shortcut = shortcut and policy.max_idle == 0
-        self.names = [node_name(n) for n in range(sched.nodes)]
-        self.free = Nodes(sched.nodes, sched.slots_per_node)
-        self.queue: dict[int, None] = {}  # pending run indexes, in submission order
-        self.running: dict[int, None] = {}
-        self.pending_want: dict[int, rt.Want] = {}
-        self.running_want: dict[int, rt.Want] = {}
-        self.calls = 0
-        self.window = -1
-        self._frozen: tuple[float, Nodes, list[int], list[int]] | None = None
-        self._demand: tuple[float, dict[str, list[rt.Want]]] | None = None
-        self.uses: dict[str, float] = {}  # as of uses_time, the last snapshot
-        self.uses_time = 0.0
-        self.counted: set[int] = set()  # running at the last snapshot: already counted
-        #: for the report: how often a started job's nodes were the ones last planned for it
-        self.last_planned: dict[int, tuple[int, ...]] = {}
-        self.planned_jobs = 0
-        self.planned_nodes_right = 0.0
-
-    # the queue --------------------------------------------------------------------
-    def before(self, kind: int, now: float) -> None:
-        if kind == SUBMIT or self.interval <= 0:
-            return
-        window = int(now // self.interval)
-        if window != self.window:
-            # the first start or end in this window: the state now is the state at its tick,
-            # but for the jobs submitted since (the tail of the queue)
-            self.window = window
-            tick = window * self.interval
-            self._frozen = (tick, self.free.copy(), [i for i in self.queue if self.runs[i].job.submit <= tick],
-                            list(self.running))
-            self._demand = None
-            self._count(tick)
-
-    def submitted(self, run_index: int, now: float) -> None:
-        self.queue[run_index] = None
-        job = self.runs[run_index].job
-        self.pending_want[run_index] = rt.Want(job.id, "pending")
-
-    def started(self, run_index: int, now: float) -> None:
-        run = self.runs[run_index]
-        del self.queue[run_index]  # its Wants stay: a frozen snapshot may still show it
-        self.running[run_index] = None
-        self.free.take(run.nodes, run.per_node)
-        self.running_want[run_index] = rt.Want(run.job.id, "running", nodes=tuple(self.names[n] for n in run.nodes))
-        planned = self.last_planned.pop(run_index, None)
-        if planned is not None:
-            self.planned_jobs += 1
-            self.planned_nodes_right += len(set(planned) & set(run.nodes)) / len(run.nodes)
-
-    def ended(self, run_index: int, now: float) -> None:
-        run = self.runs[run_index]
-        del self.running[run_index]
-        self.free.give(run.nodes, run.per_node)
-
-    def demand(self, now: float) -> rt.Demand:
-        if self.interval <= 0:
-            self._frozen = (now, self.free, list(self.queue), list(self.running))
-            self._demand = None
-            self._count(now)
-        if self._demand is None:
-            assert self._frozen is not None
-            self._demand = (self._frozen[0], self._build(*self._frozen))
-        taken, wants = self._demand
-        age = now - taken
-        return rt.Demand(wants, stale=age > self.max_age, age=age, uses=dm.decay(self.uses, self.uses_time, now))
-
-    def _count(self, tick: float) -> None:
-        """The snapshot's counts of job starts at ``tick``, from the previous snapshot's."""
-        running = set(self.running)
-        started = [(self.runs[i].job.dataset,) for i in sorted(running - self.counted)]
-        self.uses = dm.count_starts(self.uses, self.uses_time, tick, started)
-        self.uses_time, self.counted = tick, running
-
-    def _build(self, tick: float, free: Nodes, queue: list[int], running: list[int]) -> dict[str, list[rt.Want]]:
-        runs = self.runs
-        head = [runs[i].job for i in queue[:self.depth]]
-        placed = project(free, ((runs[i].expected_end, runs[i].nodes, runs[i].per_node) for i in running), head,
-                         tick)
-        wants: dict[str, list[rt.Want]] = {}
-        for k, (job, start, nodes) in enumerate(placed):
-            self.last_planned[queue[k]] = nodes
-            wants.setdefault(job.dataset, []).append(
-                rt.Want(job.id, "pending", start=start, nodes=tuple(self.names[n] for n in nodes)))
-        for i in queue[len(placed):]:
-            wants.setdefault(runs[i].job.dataset, []).append(self.pending_want[i])
-        for i in running:
-            wants.setdefault(runs[i].job.dataset, []).append(self.running_want[i])
-        return wants
-
-    # the decisions ------------------------------------------------------------------
-    def _plan(self, tier: Tier, node: int, need: int, now: float) -> rt.Plan:
-        self.calls += 1
-        copies = [rt.Copy(d, "1", s.bytes, s.last_used, leases=tuple(s.leases)) for d, s in tier.copies.items()]
-        space = rt.Space(self.space.capacity, high=self.space.high, low=self.space.low, need=need)
-        p = rt.plan(copies, self.demand(now), space, now, policy=self.policy, node=self.names[node])
-        for d in p.decisions:
-            if d.evict:
-                tier.evict(d.copy.dataset)
-        return p
-
-    def make_room(self, tier: Tier, node: int, need: int, now: float) -> bool:
-        if self.shortcut and tier.used + need <= self.space.high * self.space.capacity:
-            return True
-        return self._plan(tier, node, need, now).fits
-
-    def job_ended(self, tier: Tier, node: int, dataset: str, now: float) -> None:
-        if self.shortcut and tier.used <= self.space.high * self.space.capacity:
-            return
-        self._plan(tier, node, 0, now)

@@ -1,19 +1,30 @@
-"""A simple, deterministic, cache-unaware batch scheduler: FIFO with EASY backfill.
+"""A simple, deterministic batch scheduler: FIFO with EASY backfill, cache-unaware or preferring
+the nodes that hold a job's dataset.
 
-It places every job once, before any retention policy runs, so that every policy sees
-the same (time, node, dataset) requests. ``project`` is also what the simulated
-``squeue --start`` shows: the expected start and the planned nodes of the first pending
-jobs, from the running jobs' expected ends (start + time limit).
+``Scheduler`` is incremental: the simulation (dsstage.policy.sim.replay) submits jobs, ends
+runs and asks it, at each instant, which jobs start and where. With ``prefer`` (what Slurm
+does with the ``--prefer=ds_<dataset>`` job_submit.lua gives every job) a job starts on free
+nodes whose features say they hold its dataset when there are enough of them, anywhere
+otherwise; the features are the caches as the demand poller last saw them, so the schedule
+and the caches evolve together. Without it the schedule depends on the trace alone, and
+``schedule`` computes it once: the offline figures need every request known in advance.
+
+``project`` is what the simulated ``squeue --start`` shows: the expected start and the
+planned nodes of the first pending jobs, from the running jobs' expected ends (start +
+time limit).
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from dsstage.policy.sim.trace import Job
+
+#: the nodes a job prefers (its dataset's feature), or none
+Prefer = Callable[[Job], Collection[int]]
 
 
 @dataclass(frozen=True)
@@ -61,17 +72,30 @@ class Nodes:
             return len(self.buckets[self.slots]) >= count
         return any(self.buckets[f] for f in range(per, self.slots + 1))
 
-    def choose(self, want: int, exclude: set[int] | frozenset[int] = frozenset()) -> tuple[int, ...] | None:
+    def choose(self, want: int, exclude: Collection[int] = frozenset(),
+               prefer: Collection[int] = frozenset()) -> tuple[int, ...] | None:
         """The nodes a job would start on now: whole nodes by lowest index; a small job on the
-        node with the fewest free slots that hold it (best fit), then the lowest index."""
+        node with the fewest free slots that hold it (best fit), then the lowest index.
+        ``prefer``: the same choice among these nodes alone if enough of them are free (Slurm's
+        ``--prefer``), else as without it."""
+        if prefer:
+            chosen = self._choose(want, exclude, prefer)
+            if chosen is not None:
+                return chosen
+        return self._choose(want, exclude, None)
+
+    def _choose(self, want: int, exclude: Collection[int], only: Collection[int] | None) -> tuple[int, ...] | None:
         count, per = self.shape(want)
         if per == self.slots:
-            chosen = [n for n in self.buckets[self.slots] if n not in exclude][:count] if exclude else \
-                self.buckets[self.slots][:count]
+            whole = self.buckets[self.slots]
+            if exclude or only is not None:
+                chosen = [n for n in whole if n not in exclude and (only is None or n in only)][:count]
+            else:
+                chosen = whole[:count]
             return tuple(chosen) if len(chosen) == count else None
         for f in range(per, self.slots + 1):
             for n in self.buckets[f]:
-                if n not in exclude:
+                if n not in exclude and (only is None or n in only):
                     return (n,)
         return None
 
@@ -90,14 +114,14 @@ class Nodes:
 
 
 def project(nodes: Nodes, running: Iterable[tuple[float, tuple[int, ...], int]], pending: Sequence[Job],
-            now: float) -> list[tuple[Job, float, tuple[int, ...]]]:
+            now: float, prefer: Prefer | None = None) -> list[tuple[Job, float, tuple[int, ...]]]:
     """Expected start and planned nodes of ``pending`` (in queue order), from ``running``'s
     (expected end, nodes, slots per node), as if each job ran to its time limit.
 
     In queue order, each job gets the earliest time, no earlier than the job before it, at
     which it fits once the jobs expected to end by then have ended; it then holds its
     nodes until its own limit. (No backfill within the projection: later jobs are not
-    moved ahead.) ``nodes`` is not changed."""
+    moved ahead.) ``prefer``: as in ``Nodes.choose``. ``nodes`` is not changed."""
     free = nodes.copy()
     ends = [(max(end, now), i, ns, per) for i, (end, ns, per) in enumerate(running)]
     heapq.heapify(ends)
@@ -112,7 +136,7 @@ def project(nodes: Nodes, running: Iterable[tuple[float, tuple[int, ...], int]],
             while ends and ends[0][0] <= t:
                 _, _, ns, per = heapq.heappop(ends)
                 free.give(ns, per)
-        chosen = free.choose(job.slots)
+        chosen = free.choose(job.slots, prefer=prefer(job) if prefer else ())
         assert chosen is not None
         _, per = free.shape(job.slots)
         free.take(chosen, per)
@@ -120,6 +144,74 @@ def project(nodes: Nodes, running: Iterable[tuple[float, tuple[int, ...], int]],
         seq += 1
         out.append((job, t, chosen))
     return out
+
+
+class Scheduler:
+    """The queue and the nodes, advanced by the simulation: ``submit`` and ``end`` change them,
+    ``starts`` starts what it can at an instant.
+
+    At each instant, it starts jobs from the head of the queue while they fit; then the head
+    gets a reservation (``project``) and up to ``backfill_depth`` later jobs start if they fit
+    now and either end (by their limit) before the reservation or keep off its nodes."""
+
+    def __init__(self, nodes: int, slots_per_node: int, backfill_depth: int = 100):
+        self.free = Nodes(nodes, slots_per_node)
+        self.backfill_depth = backfill_depth
+        self.queue: list[Job] = []
+        self.running: dict[str, Run] = {}  # by job id
+        self.backfilled = 0
+        self.max_queue = 0
+
+    def submit(self, job: Job) -> None:
+        self.queue.append(job)
+
+    def end(self, run: Run) -> None:
+        del self.running[run.job.id]
+        self.free.give(run.nodes, run.per_node)
+
+    def starts(self, t: float, prefer: Prefer | None = None) -> list[Run]:
+        """Start what can start at ``t``; the runs, in start order."""
+        self.max_queue = max(self.max_queue, len(self.queue))
+        free, queue = self.free, self.queue
+        out: list[Run] = []
+        head = 0
+        while head < len(queue) and free.fits(queue[head].slots):
+            run = self._start(queue[head], t, (), prefer)
+            assert run is not None
+            out.append(run)
+            head += 1
+        del queue[:head]
+        if len(queue) < 2:
+            return out
+        candidates = [j for j in queue[1:self.backfill_depth + 1] if free.fits(j.slots)]
+        if not candidates:
+            return out
+        plan = project(free, ((r.expected_end, r.nodes, r.per_node) for r in self.running.values()), queue[:1], t,
+                       prefer)
+        shadow, reserved = (plan[0][1], set(plan[0][2])) if plan else (float("inf"), set())
+        started: set[str] = set()
+        for job in candidates:
+            if not free.fits(job.slots):
+                continue
+            run = self._start(job, t, () if t + job.limit <= shadow else reserved, prefer)
+            if run is not None:
+                out.append(run)
+                started.add(job.id)
+                self.backfilled += 1
+        if started:
+            queue[:] = [j for j in queue if j.id not in started]
+        return out
+
+    def _start(self, job: Job, t: float, exclude: Collection[int], prefer: Prefer | None) -> Run | None:
+        """Start ``job`` at ``t`` off ``exclude``; None if it does not fit there."""
+        chosen = self.free.choose(job.slots, exclude, prefer(job) if prefer else ())
+        if chosen is None:
+            return None
+        _, per = self.free.shape(job.slots)
+        self.free.take(chosen, per)
+        run = Run(job, t, t + job.runtime, chosen, per)
+        self.running[job.id] = run
+        return run
 
 
 @dataclass
@@ -141,61 +233,50 @@ class Schedule:
         return used / (span * self.nodes * self.slots_per_node) if span > 0 else 0.0
 
 
-def schedule(jobs: Sequence[Job], nodes: int, slots_per_node: int, backfill_depth: int = 100) -> Schedule:
-    """Start every job: at each submission or end, start jobs from the head of the queue
-    while they fit; then the head gets a reservation (``project``) and up to
-    ``backfill_depth`` later jobs start if they fit now and either end (by their limit)
-    before the reservation or keep off its nodes."""
-    order = sorted(jobs, key=lambda j: j.submit)  # stable: ties keep trace order
-    free = Nodes(nodes, slots_per_node)
-    running: dict[int, Run] = {}
-    ends: list[tuple[float, int]] = []  # (end, run index)
-    runs: list[Run] = []
-    queue: list[Job] = []
-    backfilled = max_queue = 0
-    i = 0
+class Clock:
+    """The instants of a simulation over ``jobs``: each submission and each end of a run that
+    ``started`` was told of. At one instant, the runs that end come first (their nodes are
+    free for the starts), then the submissions, then the starts."""
 
-    def start(job: Job, t: float, chosen: tuple[int, ...]) -> None:
-        _, per = free.shape(job.slots)
-        free.take(chosen, per)
-        run = Run(job, t, t + job.runtime, chosen, per)
-        running[len(runs)] = run
-        heapq.heappush(ends, (run.end, len(runs)))
-        runs.append(run)
+    def __init__(self, jobs: Sequence[Job]):
+        self.order = sorted(jobs, key=lambda j: j.submit)  # stable: ties keep trace order
+        self.i = 0
+        self.ends: list[tuple[float, int, Run]] = []
+        self.seq = 0
 
-    while i < len(order) or ends:
-        t = min(order[i].submit if i < len(order) else float("inf"), ends[0][0] if ends else float("inf"))
+    def started(self, run: Run) -> None:
+        heapq.heappush(self.ends, (run.end, self.seq, run))
+        self.seq += 1
+
+    def next(self) -> tuple[float, list[Run], list[Job]] | None:
+        """(time, the runs that end then, the jobs submitted then); None at the end."""
+        order, ends = self.order, self.ends
+        if self.i >= len(order) and not ends:
+            return None
+        t = min(order[self.i].submit if self.i < len(order) else float("inf"), ends[0][0] if ends else float("inf"))
+        ended = []
         while ends and ends[0][0] <= t:
-            _, k = heapq.heappop(ends)
-            r = running.pop(k)
-            free.give(r.nodes, r.per_node)
-        while i < len(order) and order[i].submit <= t:
-            queue.append(order[i])
-            i += 1
-        max_queue = max(max_queue, len(queue))
-        head = 0
-        while head < len(queue) and free.fits(queue[head].slots):
-            chosen = free.choose(queue[head].slots)
-            assert chosen is not None
-            start(queue[head], t, chosen)
-            head += 1
-        del queue[:head]
-        if len(queue) < 2:
-            continue
-        candidates = [j for j in queue[1:backfill_depth + 1] if free.fits(j.slots)]
-        if not candidates:
-            continue
-        plan = project(free, ((r.expected_end, r.nodes, r.per_node) for r in running.values()), queue[:1], t)
-        shadow, reserved = (plan[0][1], set(plan[0][2])) if plan else (float("inf"), set())
-        started = set()
-        for job in candidates:
-            if not free.fits(job.slots):
-                continue
-            chosen = free.choose(job.slots) if t + job.limit <= shadow else free.choose(job.slots, reserved)
-            if chosen is not None:
-                start(job, t, chosen)
-                started.add(id(job))
-                backfilled += 1
-        if started:
-            queue[:] = [j for j in queue if id(j) not in started]
-    return Schedule(runs, nodes, slots_per_node, backfilled, max_queue)
+            ended.append(heapq.heappop(ends)[2])
+        submitted = []
+        while self.i < len(order) and order[self.i].submit <= t:
+            submitted.append(order[self.i])
+            self.i += 1
+        return t, ended, submitted
+
+
+def schedule(jobs: Sequence[Job], nodes: int, slots_per_node: int, backfill_depth: int = 100) -> Schedule:
+    """The cache-unaware schedule of ``jobs``: what every policy sees with placement
+    ``unaware``, known before any policy runs."""
+    sch = Scheduler(nodes, slots_per_node, backfill_depth)
+    clock = Clock(jobs)
+    runs: list[Run] = []
+    while (instant := clock.next()) is not None:
+        t, ended, submitted = instant
+        for run in ended:
+            sch.end(run)
+        for job in submitted:
+            sch.submit(job)
+        for run in sch.starts(t):
+            clock.started(run)
+            runs.append(run)
+    return Schedule(runs, nodes, slots_per_node, sch.backfilled, sch.max_queue)
