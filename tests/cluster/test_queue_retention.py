@@ -314,6 +314,28 @@ def test_prolog_makes_room_by_evicting_an_unwanted_copy(lab):
             "(room for the stage in progress") in log, log[-3000:]
 
 
+def test_a_stage_takes_the_headroom_and_the_next_epilog_gives_it_back(lab):
+    """ry is on n1 and nothing wants it; the tier (850 kB, high watermark 765 kB) takes rx
+    beside it above the high watermark but within its capacity. The Prolog of a job for rx
+    stages it without evicting anything (no eviction on the job's path); that job's Epilog
+    finds the tier above the high watermark and evicts ry, the copy nothing wants and used
+    least recently, down to the low watermark (425 kB)."""
+    first = lab.submit("#SBATCH --dataset=ry\ntrue\n")
+    lab.done(first)
+    lab.poll()
+    lab.capacity("850KB")
+    go = lab.flag("rx")
+    job = lab.submit("#SBATCH --dataset=rx\n" + lab.wait_for(go))
+    lab.running(job, "rx")
+    assert lab.copies("rx") == [lab.version("rx")] and lab.copies("ry") == [lab.version("ry")]
+    assert not [line for line in lab.log(job) if "making room" in line], lab.log(job)
+    go.write_text("go")
+    lab.done(job)
+    assert lab.copies("ry") == [] and lab.copies("rx") == [lab.version("rx")], lab.log(job)
+    assert any(f": evicted ry {lab.version('ry')} (over high watermark (90% of " in line
+               for line in lab.log(job)), lab.log(job)
+
+
 def test_prolog_that_cannot_make_room_falls_back_and_says_what_holds_the_space(lab):
     """Job L holds ry on n1; the tier (600 kB) cannot take rx as well, and ry may not go. The
     Prolog of a job for rx (on_failure: fallback) lets it run from the source, with a warning

@@ -154,6 +154,26 @@ def test_prolog_makes_room_through_the_planner(env: Env):
     assert on_node(env) == ["y", "z"]  # x had no demand; y is wanted by job 9
 
 
+def test_a_stage_takes_the_headroom_and_the_epilog_gives_it_back(env: Env, caplog):
+    store = env.store()
+    staging.stage(store, "x", user=user(), job_id="1")
+    staging.stage(store, "y", user=user(), job_id="2")
+    store.release("x", "1")
+    store.release("y", "2")
+    from dsstage.node import space
+    from dsstage.node.store import open_tier
+    with open_tier(store.layout("nvme")) as tier:
+        space.hold(tier, "stage-other.json", 500, "a stage in progress")
+    snapshot(env)
+    wait_flushed(env)
+    # 6 500 in use; z's 3 000 more make 9 500: above the high watermark (9 000), within the capacity
+    assert staging.stage(store, "z", user=user(), job_id="3").action == "staged"
+    assert on_node(env) == ["x", "y", "z"]  # the Prolog evicted nothing
+    log = epilog(env, "3", "z", caplog)
+    assert on_node(env) == ["z"], log  # the Epilog freed down to the low watermark (4 000)
+    assert "over high watermark (90% of " in log
+
+
 def test_prolog_that_cannot_make_room_says_what_holds_the_space(env: Env):
     store = env.store()
     staging.stage(store, "x", user=user(), job_id="1")

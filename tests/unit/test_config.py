@@ -408,6 +408,17 @@ def test_a_nodes_share_of_a_sources_budget():
     assert [source_share(12, n) for n in (1, 3, 5, 100)] == [12, 4, 2, 1]
 
 
+def test_watermarks_default_to_95_and_90_and_a_high_mark_alone_stays_valid():
+    def marks(**spec: str) -> tuple[float, float]:
+        t = load.from_dict(base(tiers={"nvme": {"path": "/l", "capacity": "1TB", **spec}})).tiers["nvme"]
+        return t.high_watermark, t.low_watermark
+    assert marks() == (0.95, 0.90)
+    # a configuration written for the former defaults, with only its high mark, still loads
+    assert marks(high_watermark="90%") == (0.90, 0.85)
+    assert marks(high_watermark="3%") == (0.03, 0.0)
+    assert marks(high_watermark="80%", low_watermark="50%") == (0.80, 0.50)
+
+
 def test_a_tier_says_whether_it_may_be_on_the_root_filesystem():
     tiers = load.from_dict(base(tiers={"nvme": {"path": "/local/nvme", "capacity": "1TB"},
                                        "test": {"path": "/var/tmp/t", "capacity": "1GB", "root_filesystem": True}}))

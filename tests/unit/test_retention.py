@@ -171,7 +171,7 @@ def test_among_copies_nothing_wants_the_less_used_goes_first_whatever_the_size()
     # "big" was used more recently on this node, but by fewer jobs in the cluster
     uses = {"often": 12.0, "big": 2.0}
     p = plan([copy("often", 35, idle=3 * DAY), copy("big", 60, idle=HOUR)], Demand(uses=uses, age=10),
-             Space(capacity=100 * GB), NOW, node="n1")
+             Space(capacity=100 * GB, high=0.9, low=0.75), NOW, node="n1")
     d = {x.copy.dataset: x for x in p.decisions}
     assert d["big"].evict and not d["often"].evict
     assert d["big"].reason == ("over high watermark (90% of 93.1 GiB); no demand; used by 2 jobs in the cluster "
@@ -211,11 +211,28 @@ def test_shared_bytes_are_counted_once_and_freed_with_both_versions():
 
 # -- a stage that needs room (the Prolog) ----------------------------------------------------
 
-def test_stage_makes_room_to_the_high_watermark_only():
+def test_stage_makes_room_to_fit_only():
     copies = [copy("x", 30, idle=3 * DAY), copy("y", 30, idle=2 * DAY), copy("z", 20, idle=DAY)]
-    p, d = decide(copies, need_gb=25)  # 105 GB: evicting x reaches 75 <= 90
+    p, d = decide(copies, need_gb=25)  # 105 GB: evicting x reaches 75 <= 100
     assert [e.copy.dataset for e in p.evictions()] == ["x"] and p.fits
-    assert d["x"][1].startswith("room for the stage in progress")
+    assert d["x"][1].startswith("room for the stage in progress (23.3 GiB in a tier of 93.1 GiB); no demand")
+    # 5 GB over: one copy, not the two it would take to get below the high watermark (90 GB)
+    copies = [copy("x", 10, idle=3 * DAY), copy("y", 30, idle=2 * DAY), copy("z", 50, idle=DAY)]
+    p, _d = decide(copies, need_gb=15)
+    assert [e.copy.dataset for e in p.evictions()] == ["x"] and p.usage_after == 95 * GB
+
+
+def test_stage_takes_the_headroom_without_evicting():
+    # 80 GB of copies and a 15 GB stage: above the high watermark (90 GB), within the capacity.
+    # The stage evicts nothing (its Prolog does no eviction work); the next Epilog frees the
+    # headroom again, down to the low watermark, off any job's path.
+    copies = [copy("x", 30, idle=3 * DAY), copy("y", 30, idle=2 * DAY), copy("z", 20, idle=DAY)]
+    p, d = decide(copies, need_gb=15)
+    assert not p.evictions() and p.fits and p.usage_after == 95 * GB
+    assert Space(100, high=0.9, need=15).over(80) is False and Space(100, high=0.9).over(95) is True
+    p, d = decide(copies + [copy("new", 15, idle=0)])
+    assert [e.copy.dataset for e in p.evictions()] == ["x"] and p.usage_after <= 75 * GB
+    assert d["x"][1].startswith("over high watermark (90% of")
 
 
 def test_stage_that_cannot_fit_evicts_nothing_and_says_what_holds_the_space():

@@ -20,6 +20,8 @@ from dsstage.config.model import (
     DEFAULT_PROLOG_BUDGET,
     DEFAULT_SLURM_BIN,
     FAILURE_POLICIES,
+    HIGH_WATERMARK,
+    LOW_WATERMARK,
     MAX_SHARDS,
     VERIFY_MODES,
     Config,
@@ -191,8 +193,11 @@ class _Validator(Sections):
             capacity = parse_percent(raw_cap) if str(raw_cap).strip().endswith("%") else parse_size(raw_cap)
         except ValueError as exc:
             self.fail(f"{key}.capacity", str(exc))
-        hw = self._percent(spec.get("high_watermark", "90%"), f"{key}.high_watermark")
-        lw = self._percent(spec.get("low_watermark", "75%"), f"{key}.low_watermark")
+        hw = self._percent(spec.get("high_watermark", f"{HIGH_WATERMARK:.0%}"), f"{key}.high_watermark")
+        if "low_watermark" in spec:
+            lw = self._percent(spec["low_watermark"], f"{key}.low_watermark")
+        else:  # as far below the high mark as the defaults are: a high mark alone stays valid
+            lw = max(0.0, round(hw - (HIGH_WATERMARK - LOW_WATERMARK), 4))
         if lw >= hw:
             self.fail(f"{key}.low_watermark", f"{lw:.0%} must be below high_watermark {hw:.0%}: "
                       "eviction runs from the high mark down to the low mark")

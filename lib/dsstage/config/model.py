@@ -32,6 +32,13 @@ class Source:
         return self.raw.rstrip("/") + "/"
 
 
+#: a tier's watermarks unless the configuration says otherwise. A stage may fill the tier to
+#: its capacity; an Epilog that finds it above the high watermark brings it back to the low
+#: one. 95 %/90 % stage fewer bytes again than 90 %/75 % and make fewer Prologs evict before
+#: they stage (docs/simulation.md, "The watermarks")
+HIGH_WATERMARK, LOW_WATERMARK = 0.95, 0.90
+
+
 @dataclass(frozen=True)
 class Tier:
     name: str

@@ -109,7 +109,7 @@ def _stage(conf: Config, store: Store, ds: Dataset, digest: str, path: str, step
         tier_conf = conf.tiers[ds.tier]
         use = space.usage(tier)
         sp = eviction.space_of(store, tier, tier_conf, needed, use)
-        if use.total + needed > sp.high * sp.capacity:
+        if sp.over(use.total):
             dem, _snap = store.demand()
             p = eviction.plan(store, tier, tier_conf, dem, space=sp, protect=(name,))
             if not p.fits:
@@ -122,7 +122,7 @@ def _stage(conf: Config, store: Store, ds: Dataset, digest: str, path: str, step
                                   f"{d.reason}")
         else:
             step.notes.append(f"space: tier {ds.tier} holds {human(use.total)} of {human(sp.capacity)}; "
-                              f"{human(needed)} more stays under the high watermark")
+                              f"{human(needed)} more fits without evicting")
     step.verdict = Verdict(name, "local", path, "staged")
     return step
 

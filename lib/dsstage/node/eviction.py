@@ -123,7 +123,7 @@ def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *,
     out only where it can matter: over the high watermark, or for a stage that needs room."""
     sp = space or space_of(store, tier, tier_conf)
     cs = copies(store, tier, tier_conf, released)
-    if retention.used(cs) + sp.reserved + sp.need > sp.high * sp.capacity:
+    if sp.over(retention.used(cs) + sp.reserved):
         cs = with_shard_demand(store, cs, dem)
     return retention.plan(cs, dem, sp,
                           store.clock(),
@@ -291,14 +291,14 @@ def make_room(store: Store, tier: RootDir, tier_conf: Tier, name: str, needed: i
     outweighs one expected later."""
     use = space.usage(tier, besides=resumed)
     sp = space_of(store, tier, tier_conf, needed, use)
-    if use.total + needed <= sp.high * sp.capacity:
+    if not sp.over(use.total):
         return
     dem, _snap = store.demand()
     p = plan(store, tier, tier_conf, dem, space=sp, protect=(name,))
     if not p.fits and spare is None and use.reserved and _stop_prefetches(store, tier, name, job_id):
         use = space.usage(tier, besides=resumed)
         sp = space_of(store, tier, tier_conf, needed, use)
-        if use.total + needed <= sp.high * sp.capacity:
+        if not sp.over(use.total):
             return
         p = plan(store, tier, tier_conf, dem, space=sp, protect=(name,))
     if not p.fits:

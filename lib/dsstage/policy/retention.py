@@ -14,11 +14,16 @@ The rules, in order:
    kept while there is room: the next stage reuses its unchanged files.
 3. With ``max_idle`` set, a copy unused that long that nothing in the queue wants is
    evicted ("idle 3 d, no demand"); never on a stale snapshot.
-4. Pressure. When the tier's usage (copies, reservations, plus the bytes a stage about to
-   start needs) is above the high watermark, unleased copies are evicted in eviction
-   order until usage is below the low watermark, but a copy the queue wants only as far
-   as needed to get below the high watermark (then the capacity). A stage evicts only to
-   get itself below the high watermark. A copy used within ``min_keep`` is not evicted
+4. Pressure. When the tier's usage (copies and reservations) is above the high watermark,
+   unleased copies are evicted in eviction order until usage is below the low watermark,
+   but a copy the queue wants only as far as needed to get below the high watermark (then
+   the capacity). A stage (``Space.need``) may fill the tier to its capacity: it evicts
+   only when usage plus its bytes would exceed the capacity, and then the fewest copies
+   that make it fit. So the headroom between the high watermark and the capacity is a
+   buffer the stages take without evicting, and the Epilog, off any job's path, gives it
+   back (a stage that evicted to stay below the high watermark, as dsstage did before,
+   left the headroom unused: every stage into a full tier evicted first, and the tier held
+   10 % less; docs/simulation.md measures both). A copy used within ``min_keep`` is not evicted
    for space, but for a stage that cannot fit otherwise a recent copy that no pending job
    may still use on this node (none planned here, none unplanned) may go, after every other
    candidate: a job waiting for its data here outweighs a copy kept because it was used a
@@ -60,6 +65,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK
 from dsstage.units import human_duration
 
 #: weight of a pending job by where the backfill plan put it
@@ -126,10 +132,22 @@ class Space:
     (stages in progress, the trash), and bytes a stage about to start needs."""
 
     capacity: int
-    high: float = 0.9
-    low: float = 0.75
+    high: float = HIGH_WATERMARK
+    low: float = LOW_WATERMARK
     reserved: int = 0
     need: int = 0
+
+    @property
+    def limit(self) -> float:
+        """The usage above which the plan evicts: the capacity for a stage (it takes the
+        headroom above the high watermark and evicts only to fit), the high watermark
+        otherwise (the Epilog gives the headroom back)."""
+        return float(self.capacity) if self.need else self.high * self.capacity
+
+    def over(self, usage: int) -> bool:
+        """Whether ``usage`` (copies and reservations, without ``need``) plus ``need`` is above
+        ``limit``: the plan may have something to evict for space."""
+        return usage + self.need > self.limit
 
 
 @dataclass(frozen=True)
@@ -207,7 +225,7 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
     total = used(remaining.values()) + space.reserved + space.need
     pressured: list[Copy] = []
     recent = {c.key for c in candidates if c.current and now - c.last_used < policy.min_keep}
-    if total > space.high * space.capacity:
+    if total > space.limit:
         order = sorted(candidates, key=lambda c: eviction_key(c, demand, node, now))
         hot = {c.key for c in candidates if c.current and demand_score(c.dataset, demand, node, now, c.not_for) > 0}
         fits_room = [c for c in order if c.key not in recent]
@@ -265,8 +283,8 @@ def _shortest_prefix(order: list[Copy], remaining: dict[tuple[str, str], Copy], 
     Without a stage: the unwanted copies until usage is below the low watermark; a copy
     the queue wants goes only if that is needed to get below the high watermark (else the
     capacity); if nothing gets there, every candidate goes. For a stage (``space.need``):
-    the fewest copies that get below the high watermark, else the capacity, else none: the
-    Epilog brings the tier down to the low watermark, a job waiting for its data need not."""
+    the fewest copies that make it fit within the capacity, else none: the Epilog brings
+    the tier down to the low watermark, a job waiting for its data need not."""
     rest = dict(remaining)
     totals = []
     for c in order:
@@ -277,7 +295,7 @@ def _shortest_prefix(order: list[Copy], remaining: dict[tuple[str, str], Copy], 
         return next((i + 1 for i, t in enumerate(totals[:upto]) if t <= limit), None)
 
     if space.need:
-        n = first_within(space.high * space.capacity, len(order)) or first_within(space.capacity, len(order))
+        n = first_within(space.capacity, len(order))
         return order[:n] if n else []
     free = next((i for i, c in enumerate(order) if c.key in wanted), len(order))  # unwanted ones come first
     n = first_within(space.low * space.capacity, free)
@@ -335,9 +353,10 @@ def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, f
 # -- reasons -------------------------------------------------------------------------
 
 def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: float) -> str:
-    why = "over high watermark" if space.need == 0 else "room for the stage in progress"
+    why = (f"over high watermark ({space.high:.0%} of {_size(space.capacity)})" if space.need == 0 else
+           f"room for the stage in progress ({_size(space.need)} in a tier of {_size(space.capacity)})")
     what = "old version" if not c.current else _demand_text(c.dataset, demand, node, now, c.not_for) or "no demand"
-    return (f"{why} ({space.high:.0%} of {_size(space.capacity)}); {what}{_uses_text(c.dataset, demand)}, "
+    return (f"{why}; {what}{_uses_text(c.dataset, demand)}, "
             f"idle {human_duration(now - c.last_used)}")
 
 

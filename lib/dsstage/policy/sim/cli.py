@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK
 from dsstage.errors import DsstageError
 from dsstage.policy import retention as rt
 from dsstage.policy.sim import trace as tr
@@ -75,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = p.add_argument_group("policies")
     r.add_argument("--policies", default=",".join(POLICIES), help=f"which, comma-separated ({','.join(POLICIES)})")
     r.add_argument("--no-bound", action="store_true", help="do not compute the lower bound")
-    r.add_argument("--high", type=float, default=0.9, help="planner: high watermark (0.9)")
-    r.add_argument("--low", type=float, default=0.75, help="planner: low watermark (0.75)")
+    r.add_argument("--high", type=float, default=HIGH_WATERMARK,
+                   help=f"planner: high watermark ({HIGH_WATERMARK}, the configuration's default)")
+    r.add_argument("--low", type=float, default=LOW_WATERMARK,
+                   help=f"planner: low watermark ({LOW_WATERMARK}, the configuration's default)")
     r.add_argument("--min-keep", type=float, default=rt.Policy().min_keep,
                    help="planner: seconds a used copy is safe from eviction for space (600)")
     r.add_argument("--snapshot-interval", type=float, default=30.0, metavar="SECONDS",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK
 from dsstage.policy import demand as dm
 from dsstage.policy import retention as rt
 from dsstage.policy.sim.replay import Features, Policy, Tier, node_name
@@ -23,14 +24,15 @@ class Planner(Policy):
     running (one that starts and ends between two snapshots is never seen), for the whole
     cluster.
 
-    A call the planner would answer "keep everything" (tier at or below the high watermark
-    with ``max_idle`` 0: no rule but pressure can evict a current, ready copy) is skipped;
+    A call the planner would answer "keep everything" (the tier at or below the high
+    watermark after a job, within the capacity with a stage, and ``max_idle`` 0: no rule but
+    pressure can evict a current, ready copy) is skipped;
     ``shortcut=False`` makes every call, for the test that they agree."""
 
     name = "planner"
 
-    def __init__(self, nodes: int, slots_per_node: int, capacity: int, *, high: float = 0.9,
-                 low: float = 0.75, policy: rt.Policy = rt.Policy(), interval: float = 30.0, depth: int = 100,
+    def __init__(self, nodes: int, slots_per_node: int, capacity: int, *, high: float = HIGH_WATERMARK,
+                 low: float = LOW_WATERMARK, policy: rt.Policy = rt.Policy(), interval: float = 30.0, depth: int = 100,
                  max_age: float = 300.0, shortcut: bool = True):
         self.space = rt.Space(capacity, high=high, low=low)
         self.policy = policy
@@ -144,7 +146,7 @@ class Planner(Policy):
         return p
 
     def make_room(self, tier: Tier, node: int, need: int, now: float) -> bool:
-        if self.shortcut and tier.used + need <= self.space.high * self.space.capacity:
+        if self.shortcut and tier.used + need <= self.space.capacity:
             return True
         return self._plan(tier, node, need, now).fits
 

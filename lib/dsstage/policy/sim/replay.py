@@ -240,9 +240,10 @@ class Features:
 
 def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[str, int], capacity: int,
              bandwidth: float, policy: Policy, *, placement: str = "unaware", features_interval: float = 30.0,
-             backfill_depth: int = 100) -> tuple[Result, Schedule]:
+             backfill_depth: int = 100, features_of: type[Features] | None = None) -> tuple[Result, Schedule]:
     """Schedule ``jobs`` and serve their requests with ``policy`` deciding what the tiers keep;
-    the figures, and the schedule as it came out."""
+    the figures, and the schedule as it came out. ``features_of``: a Features class that
+    places by something else than the caches (bench/sim_noise.py, a control)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement {placement!r}: one of {', '.join(PLACEMENTS)}")
     t0 = time.perf_counter()
@@ -252,7 +253,7 @@ def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[s
     link = [0.0] * nodes  # when each node's link is free
     seen: set[tuple[int, str]] = set()
     res = Result(policy.name, placement, jobs=len(jobs))
-    features = Features(tiers, features_interval) if placement == "prefer" else None
+    features = (features_of or Features)(tiers, features_interval) if placement == "prefer" else None
     policy.attach(tiers, features)
     runs: list[Run] = []
     while (instant := clock.next()) is not None:
