@@ -12,8 +12,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dsstage.cluster import fleet, fleet_view
-from dsstage.cluster import ssh as cluster_ssh
 from dsstage.config import catalog as cat
 from dsstage.config import load, model
 from dsstage.errors import DsstageError, NotPermitted
@@ -96,10 +94,12 @@ class ProgressLines:
 
 def run_on_nodes(args: argparse.Namespace, conf: model.Config, what: str, argv: list[str]) -> int:
     """Run ``dsstage <argv> --json`` on ``--nodes`` over SSH, with a bar per node and a summary."""
+    from dsstage.cluster import fleet_view
     fleet = fleet_module(args)
     targets = fleet.addresses(fleet.parse_nodes_arg(args.nodes), conf.slurm_bin)
     remote = [*argv, "--json", *(["--progress-json"] if what == "warm" else [])]
     with fleet_view.progress_view(list(targets), what, not args.json) as (on_progress, on_done):
+        from dsstage.cluster import ssh as cluster_ssh  # paramiko: 0.1-0.2 s to import, for fleet commands only
         answers = cluster_ssh.run(conf.fleet, targets, lambda _node: remote, on_progress=on_progress, on_done=on_done)
     data = {node: {"ok": a.ok, "address": a.address, "exit_code": a.exit_code, "error": a.error or None,
                    "result": a.result, "seconds": a.seconds} for node, a in sorted(answers.items())}
@@ -126,8 +126,10 @@ def describe(what: str) -> Callable[[Any], str]:
 def fleet_module(args: argparse.Namespace) -> Any:
     """dsstage.cluster.fleet, with paramiko's tracebacks for failed connections kept out of the way
     (each node's failure is one line of the summary; --debug shows them)."""
+    from dsstage.cluster import fleet  # with the SSH client: imported by the commands that reach nodes
     if not args.debug:
-        logging.getLogger(cluster_ssh.SSH_LOGGER).setLevel(logging.CRITICAL)
+        from dsstage.cluster.ssh import SSH_LOGGER
+        logging.getLogger(SSH_LOGGER).setLevel(logging.CRITICAL)
     return fleet
 
 
@@ -143,6 +145,7 @@ def live_reports(args: argparse.Namespace, conf: model.Config, nodes: str | None
         raise DsstageError("--live needs the nodes: give --node HOSTLIST (or let dsstage ask Slurm: "
                            "leave out --no-queue)")
     targets = fleet.addresses(names, conf.slurm_bin)
+    from dsstage.cluster import ssh as cluster_ssh  # paramiko: 0.1-0.2 s to import, for fleet commands only
     answers = cluster_ssh.run(conf.fleet, targets, lambda _node: ["report", "--json"])
     reports = [a.result for a in answers.values() if a.ok and isinstance(a.result, dict)]
     failed = {n: (a.error or "no report in its answer") for n, a in answers.items()
