@@ -101,15 +101,22 @@ def read_owner(lock_path: str) -> dict[str, object]:
 
 
 def is_held(path: str) -> bool:
-    """Whether some process holds the lock right now (tries it without blocking)."""
-    if not os.path.exists(path):
-        return False
-    probe = filelock.UnixFileLock(path, timeout=0)
+    """Whether some process holds the lock right now: a non-blocking flock() on the file, the
+    lock filelock takes (a bare probe: filelock's own machinery costs about 0.7 ms a call, and
+    a node's report probes every dataset's lock). A missing file, or a link, is not held."""
+    import fcntl
     try:
-        probe.acquire()
-    except filelock.Timeout:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
     except OSError:
         return False
-    probe.release()
-    return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
