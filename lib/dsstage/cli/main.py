@@ -12,33 +12,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dsstage import __version__
-from dsstage.cli.admin import (
-    cmd_check_config,
-    cmd_disable,
-    cmd_enable,
-    cmd_export_catalog,
-    cmd_ls,
-    cmd_manifest_build,
-    cmd_manifest_check,
-    cmd_manifest_list,
-    cmd_manifest_use,
-    cmd_simulate,
-)
-from dsstage.cli.cluster import cmd_demand_poller, cmd_prefetch, cmd_status
-from dsstage.cli.node import (
-    cmd_bb_forget,
-    cmd_bb_record,
-    cmd_bb_status,
-    cmd_evict,
-    cmd_hook_dry_run,
-    cmd_peers_serve,
-    cmd_reclaim,
-    cmd_release,
-    cmd_report,
-    cmd_stage,
-    cmd_verify,
-    cmd_warm,
-)
 from dsstage.errors import DsstageError, NotPermitted
 
 log = logging.getLogger("dsstage")
@@ -46,10 +19,51 @@ log = logging.getLogger("dsstage")
 Handler = Callable[[argparse.Namespace], int]
 
 
+class Lazy:
+    """A verb's handler, imported when it runs: building the parser imports no verb's module,
+    so a command pays only for its own (``dsstage stage`` does not import the status view,
+    the simulator or the Slurm configuration reader)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.__name__ = module, name
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        import importlib
+        handler: Handler = getattr(importlib.import_module(f"dsstage.cli.{self.module}"), self.__name__)
+        return handler(args)
+
+
+_cmd_check_config = Lazy("admin", "cmd_check_config")
+_cmd_disable = Lazy("admin", "cmd_disable")
+_cmd_enable = Lazy("admin", "cmd_enable")
+_cmd_export_catalog = Lazy("admin", "cmd_export_catalog")
+_cmd_ls = Lazy("admin", "cmd_ls")
+_cmd_manifest_build = Lazy("admin", "cmd_manifest_build")
+_cmd_manifest_check = Lazy("admin", "cmd_manifest_check")
+_cmd_manifest_list = Lazy("admin", "cmd_manifest_list")
+_cmd_manifest_use = Lazy("admin", "cmd_manifest_use")
+_cmd_simulate = Lazy("admin", "cmd_simulate")
+_cmd_demand_poller = Lazy("cluster", "cmd_demand_poller")
+_cmd_prefetch = Lazy("cluster", "cmd_prefetch")
+_cmd_status = Lazy("cluster", "cmd_status")
+_cmd_bb_forget = Lazy("node", "cmd_bb_forget")
+_cmd_bb_record = Lazy("node", "cmd_bb_record")
+_cmd_bb_status = Lazy("node", "cmd_bb_status")
+_cmd_evict = Lazy("node", "cmd_evict")
+_cmd_hook_dry_run = Lazy("node", "cmd_hook_dry_run")
+_cmd_peers_serve = Lazy("node", "cmd_peers_serve")
+_cmd_reclaim = Lazy("node", "cmd_reclaim")
+_cmd_release = Lazy("node", "cmd_release")
+_cmd_report = Lazy("node", "cmd_report")
+_cmd_stage = Lazy("node", "cmd_stage")
+_cmd_verify = Lazy("node", "cmd_verify")
+_cmd_warm = Lazy("node", "cmd_warm")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if getattr(args, "handler", None) is cmd_simulate:
+    if getattr(args, "handler", None) is _cmd_simulate:
         args.args = rest  # simulate has a parser of its own
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -91,11 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check-config", help="validate the configuration and print a summary")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_check_config)
+    c.set_defaults(handler=_cmd_check_config)
 
     c = sub.add_parser("ls", help="list the dataset catalog")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_ls)
+    c.set_defaults(handler=_cmd_ls)
 
     m = sub.add_parser("manifest", help="build, list, check BLAKE3 manifests; make a version current")
     msub = m.add_subparsers(title="manifest commands", metavar="ACTION")
@@ -106,11 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the data here instead of the source (for an ssh or rsync:// source, "
                         "a mounted view of it)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_manifest_build)
+    c.set_defaults(handler=_cmd_manifest_build)
     c = msub.add_parser("list", help="a dataset's versions: when, how big, which is current, which nodes hold each")
     c.add_argument("name", help="dataset name")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_manifest_list)
+    c.set_defaults(handler=_cmd_manifest_list)
     c = msub.add_parser("use", help="make an earlier version current again (a rollback)",
                         description="Set the dataset's CURRENT to VERSION, a manifest still in the state directory "
                                     "(see `dsstage manifest list`): jobs that start from now stage it; running jobs "
@@ -118,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("name", help="dataset name")
     c.add_argument("version", help="the version: at least 8 hex digits of it")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_manifest_use)
+    c.set_defaults(handler=_cmd_manifest_use)
     c = msub.add_parser("check", help="does the source still match the current manifest? exit 1 if not",
                         description="Walk the source (as source_user, never following a link) and compare its files "
                                     "with the current manifest by path, size and mtime, reading no content: what was "
@@ -129,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--from", dest="from_path", metavar="PATH", help="check the data here instead of the source")
     c.add_argument("--limit", type=int, default=20, metavar="N", help="paths listed per kind (default 20)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_manifest_check)
+    c.set_defaults(handler=_cmd_manifest_check)
     m.set_defaults(handler=lambda _a: _usage(m))
 
     c = sub.add_parser("stage", help="stage datasets on this node and lease them")
@@ -142,20 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "share from the source, the rest from them; of a sharded dataset, the shards a job on "
                         "these nodes would give this one (default: $SLURM_JOB_NODELIST; none: every shard)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_stage)
+    c.set_defaults(handler=_cmd_stage)
 
     pp = sub.add_parser("peers", help="the rsync daemon through which the nodes of a job share a stage")
     psub = pp.add_subparsers(dest="peers_command", metavar="COMMAND")
     c = psub.add_parser("serve", help="serve this node's tiers to its peers, in the foreground "
                         "(dsstage-peers.service runs it)")
-    c.set_defaults(handler=cmd_peers_serve)
+    c.set_defaults(handler=_cmd_peers_serve)
     pp.set_defaults(handler=lambda _a: _usage(pp))
 
     c = sub.add_parser("release", help="release a job's lease on a dataset")
     c.add_argument("name", help="dataset name")
     c.add_argument("--job-id", required=True, help="the job whose lease to release")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_release)
+    c.set_defaults(handler=_cmd_release)
 
     c = sub.add_parser("status", help="what is cached on which node, what is staging, what the queue wants",
                        description="Reads the nodes' reports in the state directory (or, with --live, asks the "
@@ -170,11 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--all", action="store_true", help="every row (the text view shows at most 20 per section)")
     c.add_argument("--no-queue", action="store_true", help="do not ask Slurm for the queue or the nodes' states")
     c.add_argument("--json", action="store_true", help="machine-readable output (see docs/admin-guide.md)")
-    c.set_defaults(handler=cmd_status)
+    c.set_defaults(handler=_cmd_status)
 
     c = sub.add_parser("report", help="rebuild and publish this node's report (dsstage-report.timer runs it)")
     c.add_argument("--json", action="store_true", help="print the report")
-    c.set_defaults(handler=cmd_report)
+    c.set_defaults(handler=_cmd_report)
 
     c = sub.add_parser("warm", help="stage a dataset without a job, here or on nodes over SSH",
                        description="Make the current version of NAME ready (verified) without keeping a lease: "
@@ -185,11 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--with", dest="group", metavar="HOSTLIST", help=argparse.SUPPRESS)  # what --nodes passes on
     c.add_argument("--progress-json", action="store_true", help=argparse.SUPPRESS)  # for --nodes
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_warm)
+    c.set_defaults(handler=_cmd_warm)
 
     c = sub.add_parser("export-catalog", help="write the catalog that job_submit.lua checks (Lua)")
     c.add_argument("-o", "--output", help="file to write (atomically); default: standard output")
-    c.set_defaults(handler=cmd_export_catalog)
+    c.set_defaults(handler=_cmd_export_catalog)
 
     c = sub.add_parser("evict", help="evict a dataset's unused copies from this node, or apply the retention plan",
                        description="With NAME: evict this node's copies of NAME that no job holds a lease on "
@@ -201,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
     c.add_argument("--dry-run", action="store_true", help="show what would be evicted and why; change nothing")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_evict)
+    c.set_defaults(handler=_cmd_evict)
 
     for hook, does in (("prolog", "stage, reuse, fall back, hold or drain"),
                        ("epilog", "release and evict")):
@@ -216,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--dry-run", action="store_true", required=True, help="say what would be done; do nothing")
         c.add_argument("--job", required=True, metavar="ID", help="the job (pending or running)")
         c.add_argument("--json", action="store_true", help="machine-readable output")
-        c.set_defaults(handler=cmd_hook_dry_run, hook=hook)
+        c.set_defaults(handler=_cmd_hook_dry_run, hook=hook)
 
     c = sub.add_parser("disable", help="turn dsstage off on every node at once (jobs read their sources)",
                        description="Write <state_dir>/disabled.json, which every Prolog reads: from the next job on, "
@@ -226,16 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
                                    "pilot, see rollout.partitions and rollout.nodes in the configuration.")
     c.add_argument("--reason", required=True, help="why (shown to the jobs' users and in the logs)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_disable)
+    c.set_defaults(handler=_cmd_disable)
     c = sub.add_parser("enable", help="turn dsstage back on after `dsstage disable`")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_enable)
+    c.set_defaults(handler=_cmd_enable)
 
     c = sub.add_parser("reclaim", help="remove this node's leases whose job is gone",
                        description="Uses the demand snapshot when it is fresh (no Slurm call); otherwise asks Slurm "
                                    "about each lease's job.")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_reclaim)
+    c.set_defaults(handler=_cmd_reclaim)
 
     c = sub.add_parser("demand-poller", help="write the queue's dataset demand into the state directory",
                        description="Run on the controller or a login node: every retention.poll_interval seconds, "
@@ -243,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Prologs and Epilogs read the snapshot and never ask Slurm for demand.")
     c.add_argument("--once", action="store_true", help="one round, then exit (for cron); exit 1 if it failed")
     c.add_argument("--interval", type=float, help="seconds between rounds (default: retention.poll_interval)")
-    c.set_defaults(handler=cmd_demand_poller)
+    c.set_defaults(handler=_cmd_demand_poller)
 
     c = sub.add_parser("prefetch", help="stage, on this node, what pending jobs planned here will need",
                        description="Run on each compute node (dsstage-prefetch.service): every prefetch.interval "
@@ -255,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--once", action="store_true", help="one round, then exit; exit 1 if a prefetch failed")
     c.add_argument("--dry-run", action="store_true", help="say what would be prefetched, and what not and why")
     c.add_argument("--json", action="store_true", help="machine-readable output (with --dry-run)")
-    c.set_defaults(handler=cmd_prefetch)
+    c.set_defaults(handler=_cmd_prefetch)
 
     bbp = sub.add_parser("bb", help="record or forget a #BB_LUA dataset= job's request (burst_buffer.lua runs it)",
                        description="Slurm's burst_buffer/lua runs these from sbatch_ext/burst_buffer.lua on the "
@@ -266,28 +280,28 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("record", help="record the datasets a job asked for")
     b.add_argument("job_id", help="the job id")
     b.add_argument("datasets", help="NAME[,NAME...]: the job's #BB_LUA dataset= value")
-    b.set_defaults(handler=cmd_bb_record)
+    b.set_defaults(handler=_cmd_bb_record)
     b = bsub.add_parser("forget", help="remove a job's record")
     b.add_argument("job_id", help="the job id")
-    b.set_defaults(handler=cmd_bb_forget)
+    b.set_defaults(handler=_cmd_bb_forget)
     b = bsub.add_parser("status", help="compute the answer to a `scontrol show bbstat` question, in the background",
                         description="burst_buffer.lua starts this when its answer to a question is missing or old; "
                                     "it reads only dsstage's own files, never asks Slurm, and writes the answer "
                                     "into burst_buffer.status_dir, where the Lua reads it.")
     b.add_argument("key", help="the question: all, job=ID, dataset=NAME or node=HOSTLIST, optionally @UID")
-    b.set_defaults(handler=cmd_bb_status)
+    b.set_defaults(handler=_cmd_bb_status)
     bbp.set_defaults(handler=lambda _a: _usage(bbp))
 
     c = sub.add_parser("simulate", help="replay a job trace through retention policies and compare them",
                        add_help=False)  # its options are simulate.build_parser()'s: see dsstage simulate --help
-    c.set_defaults(handler=cmd_simulate)
+    c.set_defaults(handler=_cmd_simulate)
 
     c = sub.add_parser("verify", help="check the local copy against the manifest")
     c.add_argument("name", help="dataset name")
     c.add_argument("--full", action="store_true", help="re-hash every file and repair what is wrong")
     c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=cmd_verify)
+    c.set_defaults(handler=_cmd_verify)
     return p
 
 
