@@ -4,6 +4,7 @@ the demand snapshot the poller would have written."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK
 from dsstage.policy import demand as dm
@@ -138,19 +139,19 @@ class Planner(Policy):
     def _plan(self, tier: Tier, node: int, need: int, now: float) -> rt.Plan:
         self.calls += 1
         copies = [rt.Copy(d, "1", s.bytes, s.last_used, leases=tuple(s.leases)) for d, s in tier.copies.items()]
-        space = rt.Space(self.space.capacity, high=self.space.high, low=self.space.low, need=need)
-        p = rt.plan(copies, self.demand(now), space, now, policy=self.policy, node=self.names[node])
+        p = rt.plan(copies, self.demand(now), replace(self.space, need=need), now, policy=self.policy,
+                    node=self.names[node])
         for d in p.decisions:
             if d.evict:
                 tier.evict(d.copy.dataset)
         return p
 
     def make_room(self, tier: Tier, node: int, need: int, now: float) -> bool:
-        if self.shortcut and tier.used + need <= self.space.capacity:
+        if self.shortcut and not replace(self.space, need=need).over(tier.used):
             return True
         return self._plan(tier, node, need, now).fits
 
     def job_ended(self, tier: Tier, node: int, dataset: str, now: float) -> None:
-        if self.shortcut and tier.used <= self.space.high * self.space.capacity:
+        if self.shortcut and not self.space.over(tier.used):
             return
         self._plan(tier, node, 0, now)
