@@ -102,8 +102,8 @@ def read_owner(lock_path: str) -> dict[str, object]:
 
 def is_held(path: str) -> bool:
     """Whether some process holds the lock right now: a non-blocking flock() on the file, the
-    lock filelock takes (a bare probe: filelock's own machinery costs about 0.7 ms a call, and
-    a node's report probes every dataset's lock). A missing file, or a link, is not held."""
+    lock filelock takes (a bare probe: through filelock a probe took 230 us here, this one 3 us,
+    and a node's report probes every dataset's lock). A missing file, or a link, is not held."""
     import fcntl
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
