@@ -30,6 +30,7 @@ import yaml
 
 TOP = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tests"))
+import cpu  # noqa: E402  (bench/cpu.py)
 from dsstage.cluster import reports as cluster_reports  # noqa: E402
 from dsstage.cluster import status as cluster_status  # noqa: E402
 from dsstage.cluster import status_view as cluster_status_view  # noqa: E402
@@ -347,6 +348,14 @@ class Bench:
                 os.makedirs(dest / d, exist_ok=True)
             in_parallel([(str(root / r), str(dest / r)) for r in rels], copy_file, self.CEILING_THREADS)
         t_ceil = self.time_median(bare_copy, fresh_dest)
+        hashes = {e.path: e.hash for e in config_manifest.Catalog(str(self.dir / "state")).load(name).entries}
+
+        def bare_verified_copy() -> None:
+            for d in sorted({os.path.dirname(r) for r in rels}):
+                os.makedirs(dest / d, exist_ok=True)
+            in_parallel([(str(root / r), str(dest / r), hashes[r]) for r in rels], cpu.verified_copy_any,
+                        self.CEILING_THREADS)
+        t_vcopy = self.time_median(bare_verified_copy, fresh_dest)
         gib = total / 2**30
         self.add(label, "dsstage stage (incl. BLAKE3 verify)", t_ds, "s")
         self.add(label, "rsync -a", t_rsync, "s")
@@ -369,6 +378,10 @@ class Bench:
         self.add(label, "dsstage throughput", gib / t_ds, "GiB/s")
         self.add(label, "dsstage throughput / ceiling throughput", t_ceil / t_ds, "x", "bare parallel copy",
                  gib / t_ceil, t_ceil / t_ds)
+        self.add(label, f"bare verified copy ({self.CEILING_THREADS} threads: read, BLAKE3, write a new file, "
+                 "compare with the manifest)", t_vcopy, "s")
+        self.add(label, "dsstage throughput / bare verified copy throughput", t_vcopy / t_ds, "x",
+                 "bare verified copy, GiB/s", gib / t_vcopy, t_vcopy / t_ds, ">= 0.9x", t_vcopy / t_ds >= 0.9)
 
     # -- latency-bound sources: latencyfs (tests/latencyfs.c) --------------------------
 
@@ -958,6 +971,8 @@ class Bench:
             self.sharded()
         if self.wants("tiny"):
             self.tiny()
+        if self.wants("cpu"):
+            cpu.scenario(self, in_parallel)
 
     #: the fan-out scenario's devcluster: its own directory and ports (bench/replay uses 46917)
     FANOUT_PORT = 36817
@@ -1191,7 +1206,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, help="runs per measurement (default 3 quick, 5 full)")
     p.add_argument("--dir", default="/var/tmp/dsstage-bench", help="where data and stores go")
     p.add_argument("--only", help="comma-separated scenarios: cold, single, warm, verify, sharing, manifest, status, "
-                   "latency, fanout, sharded, tiny (single, one 2 GiB file, and tiny, 300,000 tiny files, "
+                   "latency, fanout, sharded, tiny, cpu (single, one 2 GiB file, and tiny, 300,000 tiny files, "
                    "run only when named)")
     p.add_argument("--cache", choices=("cold", "warm", "both"), default="cold",
                    help="cold, warm or both: page cache dropped before each run of cold, warm and single stages "
