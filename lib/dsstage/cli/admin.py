@@ -17,7 +17,7 @@ from dsstage.config import manifest as config_manifest
 from dsstage.errors import DsstageError
 from dsstage.fs.safe import write_atomic
 from dsstage.node import access
-from dsstage.node.store import node_name
+from dsstage.node.local import node_name
 from dsstage.shards import index as shard_index
 from dsstage.slurm import conf as slurm_conf
 from dsstage.transfer import build as transfer_build

@@ -26,7 +26,7 @@ from dsstage.config import load
 from dsstage.errors import DsstageError
 from dsstage.fs import runfiles
 from dsstage.node import eviction, inventory, standalone, verifying
-from dsstage.node.lease import default_holder
+from dsstage.node.local import default_holder
 from dsstage.node.store import Store
 from dsstage.slurm import client as slurm_client
 from dsstage.transfer import peerd
@@ -49,6 +49,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
     results = [standalone.stage(store, ds.name, user=user, job_id=job_id, pid=pid, full=args.full, nodes=nodes)
                for ds in datasets]
     inventory.refresh(store)
+    from dsstage.hooks.configcache import write_config_cache
+    write_config_cache(store.run_dir, conf)  # the next stage of a ready copy takes the fast path (dsstage.cli.fast)
 
     def text() -> None:
         for r in results:
@@ -59,7 +61,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_peers_serve(args: argparse.Namespace) -> int:
-    from dsstage.node.store import node_name
+    from dsstage.node.local import node_name
     need_root("peers serve", "serves this node's store to the other nodes")
     conf = load_config(args)
     if not conf.peers.enabled:

@@ -396,7 +396,7 @@ def child(conf: Config, node: str, dataset: str, job_id: str, user: str, start: 
     share from the source and the rest from the others, as the job's Prologs would."""
     from dsstage.config import catalog as cat
     from dsstage.errors import DsstageError, LockTimeout, NoSpace
-    from dsstage.node.lease import default_holder
+    from dsstage.node.local import default_holder
     from dsstage.node.store import Prefetching, Store
     try:
         os.nice(19)

@@ -29,6 +29,7 @@ from dsstage.errors import DsstageError, StoreError, UnsafeStore, VerifyError
 from dsstage.fs import runfiles
 from dsstage.hooks import bbrequest, bounded, joblog, jobrecord, shardjob
 from dsstage.hooks.bounded import stage_deadline
+from dsstage.hooks.configcache import write_config_cache
 from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used from here too)
     Verdict,
     job_action,
@@ -330,24 +331,6 @@ def remove_task_file(run_dir: str, ctx: JobContext) -> bool:
         return runfiles.remove_task_file(run_dir, ctx.node, ctx.job_id)
     except (OSError, DsstageError):
         return False
-
-
-def write_config_cache(run_dir: str, conf: Config) -> None:
-    """What the warm path needs of the configuration, keyed by the file's exact state."""
-    record = runfiles.cache_record(conf.origin, conf.state_dir, {
-        name: {"root": conf.tiers[ds.tier].path, "verify": ds.verify,
-               "groups": list(ds.groups) if ds.groups is not None else None, "shards": ds.shards}
-        for name, ds in conf.datasets.items()}, conf.report.user)
-    if record["key"] is None:
-        return
-    try:
-        record["bb_uid"] = bbrequest.writer_uid(conf.burst_buffer.user)
-        record["prolog_budget"] = conf.prolog_budget  # what bounds the hooks (dsstage.hooks.__main__)
-        record["rollout_partitions"] = list(conf.rollout.partitions) if conf.rollout.partitions is not None else None
-        record["rollout_nodes"] = expand_nodes(conf.rollout.nodes) if conf.rollout.nodes is not None else None
-        runfiles.write_cache(run_dir, record)
-    except (OSError, DsstageError) as exc:
-        log.warning("cannot write the configuration cache in %s: %s", run_dir, exc)
 
 
 def main(argv: Sequence[str] | None = None, *, started: float | None = None, config: Config | None = None) -> int:

@@ -16,17 +16,16 @@ restricted dataset the user may not use, any error) falls through to the full Pr
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dsstage.errors import DsstageError
-from dsstage.fs import layout, runfiles, safe
+from dsstage.fs import layout, runfiles
 from dsstage.fs.groups import group_names
-from dsstage.fs.layout import Layout
 from dsstage.fs.safe import RootDir
 from dsstage.hooks import bbrequest, bounded, joblog
 from dsstage.node import metrics, report, rollout
+from dsstage.node.warmlease import Pick, give_back, lease, ready_whole, requested_names
 
 if TYPE_CHECKING:
     from dsstage.shards.indexfile import Shard
@@ -34,18 +33,6 @@ if TYPE_CHECKING:
 # a job on several nodes or a sharded dataset imports what it needs (the job records, the
 # hostlist, the shard index, views) when it needs it: a one-node job on a whole dataset,
 # the common case, does not pay for their import
-
-
-def requested_names(request: str) -> list[str] | None:
-    """The dataset names of a request (``a,b``), or None if it is malformed."""
-    names: list[str] = []
-    for part in request.split(","):
-        name = part.strip()
-        if not layout.name_ok(name):
-            return None
-        if name not in names:
-            names.append(name)
-    return names
 
 
 def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
@@ -100,17 +87,6 @@ class Job(NamedTuple):
         return expand_nodes(self.nodes)  # ValueError: the full Prolog says what is wrong
 
 
-class Pick(NamedTuple):
-    """A dataset found ready: its version, tier, and for a sharded one this node's part of it."""
-
-    name: str
-    digest: str
-    tier: RootDir
-    path: str
-    shards: tuple[Shard, ...] = ()  # this node's shards (sharded datasets)
-    exports: tuple[tuple[str, str], ...] = ()
-
-
 def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str, RootDir], state_dir: str,
                run_dir: str, job: Job, log: Any, report_user: str | None = None) -> int | None:
     groups: set[str] | None = None
@@ -147,27 +123,19 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
             if pick is None:
                 return None
             picked.append(pick)
-        elif layout.not_ready(tier, name, digest) is None:
-            picked.append(Pick(name, digest, tier, Layout(tier.root).version_dir(name, digest)))
+        elif (whole := ready_whole(name, digest, tier)) is not None:
+            picked.append(whole)
         else:
             return None
-    host = os.uname().nodename
+    if not lease(picked, job.job_id, job.user, job.node):
+        return None  # lost a race with an eviction (see dsstage.node.store): take the full path
     try:
-        for p in picked:
-            safe.write_json_at(p.tier.dir("leases", p.name), f"{job.job_id}.json",
-                               layout.lease_record(p.name, p.digest, job.job_id, job.user, job.node,
-                                                   taken=time.time(), host=host, shards=[s.digest for s in p.shards]),
-                               fsync=False)
-        if any(not _still_ready(p) for p in picked):
-            # lost a race with an eviction (see dsstage.node.store): give the leases back, take the full path
-            _give_back(picked, job.job_id)
-            return None
         lines = runfiles.export_lines([(p.name, p.path) for p in picked])
         for p in picked:
             lines += runfiles.more_exports(p.name, p.exports, first=p is picked[0]) if p.exports else []
         runfiles.write_task_file(run_dir, job.node, job.job_id, lines, job.gid)
     except BaseException:
-        _give_back(picked, job.job_id)  # the full Prolog takes its own leases
+        give_back(picked, job.job_id)  # the full Prolog takes its own leases
         raise
     bounded.tell("decided run")  # what follows writes to the shared state directory, which may hang
     try:
@@ -223,21 +191,6 @@ def _part(name: str, version: str, tier: RootDir, run_dir: str, job: Job, part: 
     map_path = shardmap.write_map(run_dir, job.node, job.job_id, job.gid, name, version, shards, plan)
     return Pick(name, version, tier, view.path, tuple(mine),
                 shardmap.exports(mine, len(shards), shards, plan, view.files_list, view.files, map_path))
-
-
-def _give_back(picked: Sequence[Pick], job_id: str) -> None:
-    for p in picked:
-        safe.unlink_at(p.tier.has_dir("leases", p.name), f"{job_id}.json")
-
-
-def _still_ready(p: Pick) -> bool:
-    """Whether a pick is still ready now that the job's lease holds it (an eviction that came
-    first took it, and a view goes with any of its shards)."""
-    if not p.shards:
-        return layout.not_ready(p.tier, p.name, p.digest) is None
-    from dsstage.node import views
-    return all(layout.not_ready(p.tier, p.name, s.digest) is None for s in p.shards) and \
-        views.find(p.tier, p.name, [s.id for s in p.shards]) is not None
 
 
 def main(argv: Sequence[str], cache: Mapping[str, Any] | None = None) -> int | None:

@@ -57,12 +57,6 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
-def default_holder() -> tuple[str, int]:
-    """A lease id and pid for a stage run by hand: the calling shell holds it."""
-    ppid = os.getppid()
-    return f"pid-{socket.gethostname()}-{ppid}", ppid
-
-
 def _file(job_id: str) -> str:
     return check_job_id(job_id) + ".json"
 

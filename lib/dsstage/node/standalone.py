@@ -12,7 +12,7 @@ from dsstage.config import catalog as cat
 from dsstage.errors import StateError
 from dsstage.hostlist import expand_nodes
 from dsstage.node import sharded, shardplan, staging
-from dsstage.node.lease import default_holder
+from dsstage.node.local import default_holder
 from dsstage.node.store import Prefetching, StageResult, Store
 
 

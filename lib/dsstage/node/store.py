@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -52,6 +51,7 @@ from dsstage.fs.layout import Layout
 from dsstage.fs.safe import RootDir
 from dsstage.node import access, space
 from dsstage.node.lease import Lease, LeaseBook, holder_alive
+from dsstage.node.local import node_name
 from dsstage.policy import demand, retention
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
@@ -61,11 +61,6 @@ if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs i
 log = logging.getLogger(__name__)
 #: seconds a job's stage waits for the prefetches it asked to yield the room
 PREEMPT_WAIT = 3.0
-
-
-def node_name() -> str:
-    """This node's Slurm name (``SLURMD_NODENAME`` in a Prolog), else the short host name."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 @contextmanager

@@ -1,0 +1,106 @@
+"""The fast ``dsstage stage`` of a ready copy (dsstage.cli.fast) against a real store: it
+answers as the full command does, and leaves everything else to it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from dsstage.cli import fast
+from dsstage.cli import main as cli_main
+from dsstage.config import load
+from dsstage.fs import runfiles, safe
+from dsstage.node import warmlease
+from dsstage.node.lease import LeaseBook
+from helpers import Env
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
+
+
+@pytest.fixture
+def ready(env: Env, monkeypatch):
+    env.add("coco", {"a": b"1" * 10, "b/c": b"2"})
+    env.add("secret", {"s": b"s"}, groups=["daemon"])
+    for name in ("coco", "secret"):
+        env.cli("manifest", "build", name)
+    env.cli("stage", "coco,secret", "--job-id", "1")  # the full command stages; it leaves the cache
+    full = env.cli_json("-v", "stage", "coco,secret", "--job-id", "1")  # -v: the full command, on ready copies
+    assert [r["action"] for r in full] == ["cached", "cached"]
+    for k, v in env.env().items():
+        monkeypatch.setenv(k, v)
+    return full
+
+
+def leases(env: Env, name: str = "coco") -> dict[str, object]:
+    with safe.RootDir(str(env.tier_root())) as tier:
+        return {x.job_id: x for x in LeaseBook(tier).of_dataset(name)}
+
+
+def test_a_ready_copy_is_leased_without_the_configuration(env: Env, ready, monkeypatch, capsys):
+    assert (env.run / runfiles.CONFIG_CACHE).exists()
+
+    def no_load(*a, **k):
+        raise AssertionError("the fast path loaded the configuration")
+    monkeypatch.setattr(load, "load", no_load)
+    assert cli_main.main(["stage", "coco,secret", "--job-id", "2", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    for mine, theirs in zip(got, ready, strict=True):
+        assert {**mine, "seconds": 0, "job_id": "1"} == {**theirs, "seconds": 0}  # what the full command says
+    lease = leases(env)["2"]
+    assert (lease.user, lease.node, lease.pid) == ("root", env.node, 0)
+    assert "2" in leases(env, "secret")  # root may use a restricted dataset, as with the full command
+    report = json.loads((env.run / "reports" / f"{env.node}.json").read_text())
+    row = next(r for r in report["copies"] if r["dataset"] == "coco")
+    assert "2" in {x["job_id"] for x in row["leases"]}
+
+
+def test_the_text_line_and_the_shells_lease(env: Env, ready, capsys):
+    assert fast.stage(["stage", "coco"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"coco: {ready[0]['path']}  (already here, ") and "lease pid-" in out
+    held = [x for j, x in leases(env).items() if j.startswith("pid-")]
+    assert [x.pid for x in held] == [os.getppid()]  # the calling shell holds it, as with the full command
+
+
+@pytest.mark.parametrize("case", ["not ready", "config changed", "unknown", "malformed", "full verify", "sharded",
+                                  "lost race", "not root", "no cache"])
+def test_anything_else_falls_through(env: Env, ready, monkeypatch, case):
+    name = "coco"
+    if case == "not ready":
+        for mark in (env.tier_root() / "ready" / "coco").iterdir():
+            mark.unlink()
+    elif case == "config changed":
+        os.utime(env.config_path, None)
+    elif case == "unknown":
+        name = "cocoa"
+    elif case == "malformed":
+        name = "coco,../x"
+    elif case == "full verify":
+        env.datasets["coco"]["verify"] = "full"
+        env.write()
+        from dsstage.hooks.configcache import write_config_cache
+        write_config_cache(str(env.run), env.config())
+    elif case == "sharded":
+        env.datasets["coco"]["shards"] = 2
+        env.write()
+        from dsstage.hooks.configcache import write_config_cache
+        write_config_cache(str(env.run), env.config())
+    elif case == "lost race":
+        monkeypatch.setattr(warmlease, "still_ready", lambda p: False)  # an eviction came first
+    elif case == "not root":
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    elif case == "no cache":
+        (env.run / runfiles.CONFIG_CACHE).unlink()
+    assert fast.stage(["stage", name, "--job-id", "3"]) is None
+    assert "3" not in leases(env)
+
+
+def test_a_cache_written_before_tiers_were_in_it_falls_through(env: Env, ready):
+    cache = json.loads((env.run / runfiles.CONFIG_CACHE).read_text())
+    for ds in cache["datasets"].values():
+        del ds["tier"]
+    (env.run / runfiles.CONFIG_CACHE).write_text(json.dumps(cache))
+    assert fast.stage(["stage", "coco", "--job-id", "4"]) is None
+    assert env.cli_json("stage", "coco", "--job-id", "4")["action"] == "cached"  # the full command rewrites it
+    assert fast.stage(["stage", "coco", "--job-id", "5"]) == 0

@@ -1,0 +1,38 @@
+"""Which command lines the fast ``dsstage stage`` answers (dsstage.cli.fast.parse): the plain
+form only; anything else is left to the full command."""
+
+from __future__ import annotations
+
+import pytest
+from dsstage.cli.fast import parse
+
+
+@pytest.mark.parametrize(("argv", "want"), [
+    (["stage", "coco"], {"names": "coco"}),
+    (["stage", "a,b", "--job-id", "7", "--json"], {"names": "a,b", "job_id": "7", "json": True}),
+    (["--config", "/c.yaml", "--node=n2", "stage", "--job-id=9", "coco"],
+     {"config": "/c.yaml", "node": "n2", "job_id": "9", "names": "coco"}),
+])
+def test_the_plain_form_is_parsed(argv, want):
+    opts = parse(argv)
+    assert opts == {"config": None, "node": None, "job_id": None, "json": False, "names": None, **want}
+
+
+@pytest.mark.parametrize("argv", [
+    ["stage"],  # no name: argparse explains
+    ["verify", "coco"],
+    ["stage", "coco", "--user", "alice"],  # on behalf of a user: the full path checks groups
+    ["stage", "coco", "--full"],
+    ["stage", "coco", "--with", "n[1-2]"],
+    ["-v", "stage", "coco"],
+    ["--debug", "stage", "coco"],
+    ["stage", "coco", "--config", "/c.yaml"],  # a global option after the verb: argparse refuses it
+    ["--job-id", "7", "stage", "coco"],
+    ["stage", "coco", "other"],
+    ["stage", "coco", "--job-id"],
+    ["stage", "coco", "--job"],  # an abbreviation argparse would take
+    ["status", "stage"],
+    ["stage", "coco", "--json=1"],
+])
+def test_anything_else_is_left_to_the_full_command(argv):
+    assert parse(argv) is None
