@@ -1,5 +1,5 @@
-"""The fast ``dsstage stage`` of a ready copy (dsstage.cli.fast) against a real store: it
-answers as the full command does, and leaves everything else to it."""
+"""The fast ``dsstage stage`` and ``dsstage verify`` of a ready copy (dsstage.cli.fast)
+against a real store: they answer as the full command does, and leave everything else to it."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_a_ready_copy_is_leased_without_the_configuration(env: Env, ready, monke
 
 
 def test_the_text_line_and_the_shells_lease(env: Env, ready, capsys):
-    assert fast.stage(["stage", "coco"]) == 0
+    assert fast.answer(["stage", "coco"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"coco: {ready[0]['path']}  (already here, ") and "lease pid-" in out
     held = [x for j, x in leases(env).items() if j.startswith("pid-")]
@@ -92,7 +92,7 @@ def test_anything_else_falls_through(env: Env, ready, monkeypatch, case):
         monkeypatch.setattr(os, "geteuid", lambda: 1000)
     elif case == "no cache":
         (env.run / runfiles.CONFIG_CACHE).unlink()
-    assert fast.stage(["stage", name, "--job-id", "3"]) is None
+    assert fast.answer(["stage", name, "--job-id", "3"]) is None
     assert "3" not in leases(env)
 
 
@@ -101,6 +101,24 @@ def test_a_cache_written_before_tiers_were_in_it_falls_through(env: Env, ready):
     for ds in cache["datasets"].values():
         del ds["tier"]
     (env.run / runfiles.CONFIG_CACHE).write_text(json.dumps(cache))
-    assert fast.stage(["stage", "coco", "--job-id", "4"]) is None
+    assert fast.answer(["stage", "coco", "--job-id", "4"]) is None
     assert env.cli_json("stage", "coco", "--job-id", "4")["action"] == "cached"  # the full command rewrites it
-    assert fast.stage(["stage", "coco", "--job-id", "5"]) == 0
+    assert fast.answer(["stage", "coco", "--job-id", "5"]) == 0
+
+
+def test_a_quick_verify_of_a_ready_copy_answers_as_the_full_command(env: Env, ready, monkeypatch, capsys):
+    full = env.cli_json("-v", "verify", "coco")
+    text = env.cli("-v", "verify", "coco").stdout
+    monkeypatch.setattr(load, "load", lambda *a, **k: pytest.fail("the fast path loaded the configuration"))
+    assert cli_main.main(["verify", "coco", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == full
+    assert cli_main.main(["verify", "coco"]) == 0
+    assert capsys.readouterr().out == text
+
+
+def test_a_verify_of_a_copy_not_ready_is_the_full_commands(env: Env, ready):
+    for mark in (env.tier_root() / "ready" / "coco").iterdir():
+        mark.unlink()
+    assert fast.answer(["verify", "coco"]) is None
+    res = env.cli("verify", "coco", check=False)
+    assert res.returncode == 1 and "NOT READY" in res.stdout

@@ -105,6 +105,13 @@ COVERAGE: dict[str, list[Runs]] = {
     "dsstage manifest build coco": [Runs(DEVCLUSTER, None, ('"$DSSTAGE" manifest build sample',))],
     "dsstage manifest build NAME --from /mounted/path": [
         Runs(STAGE, "test_ssh_source", ('env.cli("manifest", "build", "remote", "--from", str(src))',))],
+    "dsstage stage": [Runs("tests/functional/test_fast_stage.py",
+                           "test_a_ready_copy_is_leased_without_the_configuration",
+                           ('cli_main.main(["stage", "coco,secret", "--job-id", "2", "--json"])',),
+                           note="the fast path of a ready copy")],
+    "dsstage verify": [Runs("tests/functional/test_fast_stage.py",
+                            "test_a_quick_verify_of_a_ready_copy_answers_as_the_full_command",
+                            ('cli_main.main(["verify", "coco", "--json"])',), note="the fast path of a ready copy")],
     "dsstage verify NAME [--full]": [
         Runs(STAGE, "test_flipped_byte_is_found_by_full_verify_and_repaired",
              ('env.cli_json("verify", "ds")', 'env.cli_json("verify", "ds", "--full")'))],
@@ -250,7 +257,8 @@ COVERAGE: dict[str, list[Runs]] = {
 
 #: a verb the guide names without its arguments, and a command line of it
 VERB_ONLY = {"dsstage manifest build": "dsstage manifest build NAME", "dsstage bb status": "dsstage bb status all",
-             "dsstage warm": "dsstage warm NAME"}
+             "dsstage warm": "dsstage warm NAME", "dsstage stage": "dsstage stage NAME",
+             "dsstage verify": "dsstage verify NAME"}
 
 
 def guide() -> str:

@@ -12,15 +12,18 @@ from dsstage.cli.fast import parse
     (["stage", "a,b", "--job-id", "7", "--json"], {"names": "a,b", "job_id": "7", "json": True}),
     (["--config", "/c.yaml", "--node=n2", "stage", "--job-id=9", "coco"],
      {"config": "/c.yaml", "node": "n2", "job_id": "9", "names": "coco"}),
+    (["verify", "coco", "--json"], {"verb": "verify", "names": "coco", "json": True}),
+    (["--node", "n3", "verify", "coco"], {"verb": "verify", "node": "n3", "names": "coco"}),
 ])
 def test_the_plain_form_is_parsed(argv, want):
     opts = parse(argv)
-    assert opts == {"config": None, "node": None, "job_id": None, "json": False, "names": None, **want}
+    assert opts == {"verb": "stage", "config": None, "node": None, "job_id": None, "json": False, "names": None,
+                    **want}
 
 
 @pytest.mark.parametrize("argv", [
     ["stage"],  # no name: argparse explains
-    ["verify", "coco"],
+    ["release", "coco"],
     ["stage", "coco", "--user", "alice"],  # on behalf of a user: the full path checks groups
     ["stage", "coco", "--full"],
     ["stage", "coco", "--with", "n[1-2]"],
@@ -33,6 +36,11 @@ def test_the_plain_form_is_parsed(argv, want):
     ["stage", "coco", "--job"],  # an abbreviation argparse would take
     ["status", "stage"],
     ["stage", "coco", "--json=1"],
+    ["verify", "coco", "--full"],  # hashes: the full command
+    ["verify", "--nodes", "n[1-2]", "coco"],
+    ["verify", "coco", "--job-id", "3"],
+    ["verify"],
+    ["stage", "verify", "coco"],
 ])
 def test_anything_else_is_left_to_the_full_command(argv):
     assert parse(argv) is None

@@ -62,9 +62,9 @@ _cmd_warm = Lazy("node", "cmd_warm")
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "stage" in argv:  # a cached dataset's stage answers without the parser and the configuration
+    if "stage" in argv or "verify" in argv:  # of a ready copy: answered without the parser or the configuration
         from dsstage.cli import fast
-        rc = fast.stage(argv)
+        rc = fast.answer(argv)
         if rc is not None:
             return rc
     import logging

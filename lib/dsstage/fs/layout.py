@@ -123,6 +123,10 @@ def read_mark(tier: RootDir, name: str, digest: str) -> dict[str, Any]:
     return read_json_at(tier.has_dir("ready", name), mark_name(digest))
 
 
+#: what a quick verification says of a ready copy
+READY = "ready mark matches the current manifest"
+
+
 def not_ready(tier: RootDir, name: str, digest: str) -> str | None:
     """None if the copy of ``digest`` is ready, else why not. Its cost does not depend on the
     dataset's size: the mark names this digest and the inode of the copy, the copy is

@@ -225,7 +225,7 @@ class Store:
         reason = fs_layout.not_ready(tier, name, digest)
         if reason:
             return ReadyState(False, reason)
-        return ReadyState(True, "ready mark matches the current manifest")
+        return ReadyState(True, fs_layout.READY)
 
     # -- staging ---------------------------------------------------------------
 
