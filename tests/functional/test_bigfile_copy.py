@@ -166,3 +166,50 @@ def test_verification_hashes_large_files_with_no_more_threads_than_configured(tm
     assert got == [(len(files[k]), blake3.blake3(files[k]).hexdigest()) for k in sorted(files)] + [None]
     # three small files on the pool, a thread each; then three large ones, one at a time on 3
     assert sorted(made) == [(1, False)] * 3 + [(3, True)] * 3
+
+
+@pytest.mark.parametrize("mappable", [True, False])
+def test_a_tree_on_this_nodes_disk_is_hashed_through_mappings_a_window_at_a_time(tmp_path, monkeypatch, mappable):
+    """verify --full's hashing (mapped): the same (size, hash) as plain reads, on sizes around
+    the window's, a file that grew past the size it had when opened, and a filesystem that
+    refuses mappings (plain reads then)."""
+    import mmap
+
+    from dsstage.transfer import hashing
+    monkeypatch.setattr(hashing, "LARGE", 4096)
+    monkeypatch.setattr(hashing, "WINDOW", 2 * mmap.ALLOCATIONGRANULARITY)
+    w = hashing.WINDOW
+    files = {f"f{i}": os.urandom(size) for i, size in enumerate([4096, w - 1, w, w + 1, 3 * w + 17, 10])}
+    root = write_tree(tmp_path / "copy", files)
+    windows = []
+    real_mmap = mmap.mmap
+
+    def counted(fd, n, **kw):
+        if not mappable:
+            raise OSError(19, "No such device")
+        windows.append(n)
+        return real_mmap(fd, n, **kw)
+    monkeypatch.setattr(hashing.mmap, "mmap", counted)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        got = hashing.hash_many(fd, sorted(files), threads=2, mapped=True)
+        listed = os.stat(root / "f4").st_size  # the size the file had when it was opened
+        with open(root / "f4", "ab") as grow:  # then it grew: hashed to its end, as a plain read does
+            grow.write(b"more")
+
+        class Stale:
+            st_size = listed
+        monkeypatch.setattr(hashing.os, "fstat", lambda f: Stale)
+        f4 = os.open(root / "f4", os.O_RDONLY)
+        try:
+            grown = hashing.hash_fd(f4, 2, mapped=True)
+        finally:
+            os.close(f4)
+    finally:
+        os.close(fd)
+    assert got == [(len(files[k]), blake3.blake3(files[k]).hexdigest()) for k in sorted(files)]
+    assert grown == (len(files["f4"]) + 4, blake3.blake3(files["f4"] + b"more").hexdigest())
+    if mappable:
+        assert windows and max(windows) <= w and sum(windows) >= sum(len(v) for v in files.values() if len(v) >= 4096)
+    else:
+        assert not windows

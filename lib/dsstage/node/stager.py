@@ -49,7 +49,7 @@ def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
     """Every entry of ``entries`` that is missing or wrong below ``root_fd``, a tree on this
     node's disk: an I/O error of the disk raises OSError (the caller's local_errors makes it
     the node's StoreError), never a mismatch blamed on the source."""
-    got = hashing.hash_many(root_fd, [e.path for e in entries], threads, progress, disk_errors=True)
+    got = hashing.hash_many(root_fd, [e.path for e in entries], threads, progress, disk_errors=True, mapped=True)
     bad: list[Mismatch] = []
     for e, g in zip(entries, got):
         if g is None:

@@ -7,16 +7,26 @@ hashed on a pool of threads (blake3 and file reads release the GIL); large files
 read in chunks and hashed by blake3's own thread pool, one after another once the small
 files are done, so that no more than the configured number of threads hash at once.
 
-Files are read with plain reads, never memory-mapped: a source file truncated while it is
-hashed would kill a mapping's reader with SIGBUS, and a FUSE source mounted with
+A source's files are read with plain reads, never memory-mapped: a source file truncated
+while it is hashed would kill a mapping's reader with SIGBUS, and a FUSE source mounted with
 ``direct_io`` cannot be mapped at all (ENODEV). A file that ends before the size it had
 when opened, or goes on past it, is hashed as read, and its size is what was read: the
 caller compares it with what it listed and calls the file changed.
+
+A tree on this node's own disk (``mapped``: a published copy, which nothing but root
+changes) has its large files hashed through a memory mapping instead, a window at a time,
+each window's pages mapped at once (MAP_POPULATE), as b3sum does: a read copies every byte
+once more before BLAKE3 sees it, and that copy was the serial part that kept ``verify
+--full`` from scaling with cores (bench/run --only cpu). The cost is the failure mode of a
+disk that fails under the mapping: the process dies of SIGBUS instead of seeing EIO, so a
+Prolog's work ends "unexpectedly" and the job gets its on_failure rather than the node a
+drain (dsstage.hooks.abandoned); the copier's check of what it wrote has the same.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -31,17 +41,20 @@ from dsstage.transfer import parallel
 LARGE = 8 * 2**20
 #: what one read of a large file brings (blake3 spreads a chunk over its threads)
 CHUNK = 8 * 2**20
+#: what one mapping of a large file on this node's disk covers (``mapped``)
+WINDOW = 64 * 2**20
 
 
 def default_threads(configured: int = 0) -> int:
     return configured if configured > 0 else max(2, os.cpu_count() or 2)
 
 
-def hash_fd(fd: int, threads: int = 0, large: bool = True) -> tuple[int, str] | None:
+def hash_fd(fd: int, threads: int = 0, large: bool = True, mapped: bool = False) -> tuple[int, str] | None:
     """(bytes read, BLAKE3 hex digest) of an open regular file, from its start, with at
     most ``threads`` threads (0: one per CPU); None for a file of LARGE bytes or more
     unless ``large``. The bytes read differ from the size fstat gave when the file
-    changed while it was read."""
+    changed while it was read. ``mapped``: a large file is read through a memory mapping
+    (a file on this node's disk only: see the module's notes)."""
     size = os.fstat(fd).st_size
     if size >= LARGE and not large:
         return None
@@ -57,10 +70,10 @@ def hash_fd(fd: int, threads: int = 0, large: bool = True) -> tuple[int, str] | 
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
     h = blake3.blake3(max_threads=threads if threads > 0 else blake3.blake3.AUTO)
+    done = _hash_mapped(fd, size, h) if mapped else 0
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-    done = 0
-    while True:
+    while True:  # the file (or, mapped, what it has past its size at the start: it grew)
         n = os.preadv(fd, [view], done)
         if not n:
             break
@@ -69,13 +82,32 @@ def hash_fd(fd: int, threads: int = 0, large: bool = True) -> tuple[int, str] | 
     return done, h.hexdigest()
 
 
+def _hash_mapped(fd: int, size: int, h: blake3.blake3) -> int:
+    """Feed ``h`` the file's first ``size`` bytes through mappings of WINDOW bytes; the
+    bytes fed (0 where the file cannot be mapped: the caller reads it)."""
+    done = 0
+    while done < size:
+        n = min(WINDOW, size - done)
+        try:
+            m = mmap.mmap(fd, n, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ,
+                          offset=done)
+        except OSError:
+            if done:
+                raise
+            return 0  # a filesystem without mappings (ENODEV): plain reads
+        with m:
+            h.update(m)
+        done += n
+    return done
+
+
 #: errors that mean the disk itself fails, not that a file is absent or unreadable
 DISK_ERRORS = frozenset({errno.EIO, errno.EUCLEAN})
 
 
 def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int = 0,
             large: bool = True, disk_errors: bool = False,
-            errors: dict[str, str] | None = None) -> tuple[int, str | None] | None:
+            errors: dict[str, str] | None = None, mapped: bool = False) -> tuple[int, str | None] | None:
     """(bytes read, hash) of regular file ``rel`` below ``root_fd``; None if it is missing,
     not a regular file, behind a symbolic link or unreadable (``errors`` gets the reason of
     a failed open or read, by path). The hash is None (and the size fstat's) for a large
@@ -95,7 +127,7 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None
-        got = hash_fd(fd, threads, large)
+        got = hash_fd(fd, threads, large, mapped)
         return (st.st_size, None) if got is None else got
     except OSError as exc:
         if disk_errors and exc.errno in DISK_ERRORS:
@@ -110,9 +142,11 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int
 def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
               progress: Callable[[int], None] | None = None,
               reader: Identity | None = None, max_parallel: int = 0,
-              disk_errors: bool = False, errors: dict[str, str] | None = None) -> list[tuple[int, str] | None]:
+              disk_errors: bool = False, errors: dict[str, str] | None = None,
+              mapped: bool = False) -> list[tuple[int, str] | None]:
     """(bytes read, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be
-    read; ``disk_errors`` and ``errors``: see hash_at).
+    read; ``disk_errors`` and ``errors``: see hash_at; ``mapped``: a tree on this node's disk,
+    whose large files are read through a mapping: see the module's notes).
 
     Small files are read and hashed ``threads`` at once (0: one per CPU), or, given
     ``max_parallel`` (a source that may be a network filesystem), as many as measurably
@@ -132,7 +166,8 @@ def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
     # large files one at a time, each on blake3's threads (reading ahead)
     for i, got in enumerate(results):
         if got is not None and got[1] is None:
-            results[i] = hash_at(root_fd, rels[i], reader, threads, disk_errors=disk_errors, errors=errors)
+            results[i] = hash_at(root_fd, rels[i], reader, threads, disk_errors=disk_errors, errors=errors,
+                                 mapped=mapped)
             if progress:
                 progress(1)
     return [None if r is None or r[1] is None else (r[0], r[1]) for r in results]
