@@ -47,8 +47,11 @@ def build(store: Store, previous: Mapping[str, Any] | None = None) -> dict[str, 
             plan = eviction.plan(store, tier, tier_conf, dem, space=sp)
             decided = {(d.copy.dataset, d.copy.version): d for d in plan.decisions}
             book = LeaseBook(tier)
+            held: dict[str, list[Any]] = {}  # a dataset's leases, read once for all its copies (a shard each)
             for c in copies:
-                leases = [x for x in book.of_dataset(c.dataset) if x.covers(c.version)]
+                if c.dataset not in held:
+                    held[c.dataset] = book.of_dataset(c.dataset)
+                leases = [x for x in held[c.dataset] if x.covers(c.version)]
                 mark = safe.read_json_at(tier.has_dir("ready", c.dataset), fs_layout.mark_name(c.version))
                 state = "failed" if mark.get("bad") else "ready" if mark else "incomplete"
                 lock = layout.lock(c.dataset)

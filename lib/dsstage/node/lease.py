@@ -11,6 +11,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 
 from dsstage.errors import StoreError
 from dsstage.fs import formats, safe
@@ -40,11 +41,15 @@ class Lease:
     def is_job(self) -> bool:
         return self.pid == 0
 
+    @cached_property
+    def holds(self) -> frozenset[str]:
+        """The version ids of the copies it holds (a sharded lease: its shards'), worked out
+        once: a report or a plan asks for every copy on the node."""
+        return frozenset(version_id(s) for s in self.shards) if self.shards else frozenset({version_id(self.digest)})
+
     def covers(self, version: str) -> bool:
         """Whether it holds the copy ``version`` (a version id: 16 hex digits)."""
-        if self.shards:
-            return any(version_id(s) == version for s in self.shards)
-        return version_id(self.digest) == version
+        return version in self.holds
 
 
 #: what a lease file's keys may name (others, such as "format", are not Lease fields)
