@@ -68,9 +68,21 @@ def answer(argv: Sequence[str]) -> int | None:
     if opts is None or os.geteuid() != 0:
         return None
     try:
-        return _stage(opts, started) if opts["verb"] == "stage" else _verify(opts)
+        results = _stage(opts, started) if opts["verb"] == "stage" else _verify(opts)
     except Exception:  # noqa: BLE001 - anything unexpected: the full command meets it and explains
         return None
+    if results is None:
+        return None
+    if opts["json"]:  # as dsstage.cli.common.emit writes it
+        pretty = sys.stdout.isatty()
+        sys.stdout.write(json.dumps(results if len(results) > 1 else results[0], sort_keys=True,
+                                    indent=2 if pretty else None, separators=None if pretty else (",", ":")) + "\n")
+    elif opts["verb"] == "verify":
+        print(f"{results[0]['dataset']}: OK (quick): {results[0]['reason']}")
+    else:
+        for r in results:
+            print(f"{r['dataset']}: {r['path']}  (already here, {r['seconds']:.2f}s, lease {r['job_id']})")
+    return 0
 
 
 def _cache(opts: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
@@ -94,16 +106,9 @@ def _ready(catalog: dict[str, Any], state_dir: str, name: str, node: str, tiers:
     return ready_whole(name, digest, tiers[root])
 
 
-def _emit(data: Any) -> None:
-    """JSON as dsstage.cli.common.emit writes it."""
-    pretty = sys.stdout.isatty()
-    sys.stdout.write(json.dumps(data, sort_keys=True, indent=2 if pretty else None,
-                                separators=None if pretty else (",", ":")) + "\n")
-
-
-def _verify(opts: dict[str, Any]) -> int | None:
+def _verify(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
     name = opts["names"]
-    run_dir, cache = _cache(opts)
+    _run_dir, cache = _cache(opts)
     if cache is None or not layout.name_ok(name):
         return None
     tiers: dict[str, RootDir] = {}
@@ -114,16 +119,11 @@ def _verify(opts: dict[str, Any]) -> int | None:
             tier.close()
     if pick is None:
         return None
-    result = {"dataset": name, "digest": pick.digest, "path": pick.path, "mode": "quick", "ok": True,
-              "reason": layout.READY, "checked_files": 0, "repaired": [], "removed_extras": 0}
-    if opts["json"]:
-        _emit(result)
-    else:
-        print(f"{name}: OK (quick): {layout.READY}")
-    return 0
+    return [{"dataset": name, "digest": pick.digest, "path": pick.path, "mode": "quick", "ok": True,
+             "reason": layout.READY, "checked_files": 0, "repaired": [], "removed_extras": 0}]
 
 
-def _stage(opts: dict[str, Any], started: float) -> int | None:
+def _stage(opts: dict[str, Any], started: float) -> list[dict[str, Any]] | None:
     names = requested_names(opts["names"])
     run_dir, cache = _cache(opts)
     if not names or cache is None:
@@ -152,12 +152,6 @@ def _stage(opts: dict[str, Any], started: float) -> int | None:
     except Exception:  # noqa: BLE001 - the report is informative; the next rebuild has the lease
         pass
     seconds = time.monotonic() - started
-    results = [{"dataset": p.name, "digest": p.digest, "path": p.path, "tier": catalog[p.name]["tier"], "node": node,
-                "action": "cached", "job_id": job_id, "transferred_files": 0, "transferred_bytes": 0,
-                "linked_files": 0, "peer_files": 0, "peer_bytes": 0, "seconds": seconds} for p in ready]
-    if opts["json"]:
-        _emit(results if len(results) > 1 else results[0])
-    else:
-        for r in results:
-            print(f"{r['dataset']}: {r['path']}  (already here, {seconds:.2f}s, lease {job_id})")
-    return 0
+    return [{"dataset": p.name, "digest": p.digest, "path": p.path, "tier": catalog[p.name]["tier"], "node": node,
+             "action": "cached", "job_id": job_id, "transferred_files": 0, "transferred_bytes": 0,
+             "linked_files": 0, "peer_files": 0, "peer_bytes": 0, "seconds": seconds} for p in ready]
