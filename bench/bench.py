@@ -125,6 +125,30 @@ def verified_copy_file(item: object, buf: bytearray) -> None:
         os.close(fout)
 
 
+def verified_copy_any(item: object, buf: bytearray) -> None:
+    """A verified copy of a file of any size: each chunk read, hashed and written; the hash
+    compared with the manifest's at the end (read, BLAKE3, write: no temporary name, no
+    mtime, no fsync)."""
+    src, dst, want = item  # type: ignore[misc]
+    h = blake3.blake3()
+    fin = os.open(src, os.O_RDONLY)
+    try:
+        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        try:
+            view = memoryview(buf)
+            while n := os.readv(fin, [buf]):
+                h.update(view[:n])
+                done = 0
+                while done < n:
+                    done += os.write(fout, view[done:n])
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+    if h.hexdigest() != want:
+        raise RuntimeError(f"{src}: BLAKE3 differs from the manifest's")
+
+
 @dataclass
 class Row:
     scenario: str
@@ -245,6 +269,28 @@ class Bench:
         for p in (self.dir / "nvme" / "bench" / "staging").glob(f"{name}.*"):
             shutil.rmtree(p, ignore_errors=True)
 
+    def fresh_dest(self, dest: Path, cache: str, sources: list[str]) -> Callable[[], None]:
+        """Before a baseline's run: ``dest`` removed, the page cache settled (self.settle)."""
+        def setup() -> None:
+            shutil.rmtree(dest, ignore_errors=True)
+            self.settle(cache, sources)
+        return setup
+
+    def fresh_store(self, name: str, cache: str, sources: list[str]) -> Callable[[], None]:
+        """Before a stage's run: ``name`` cleared from the store, the page cache settled."""
+        def setup() -> None:
+            self.clear_store(name)
+            self.settle(cache, sources)
+        return setup
+
+    def verified_copy(self, root: Path, dest: Path, hashes: dict[str, str], threads: int,
+                      copy: Callable[[object, bytearray], None] = verified_copy_any) -> None:
+        """The bare verified copy of ``root`` (the files ``hashes`` names, with their hashes)
+        into ``dest``: its directories made, then ``copy`` of each file, ``threads`` at once."""
+        for d in sorted({os.path.dirname(r) for r in hashes}):
+            os.makedirs(dest / d, exist_ok=True)
+        in_parallel([(str(root / r), str(dest / r), h) for r, h in hashes.items()], copy, min(threads, len(hashes)))
+
     def _data(self, name: str, shape: str) -> tuple[Path, bool]:
         """The data directory of a scenario, and whether it already holds ``shape``
         (otherwise it is emptied for the caller to generate)."""
@@ -329,14 +375,7 @@ class Bench:
         if cache == "warm":
             label = label.replace("cold stage", "page-cache stage")
 
-        def fresh_dest() -> None:
-            shutil.rmtree(dest, ignore_errors=True)
-            self.settle(cache, sources)
-
-        def fresh_store() -> None:
-            self.clear_store(name)
-            self.settle(cache, sources)
-
+        fresh_dest, fresh_store = self.fresh_dest(dest, cache, sources), self.fresh_store(name, cache, sources)
         t_ds = self.time_median(lambda: self.ds("stage", name, "--job-id", "1"), fresh_store)
         t_rsync = self.time_median(lambda: self.sh("rsync", "-a", f"{root}/", f"{dest}/"), fresh_dest)
         t_cp = self.time_median(lambda: self.sh("cp", "-a", str(root), str(dest)), fresh_dest)
@@ -349,13 +388,7 @@ class Bench:
             in_parallel([(str(root / r), str(dest / r)) for r in rels], copy_file, self.CEILING_THREADS)
         t_ceil = self.time_median(bare_copy, fresh_dest)
         hashes = {e.path: e.hash for e in config_manifest.Catalog(str(self.dir / "state")).load(name).entries}
-
-        def bare_verified_copy() -> None:
-            for d in sorted({os.path.dirname(r) for r in rels}):
-                os.makedirs(dest / d, exist_ok=True)
-            in_parallel([(str(root / r), str(dest / r), hashes[r]) for r in rels], cpu.verified_copy_any,
-                        self.CEILING_THREADS)
-        t_vcopy = self.time_median(bare_verified_copy, fresh_dest)
+        t_vcopy = self.time_median(lambda: self.verified_copy(root, dest, hashes, self.CEILING_THREADS), fresh_dest)
         gib = total / 2**30
         self.add(label, "dsstage stage (incl. BLAKE3 verify)", t_ds, "s")
         self.add(label, "rsync -a", t_rsync, "s")
@@ -973,7 +1006,7 @@ class Bench:
         if self.wants("tiny"):
             self.tiny()
         if self.wants("cpu"):
-            cpu.scenario(self, in_parallel)
+            cpu.scenario(self)
 
     #: the fan-out scenario's devcluster: its own directory and ports (bench/replay uses 46917)
     FANOUT_PORT = 36817
@@ -1024,23 +1057,14 @@ class Bench:
             root = self.make_files(name, n, size)
             self.build_manifest(name, root)
             sources = [str(p) for p in root.rglob("*") if p.is_file() and p.name != ".shape"]
-            rels = [os.path.relpath(p, root) for p in sources]
             hashes = {e.path: e.hash for e in config_manifest.Catalog(str(self.dir / "state")).load(name).entries}
             dest = self.dir / "baseline-dest"
             self.touch = 256 << 20
 
-            def fresh_dest() -> None:
-                shutil.rmtree(dest, ignore_errors=True)
-                self.settle("warm", sources)
-
-            def fresh_store() -> None:
-                self.clear_store(name)
-                self.settle("warm", sources)
+            fresh_dest, fresh_store = self.fresh_dest(dest, "warm", sources), self.fresh_store(name, "warm", sources)
 
             def vcopy(k: int) -> None:
-                for d in sorted({os.path.dirname(r) for r in rels}):
-                    os.makedirs(dest / d, exist_ok=True)
-                in_parallel([(str(root / r), str(dest / r), hashes[r]) for r in rels], verified_copy_file, k)
+                self.verified_copy(root, dest, hashes, k, verified_copy_file)
             label = f"tiny files, {n:,} x {what}, page cache"
             t_ds = self.time_median(lambda: self.ds("stage", name, "--job-id", "1"), fresh_store)
             t_cp = self.time_median(lambda: self.sh("cp", "-a", str(root), str(dest)), fresh_dest)

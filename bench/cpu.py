@@ -24,38 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import blake3
-
 if TYPE_CHECKING:
     from bench import Bench
 
 #: threads of the bare verified copy: the faster of these counts is the reference
 THREADS = (4, 16)
 ONE, TWO = "0", "0,1"
-
-
-def verified_copy_any(item: object, buf: bytearray) -> None:
-    """A verified copy of a file of any size: each chunk read, hashed and written; the hash
-    compared with the manifest's at the end (read, BLAKE3, write: no temporary name, no
-    mtime, no fsync)."""
-    src, dst, want = item  # type: ignore[misc]
-    h = blake3.blake3()
-    fin = os.open(src, os.O_RDONLY)
-    try:
-        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-        try:
-            view = memoryview(buf)
-            while n := os.readv(fin, [buf]):
-                h.update(view[:n])
-                done = 0
-                while done < n:
-                    done += os.write(fout, view[done:n])
-        finally:
-            os.close(fout)
-    finally:
-        os.close(fin)
-    if h.hexdigest() != want:
-        raise RuntimeError(f"{src}: BLAKE3 differs from the manifest's")
 
 
 def cpu_seconds() -> float:
@@ -88,7 +62,7 @@ def pinned(cpus: str, fn: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
-def scenario(b: Bench, in_parallel: Callable[..., None]) -> None:
+def scenario(b: Bench) -> None:
     from dsstage.config import manifest as config_manifest
     small_n = 5_000 if b.quick else 20_000
     large_n, large_size = (2, 512 << 20) if b.quick else (4, 1 << 30)
@@ -107,19 +81,11 @@ def scenario(b: Bench, in_parallel: Callable[..., None]) -> None:
         b.touch = total + (256 << 20)
         label = f"cpu and cores, {what}, page cache"
 
-        def fresh_dest() -> None:
-            shutil.rmtree(dest, ignore_errors=True)
-            b.settle("warm", sources)
-
-        def fresh_store() -> None:
-            b.clear_store(name)
-            b.settle("warm", sources)
+        fresh_dest, fresh_store = b.fresh_dest(dest, "warm", sources), b.fresh_store(name, "warm", sources)
+        hashes = {e.path: e.hash for e in entries}
 
         def vcopy(k: int) -> None:
-            for d in sorted({os.path.dirname(e.path) for e in entries}):
-                os.makedirs(dest / d, exist_ok=True)
-            in_parallel([(str(root / e.path), str(dest / e.path), e.hash) for e in entries], verified_copy_any,
-                        min(k, len(entries)))
+            b.verified_copy(root, dest, hashes, k)
 
         def stage(*pin: str) -> Callable[[], object]:
             return lambda: b.sh(*pin, *b.dsstage, "stage", name, "--job-id", "1", env=b.env())
