@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from dsstage.cli.output import write_json
 from dsstage.config import catalog as cat
 from dsstage.config import load, model
 from dsstage.errors import DsstageError, NotPermitted
@@ -51,11 +52,7 @@ def need_write(verb: str, path: str) -> None:
 
 def emit(args: argparse.Namespace, data: Any, text: Callable[[], None]) -> None:
     if getattr(args, "json", False):
-        # indented for a person at a terminal; compact for a script, which Python's C encoder
-        # writes several times faster (status --json of 1,000 nodes is megabytes)
-        pretty = sys.stdout.isatty()
-        sys.stdout.write(json.dumps(data, sort_keys=True, indent=2 if pretty else None,
-                                    separators=None if pretty else (",", ":")) + "\n")
+        write_json(data)
     else:
         text()
 

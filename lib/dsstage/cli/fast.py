@@ -15,13 +15,12 @@ eviction, any error) returns None: the full command runs, and decides and explai
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from dsstage.cli.output import write_json
 from dsstage.fs import layout, runfiles
 from dsstage.fs.safe import RootDir
 from dsstage.node import report
@@ -73,10 +72,8 @@ def answer(argv: Sequence[str]) -> int | None:
         return None
     if results is None:
         return None
-    if opts["json"]:  # as dsstage.cli.common.emit writes it
-        pretty = sys.stdout.isatty()
-        sys.stdout.write(json.dumps(results if len(results) > 1 else results[0], sort_keys=True,
-                                    indent=2 if pretty else None, separators=None if pretty else (",", ":")) + "\n")
+    if opts["json"]:
+        write_json(results if len(results) > 1 else results[0])
     elif opts["verb"] == "verify":
         print(f"{results[0]['dataset']}: OK (quick): {results[0]['reason']}")
     else:
