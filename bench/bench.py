@@ -81,6 +81,13 @@ def read_file(path: object, buf: bytearray) -> None:
         os.close(fd)
 
 
+def write_all(fd: int, view: memoryview, n: int) -> None:
+    """The first ``n`` bytes of ``view`` to ``fd``, however short the writes."""
+    done = 0
+    while done < n:
+        done += os.write(fd, view[done:n])
+
+
 def copy_file(pair: object, buf: bytearray) -> None:
     """read_file, each chunk written as it is read to a new file (no hashing, no fsync: dsstage
     does not fsync either before the copy is usable; its syncfs runs in the background)."""
@@ -91,9 +98,7 @@ def copy_file(pair: object, buf: bytearray) -> None:
         try:
             view = memoryview(buf)
             while n := os.readv(fin, [buf]):
-                done = 0
-                while done < n:
-                    done += os.write(fout, view[done:n])
+                write_all(fout, view, n)
         finally:
             os.close(fout)
     finally:
@@ -118,9 +123,7 @@ def verified_copy_file(item: object, buf: bytearray) -> None:
         raise RuntimeError(f"{src}: BLAKE3 differs from the manifest's")
     fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
     try:
-        done = 0
-        while done < n:
-            done += os.write(fout, view[done:n])
+        write_all(fout, view, n)
     finally:
         os.close(fout)
 
@@ -138,9 +141,7 @@ def verified_copy_any(item: object, buf: bytearray) -> None:
             view = memoryview(buf)
             while n := os.readv(fin, [buf]):
                 h.update(view[:n])
-                done = 0
-                while done < n:
-                    done += os.write(fout, view[done:n])
+                write_all(fout, view, n)
         finally:
             os.close(fout)
     finally:
