@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -212,7 +213,28 @@ def devcluster(name: str, port: int, *, top: Path = ROOT, sample_files: int = 30
         yield Cluster(directory, top)
     finally:
         subprocess.run([script, "down"], env=env, timeout=120)
+        left = daemons_of(directory)
+        for pid in left:  # stopped by pid, so that the next cluster on this port can start
+            os.kill(pid, signal.SIGKILL)
         shutil.rmtree(directory, ignore_errors=True)
+        assert not left, f"processes of the cluster in {directory} outlived `devcluster down`: {left}"
+
+
+def daemons_of(directory: Path) -> list[int]:
+    """Pids of the running processes whose command line names a file of the cluster in
+    ``directory`` (its slurm.conf, its munge key)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.startswith(os.fsencode(f"{directory}/etc/")) or a.startswith(os.fsencode(f"--key-file={directory}/"))
+               for a in argv):
+            found.append(int(proc.name))
+    return found
 
 
 @contextmanager
@@ -240,6 +262,12 @@ def cluster() -> Iterator[Cluster]:
     with hangable_mount("dsstage-hangfs") as fs, devcluster("dsstage-cluster-test", 26817) as c:
         c.hangfs = fs
         yield c
+
+
+@pytest.fixture(name="daemons_of")
+def daemons_of_fixture() -> Any:
+    """daemons_of() itself."""
+    return daemons_of
 
 
 @pytest.fixture
