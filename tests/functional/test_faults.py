@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -407,3 +408,49 @@ def test_root_filesystem_problem_walks_up_to_what_exists():
     devs["/local/nvme"] = 1  # not mounted: the mount point is a directory of /
     assert "/local/nvme/dsstage (missing; /local/nvme exists) is on the root filesystem" in \
         (safe.root_filesystem_problem("/local/nvme/dsstage", lstat) or "")
+
+
+def test_a_resumed_staging_area_keeps_what_it_holds_and_loses_what_was_planted(tmp_path):
+    """fill() reads what a staging area holds from its directories' listings (no stat of each
+    file): files already there are checked, not copied again; a link, a FIFO, a stray file
+    and a stray directory are removed, and nothing is followed out of the area."""
+    from dsstage.config.model import Source, Transfer
+    from dsstage.errors import StoreError
+    from dsstage.fs.beneath import Tree
+    from dsstage.node import stager
+    from dsstage.transfer import build
+    src = tmp_path / "src"
+    for i in range(30):
+        (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 3}" / f"f{i}").write_bytes(os.urandom(i * 100))
+    manifest = build.build("ds", str(src)).manifest
+    area = tmp_path / "staging"
+    (area / "d0").mkdir(parents=True)
+    (area / "d0" / "f0").write_bytes(b"")  # the copier's own, from an interrupted stage
+    os.utime(area / "d0" / "f0", ns=(next(e for e in manifest.entries if e.path == "d0/f0").mtime_ns,) * 2)
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (area / "d1").symlink_to(outside / "keep")  # where a directory of the dataset belongs
+    os.mkfifo(area / "d0" / "pipe")
+    (area / "stray").mkdir()
+    (area / "stray" / "x").write_bytes(b"x")
+    (area / "d0" / "f3-extra").write_bytes(b"y")
+    kept = os.stat(area / "d0" / "f0").st_ino
+    fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with Tree(fd) as tree:
+            kinds = {rel: kind for _fd, found in tree.listing() for _n, rel, kind in found}
+        assert kinds["d1"] == 0 and kinds["d0/pipe"] == 0 and kinds["d0/f0"] == stat.S_IFREG
+        assert kinds["stray"] == stat.S_IFDIR and "stray/x" in kinds
+        with pytest.raises(StoreError, match="staging area's directories: Not a directory"):  # never followed
+            stager.fill(fd, str(area), manifest, Source(str(src), "local", str(src)), Transfer())
+        os.unlink(area / "d1")
+        report = stager.fill(fd, str(area), manifest, Source(str(src), "local", str(src)), Transfer())
+    finally:
+        os.close(fd)
+    assert report.transferred.files <= 29 and os.stat(area / "d0" / "f0").st_ino == kept  # checked, not copied
+    assert report.removed_extras == 3  # the FIFO, the stray file, the stray directory (with its file)
+    assert not any((outside / "keep").iterdir())
+    got = sorted(str(p.relative_to(area)) for p in area.rglob("*") if p.is_file())
+    assert got == sorted(e.path for e in manifest.entries)
+    assert all((area / e.path).read_bytes() == (src / e.path).read_bytes() for e in manifest.entries)

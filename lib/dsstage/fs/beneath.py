@@ -210,6 +210,31 @@ class Tree:
         for key in [k for k in self._fds if k not in self._users][:excess]:
             os.close(self._fds.pop(key))
 
+    def paths(self) -> set[str]:
+        """The relative path of everything below the root, directories included."""
+        return {rel for _fd, found in self.listing() for _name, rel, _kind in found}
+
+    def listing(self, descend: Callable[[str], bool] = lambda _rel: True
+                ) -> Iterator[tuple[int, list[tuple[str, str, int]]]]:
+        """Like ``walk``, from the directories' listings alone: each entry's kind is
+        stat.S_IFDIR, stat.S_IFREG or 0 (anything else), from its directory entry's type, so
+        a tree of a million files costs readdir, not a stat of each file."""
+        stack = [""]
+        while stack:
+            rel_dir = stack.pop()
+            with self.opened(rel_dir) as fd:
+                found = []
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            found.append((entry.name, rel, stat.S_IFDIR))
+                            if descend(rel):
+                                stack.append(rel)
+                        else:
+                            found.append((entry.name, rel, stat.S_IFREG if entry.is_file(follow_symlinks=False) else 0))
+                yield fd, found
+
     def walk(self, descend: Callable[[str], bool] = lambda _rel: True
              ) -> Iterator[tuple[int, list[tuple[str, str, os.stat_result]]]]:
         """For every directory (from the root, into those ``descend(rel)`` accepts): its

@@ -71,9 +71,9 @@ def sweep_extras(root_fd: int, entries: Sequence[Entry]) -> int:
             dirs.add(d)
     removed = 0
     with Tree(root_fd) as tree:
-        for fd, found in tree.walk(descend=lambda rel: rel in dirs):
-            for name, rel, st in found:
-                keep = rel in dirs if stat.S_ISDIR(st.st_mode) else stat.S_ISREG(st.st_mode) and rel in wanted
+        for fd, found in tree.listing(descend=lambda rel: rel in dirs):
+            for name, rel, kind in found:
+                keep = rel in dirs if kind == stat.S_IFDIR else kind == stat.S_IFREG and rel in wanted
                 if not keep:
                     fs_safe.remove_at(fd, name)
                     removed += 1
@@ -91,10 +91,13 @@ def link_reuse(dest: Tree, entries: Sequence[Entry],
             # the same content under another name is worth reusing too
             have.setdefault(("", e.size, e.hash), (i, e.path))
     linked: dict[int, tuple[int, int]] = {}
+    if not older:
+        return linked
     trees = [Tree(fd) for fd, _m in older]
     try:
+        there = dest.paths()
         for e in entries:
-            if copier.present(dest, e.path):
+            if e.path in there:
                 continue
             src = have.get((e.path, e.size, e.hash)) or have.get(("", e.size, e.hash))
             if not src:
@@ -134,7 +137,8 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
 
     report = FillStats()
     with Tree(dest_fd, create=True) as dest:
-        resumed = [e for e in manifest.entries if copier.present(dest, e.path)]
+        there = dest.paths()
+        resumed = [e for e in manifest.entries if e.path in there]
         reused = link_reuse(dest, manifest.entries, older)
     if linked is not None:
         linked.update(reused)
@@ -160,7 +164,8 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
     if group is not None:
         def present(entries: Sequence[Entry]) -> list[Entry]:
             with Tree(dest_fd) as tree:
-                return [e for e in entries if copier.present(tree, e.path)]
+                there = tree.paths()
+            return [e for e in entries if e.path in there]
 
         total = manifest.total_bytes
         shared = peers.cooperate(

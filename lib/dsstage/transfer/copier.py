@@ -344,16 +344,6 @@ def _finish(dfd: int, tmp: str, name: str, e: Entry) -> None:
         raise local_error(exc, f"publishing {e.path!r} in the staging area") from None
 
 
-def present(dest: Tree, rel: str) -> bool:
-    """Whether ``rel`` exists in ``dest`` (a link is never followed)."""
-    try:
-        with dest.parent(rel) as (dfd, name):
-            os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        return True
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-
-
 def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads: int = THREADS,
                   bwlimit: float = 0, *, deadline: float | None = None,
                   reader: Identity | None = None,
@@ -388,9 +378,16 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
         streams = max(1, min(threads, range_streams, max_parallel))
         with Tree(dest_fd, create=True) as dest:
             try:
-                todo = [e for e in entries if not present(dest, e.path)]
+                have = dest.paths()
+                todo = [e for e in entries if e.path not in have]
+                # the directories first, then the files (as dcp does): with each directory made
+                # when its first file came, creating the files took 2-4 times the system time
+                # on this project's ext4 disk (100,000 empty files; docs/benchmarks.md)
+                for d in sorted({e.path.rpartition("/")[0] for e in todo}):
+                    with dest.opened(d):
+                        pass
             except OSError as exc:
-                raise local_error(exc, "reading the staging area") from None
+                raise local_error(exc, "making the staging area's directories") from None
             total = sum(e.size for e in todo)
             large = [e for e in todo if e.size >= max(split, 1)]
             rest = [e for e in todo if e.size < max(split, 1)]
