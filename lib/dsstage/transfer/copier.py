@@ -387,7 +387,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
                     with dest.opened(d):
                         pass
             except OSError as exc:
-                raise local_error(exc, "making the staging area's directories") from None
+                raise local_error(exc, "reading the staging area and making its directories") from None
             total = sum(e.size for e in todo)
             large = [e for e in todo if e.size >= max(split, 1)]
             rest = [e for e in todo if e.size < max(split, 1)]
