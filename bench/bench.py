@@ -88,21 +88,29 @@ def write_all(fd: int, view: memoryview, n: int) -> None:
         done += os.write(fd, view[done:n])
 
 
-def copy_file(pair: object, buf: bytearray) -> None:
-    """read_file, each chunk written as it is read to a new file (no hashing, no fsync: dsstage
-    does not fsync either before the copy is usable; its syncfs runs in the background)."""
-    src, dst = pair  # type: ignore[misc]
+def stream_file(src: str, dst: str, buf: bytearray, flags: int, mode: int, h: blake3.blake3 | None = None) -> None:
+    """``src`` read chunk by chunk into ``buf``, each chunk written as it is read to ``dst``
+    (opened with ``flags`` and ``mode``) and hashed into ``h`` if given."""
     fin = os.open(src, os.O_RDONLY)
     try:
-        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fout = os.open(dst, flags, mode)
         try:
             view = memoryview(buf)
             while n := os.readv(fin, [buf]):
+                if h is not None:
+                    h.update(view[:n])
                 write_all(fout, view, n)
         finally:
             os.close(fout)
     finally:
         os.close(fin)
+
+
+def copy_file(pair: object, buf: bytearray) -> None:
+    """read_file, each chunk written as it is read to a new file (no hashing, no fsync: dsstage
+    does not fsync either before the copy is usable; its syncfs runs in the background)."""
+    src, dst = pair  # type: ignore[misc]
+    stream_file(src, dst, buf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
 
 def verified_copy_file(item: object, buf: bytearray) -> None:
@@ -134,18 +142,7 @@ def verified_copy_any(item: object, buf: bytearray) -> None:
     mtime, no fsync)."""
     src, dst, want = item  # type: ignore[misc]
     h = blake3.blake3()
-    fin = os.open(src, os.O_RDONLY)
-    try:
-        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-        try:
-            view = memoryview(buf)
-            while n := os.readv(fin, [buf]):
-                h.update(view[:n])
-                write_all(fout, view, n)
-        finally:
-            os.close(fout)
-    finally:
-        os.close(fin)
+    stream_file(src, dst, buf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444, h)
     if h.hexdigest() != want:
         raise RuntimeError(f"{src}: BLAKE3 differs from the manifest's")
 
