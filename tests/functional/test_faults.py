@@ -442,6 +442,12 @@ def test_a_resumed_staging_area_keeps_what_it_holds_and_loses_what_was_planted(t
             kinds = {rel: kind for _fd, found in tree.listing() for _n, rel, kind in found}
         assert kinds["d1"] == 0 and kinds["d0/pipe"] == 0 and kinds["d0/f0"] == stat.S_IFREG
         assert kinds["stray"] == stat.S_IFDIR and "stray/x" in kinds
+        with Tree(fd) as tree:  # the lookup the peers' rounds use: the same answers, one path at a time
+            assert tree.exists("d0/f0") and tree.exists("d0/pipe") and tree.exists("stray")
+            assert not tree.exists("d0/f3") and not tree.exists("d2/f2")
+            (outside / "keep" / "f1").write_bytes(b"z")
+            assert not tree.exists("d1/f1")  # behind the link: never followed
+            (outside / "keep" / "f1").unlink()
         with pytest.raises(StoreError, match="making its directories: Not a directory"):  # never followed
             stager.fill(fd, str(area), manifest, Source(str(src), "local", str(src)), Transfer())
         os.unlink(area / "d1")

@@ -210,6 +210,16 @@ class Tree:
         for key in [k for k in self._fds if k not in self._users][:excess]:
             os.close(self._fds.pop(key))
 
+    def exists(self, rel: str) -> bool:
+        """Whether anything is at ``rel`` (a link is never followed): one lookup, for a few
+        paths of a large tree, where ``paths`` would list all of it."""
+        try:
+            with self.parent(rel) as (fd, name):
+                os.stat(name, dir_fd=fd, follow_symlinks=False)
+            return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
     def paths(self) -> set[str]:
         """The relative path of everything below the root, directories included."""
         return {rel for _fd, found in self.listing() for _name, rel, _kind in found}

@@ -163,9 +163,10 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
         _remove(dest_fd, check_tree(dest_fd, resumed, transfer.hash_threads))
     if group is not None:
         def present(entries: Sequence[Entry]) -> list[Entry]:
+            # asked each round of each peer for that peer's share: a lookup of each, as
+            # listing the whole area would cost the dataset, not the share, every round
             with Tree(dest_fd) as tree:
-                there = tree.paths()
-            return [e for e in entries if e.path in there]
+                return [e for e in entries if tree.exists(e.path)]
 
         total = manifest.total_bytes
         shared = peers.cooperate(
