@@ -80,10 +80,11 @@ def sweep_extras(root_fd: int, entries: Sequence[Entry]) -> int:
     return removed
 
 
-def link_reuse(dest: Tree, entries: Sequence[Entry],
-               older: Sequence[tuple[int, Manifest]]) -> dict[int, tuple[int, int]]:
-    """Hard-link into ``dest`` the files that an older local version (its descriptor and
-    manifest) has with the same content; return {older index: (files, bytes)} linked."""
+def link_reuse(dest: Tree, entries: Sequence[Entry], older: Sequence[tuple[int, Manifest]],
+               there: set[str]) -> dict[int, tuple[int, int]]:
+    """Hard-link into ``dest`` the files not ``there`` yet (``dest.paths()``) that an older
+    local version (its descriptor and manifest) has with the same content; return {older
+    index: (files, bytes)} linked."""
     have: dict[tuple[str, int, str], tuple[int, str]] = {}
     for i, (_fd, m) in enumerate(older):
         for e in m.entries:
@@ -95,7 +96,6 @@ def link_reuse(dest: Tree, entries: Sequence[Entry],
         return linked
     trees = [Tree(fd) for fd, _m in older]
     try:
-        there = dest.paths()
         for e in entries:
             if e.path in there:
                 continue
@@ -139,7 +139,7 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
     with Tree(dest_fd, create=True) as dest:
         there = dest.paths()
         resumed = [e for e in manifest.entries if e.path in there]
-        reused = link_reuse(dest, manifest.entries, older)
+        reused = link_reuse(dest, manifest.entries, older, there)
     if linked is not None:
         linked.update(reused)
     report.linked_files = sum(f for f, _b in reused.values())
