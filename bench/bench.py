@@ -1047,8 +1047,9 @@ class Bench:
 
     def tiny(self) -> None:
         """Many tiny files (1 KB, and empty), local and in the page cache: per-file cost alone.
-        dsstage stage against cp -a, rsync -a and the bare verified copy (read, BLAKE3,
-        compare, write a new file; no temporary name, no mtime, no fsync) in Python threads."""
+        dsstage stage (and again with its copier in Python, as without native/dsstage-copy)
+        against cp -a, rsync -a and the bare verified copy (read, BLAKE3, compare, write a
+        new file; no temporary name, no mtime, no fsync) in Python threads."""
         n = 100_000 if self.quick else 300_000
         for size, what in ((1024, "1 KB"), (0, "empty")):
             name = f"tiny{n // 1000}k-{size}"
@@ -1065,11 +1066,14 @@ class Bench:
                 self.verified_copy(root, dest, hashes, k, verified_copy_file)
             label = f"tiny files, {n:,} x {what}, page cache"
             t_ds = self.time_median(lambda: self.ds("stage", name, "--job-id", "1"), fresh_store)
+            t_py = self.time_median(lambda: self.ds("stage", name, "--job-id", "1", DSSTAGE_NATIVE_COPY="0"),
+                                    fresh_store)
             t_cp = self.time_median(lambda: self.sh("cp", "-a", str(root), str(dest)), fresh_dest)
             t_rsync = self.time_median(lambda: self.sh("rsync", "-a", f"{root}/", f"{dest}/"), fresh_dest)
             t_v = {k: self.time_median(lambda k=k: vcopy(k), fresh_dest) for k in self.TINY_THREADS}  # type: ignore[misc]
             best = min(t_v, key=lambda k: t_v[k])
             self.add(label, "dsstage stage (incl. BLAKE3 verify)", t_ds, "s")
+            self.add(label, "dsstage stage, the copier in Python (DSSTAGE_NATIVE_COPY=0)", t_py, "s")
             self.add(label, "cp -a", t_cp, "s")
             self.add(label, "rsync -a", t_rsync, "s")
             for k, t in t_v.items():

@@ -21,9 +21,18 @@ ensure_apt() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# ensure_venv [EXTRAS]: a virtual environment with dsstage installed (editable).
+# ensure_native: native/dsstage-copy, the verifying copier's C helper for small files
+# (dsstage.transfer.native), built against Debian's BLAKE3 C sources (librust-blake3-dev).
+ensure_native() {
+    ensure_apt gcc make libc6-dev librust-blake3-dev
+    make -s -C "$DSSTAGE_TOP/native" >&2
+}
+
+# ensure_venv [EXTRAS]: a virtual environment with dsstage installed (editable), and the
+# native copier built beside it.
 ensure_venv() {
     local extras=${1:-}
+    ensure_native
     [ -x "$DSSTAGE_VENV/bin/python" ] || python3 -m venv "$DSSTAGE_VENV"
     "$DSSTAGE_VENV/bin/python" -m pip install -q --disable-pip-version-check \
         -e "$DSSTAGE_TOP${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" >&2 || true

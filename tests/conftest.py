@@ -6,7 +6,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from dsstage.transfer import native
 from helpers import Env, write_tree
+
+
+@pytest.fixture(autouse=True)
+def _native_copier_looked_up_afresh():
+    """Each test finds the native copier itself: one that sets DSSTAGE_NATIVE_COPY, or whose
+    helper failed and was turned off, changes nothing for the next."""
+    yield
+    native.forget()
 
 
 @pytest.fixture

@@ -15,6 +15,33 @@ from dsstage.config import load
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def python_copier(monkeypatch) -> None:
+    """The verifying copier works in Python in this test (DSSTAGE_NATIVE_COPY=0): for tests
+    that fail its Python calls on purpose."""
+    from dsstage.transfer import native
+    monkeypatch.setenv("DSSTAGE_NATIVE_COPY", "0")
+    native.forget()
+
+
+def native_copier() -> str:
+    """The native copier's path; the test fails (never skips) if it is not built."""
+    from dsstage.transfer import native
+    native.forget()
+    program = native.helper()
+    assert program, "native/dsstage-copy is not built: packaging/run-tests builds it (make -C native)"
+    return program
+
+
+def copy_verified(src, dest, entries, **kw):
+    """dsstage.transfer.copier.copy_verified from directory ``src`` into directory ``dest``."""
+    from dsstage.transfer import copier
+    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return copier.copy_verified(str(src), fd, entries, **kw)
+    finally:
+        os.close(fd)
+
+
 def write_tree(root: Path, files: dict[str, bytes]) -> Path:
     for rel, data in files.items():
         p = root / rel

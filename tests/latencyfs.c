@@ -7,7 +7,7 @@
  * flight. For the benchmarks and functional tests of dsstage (see tests/latencyfs.py
  * and docs/benchmarks.md); not a production filesystem.
  *
- *   latencyfs BACKING MOUNTPOINT [-f] [-o delay_us=1000,threads=256,rate=0,stats=FILE,hang=FILE,
+ *   latencyfs BACKING MOUNTPOINT [-f] [-o delay_us=1000,threads=256,rate=0,stats=FILE,hang=FILE,fail=FILE,
  *             entry_timeout=1,attr_timeout=1,readdirplus,uncached,allow_other,...]
  *
  * Bandwidth: with rate=N (bytes per second, 0 = unlimited), the read replies of all
@@ -28,6 +28,9 @@
  * every 20 ms), as a hard NFS mount whose server stopped answering: the client's system call
  * blocks until the file is removed or the client is killed (the kernel then abandons the
  * request; its thread replies to nobody once the file is gone).
+ *
+ * Failing: with fail=FILE, every read request is answered EIO for as long as FILE exists, as
+ * a server whose disk fails under a file that was opened and listed fine.
  *
  * Counters: operations by kind, bytes delivered by read replies (`bytes_read`), and the
  * peak number of requests in flight (all kinds, and opens alone). They are written as
@@ -70,6 +73,7 @@ static struct options {
     char *backing;
     char *stats;
     char *hang;  /* while this file exists, requests are not answered */
+    char *fail;  /* while this file exists, reads are answered EIO */
     unsigned delay_us;
     unsigned threads;
     unsigned long rate;  /* bytes per second over all read replies, 0 = unlimited */
@@ -312,6 +316,8 @@ static int lfs_read(const char *path, char *buf, size_t size, off_t off, struct 
 {
     (void)path;
     enter(K_READ);
+    if (opt.fail && access(opt.fail, F_OK) == 0)
+        return leave(K_READ, -EIO);
     ssize_t n = pread((int)fi->fh, buf, size, off);
     if (n < 0)
         return leave(K_READ, -errno);
@@ -431,6 +437,7 @@ static const struct fuse_opt option_spec[] = {
     OPT("rate=%lu", rate),
     OPT("stats=%s", stats),
     OPT("hang=%s", hang),
+    OPT("fail=%s", fail),
     OPT("readdirplus", readdirplus),
     OPT("uncached", direct_io),
     FUSE_OPT_END,
@@ -453,7 +460,7 @@ int main(int argc, char *argv[])
     if (fuse_opt_parse(&args, &opt, option_spec, take_backing) == -1)
         return 2;
     if (!opt.backing) {
-        fprintf(stderr, "usage: %s BACKING MOUNTPOINT [-f] [-o delay_us=N,threads=N,rate=N,stats=FILE,hang=FILE,"
+        fprintf(stderr, "usage: %s BACKING MOUNTPOINT [-f] [-o delay_us=N,threads=N,rate=N,stats=FILE,hang=FILE,fail=FILE,"
                         "entry_timeout=S,attr_timeout=S,readdirplus,uncached]\n", argv[0]);
         return 2;
     }
@@ -466,6 +473,10 @@ int main(int argc, char *argv[])
     }
     if (opt.hang && opt.hang[0] != '/') {
         fprintf(stderr, "latencyfs: hang=%s: give an absolute path\n", opt.hang);
+        return 2;
+    }
+    if (opt.fail && opt.fail[0] != '/') {
+        fprintf(stderr, "latencyfs: fail=%s: give an absolute path\n", opt.fail);
         return 2;
     }
     if (opt.stats && opt.stats[0] != '/') {  /* fuse_main may chdir("/") */

@@ -9,6 +9,7 @@ trip (docs/benchmarks.md, "Latency-bound sources").
         fs.remount()         # cold dentry, attribute and page caches
         fs.hang()            # no request is answered any more, as a hard NFS mount whose server is gone
         fs.answer()          # ... until this
+        fs.fail_reads()      # every read answered EIO (fail_reads(False): no more)
 
 The binary is built on demand (gcc, pkg-config fuse3: Debian's libfuse3-dev) into
 build/latencyfs/ (ignored by git), keyed by the source's hash. The filesystem runs in the
@@ -146,6 +147,7 @@ class LatencyFS:
         self.workdir = Path(tempfile.mkdtemp(prefix="latencyfs-"))
         self.stats_file = self.workdir / "stats.json"
         self.hang_file = self.workdir / "hang"  # while it exists, latencyfs answers nothing
+        self.fail_file = self.workdir / "fail"  # while it exists, every read is answered EIO
         self.log = self.workdir / "latencyfs.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.final: dict[str, Any] | None = None  # the counters written at the last unmount
@@ -157,7 +159,7 @@ class LatencyFS:
 
     def options(self) -> str:
         opts = [f"delay_us={self.delay_us}", f"threads={self.threads}", f"rate={self.rate}", f"stats={self.stats_file}",
-                f"hang={self.hang_file}",
+                f"hang={self.hang_file}", f"fail={self.fail_file}",
                 f"attr_timeout={self.attr_timeout}", f"entry_timeout={self.entry_timeout}"]
         opts += ["readdirplus"] * self.readdirplus + ["allow_other"] * self.allow_other
         return ",".join(opts + ([self.extra_options] if self.extra_options else []))
@@ -218,6 +220,13 @@ class LatencyFS:
         """Stop answering: every request (but a close) blocks its caller until ``answer()``
         or until the caller is killed, as on a hard NFS mount whose server stopped answering."""
         self.hang_file.touch()
+
+    def fail_reads(self, failing: bool = True) -> None:
+        """Answer every read with EIO (until called with False), as a server whose disk fails."""
+        if failing:
+            self.fail_file.touch()
+        else:
+            self.fail_file.unlink(missing_ok=True)
 
     def answer(self) -> None:
         """Answer again, the requests that waited first."""

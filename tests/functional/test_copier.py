@@ -11,19 +11,18 @@ from pathlib import Path
 import pytest
 from dsstage.transfer import build as transfer_build
 from dsstage.transfer import copier
-from helpers import Env, write_tree
+from helpers import Env, native_copier, python_copier, write_tree
+from helpers import copy_verified as copy
 
 
-def copy(src, dest, entries, **kw):
-    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        return copier.copy_verified(str(src), fd, entries, **kw)
-    finally:
-        os.close(fd)
-
-
-@pytest.fixture(params=["whole", "streamed"])
+@pytest.fixture(params=["native", "whole", "streamed"])
 def chunk(request, monkeypatch):
+    """The native copier (dsstage.transfer.native), or the Python one with each file read
+    whole or streamed."""
+    if request.param == "native":
+        native_copier()
+    else:
+        python_copier(monkeypatch)
     if request.param == "streamed":
         monkeypatch.setattr(copier, "CHUNK", 1000)  # every file above 1000 bytes is streamed
     return request.param
@@ -176,6 +175,7 @@ def test_a_source_read_error_is_the_sources_fault_and_a_full_tier_is_no_space(tm
     import errno
 
     from dsstage.errors import NoSpace, SourceError
+    python_copier(monkeypatch)  # the Python copier's calls fail here (the native one: test_native_copier)
     src = write_tree(tmp_path / "src", {"a": b"1" * 100})
     m = transfer_build.build("ds", str(src)).manifest
     (tmp_path / "dest").mkdir()

@@ -24,7 +24,7 @@ from dsstage.node import inventory, space, staging
 from dsstage.node.store import open_tier
 from dsstage.slurm.fake import FakeSlurm
 from dsstage.transfer import copier
-from helpers import Env
+from helpers import Env, python_copier
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
 
@@ -71,6 +71,7 @@ def test_state_directory_error_is_the_sites(env: Env, coco: Path, monkeypatch):
 
 
 def test_eio_reading_the_source_falls_back_or_holds_never_drains(env: Env, coco: Path, tmp_path, monkeypatch):
+    python_copier(monkeypatch)  # its reads fail here; the native copier's: test_native_copier.py
     real = os.read
 
     def eio(fd: int, n: int) -> bytes:
@@ -141,7 +142,8 @@ def test_a_tier_without_posix_acls_holds_a_several_group_dataset_never_drains(en
     assert runfiles.HOLD_MARK in task_lines(run, env)
 
 
-def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: Env, tmp_path):
+def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: Env, tmp_path, monkeypatch):
+    python_copier(monkeypatch)  # slowed below; the native copier's deadline: test_native_copier.py
     src = env.add("big", {f"f{i:03d}": os.urandom(20_000) for i in range(200)})
     env.cli("manifest", "build", "big")
     store = env.store()
@@ -175,6 +177,7 @@ def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: E
 
 def test_a_full_tier_mid_copy_is_no_space_and_the_left_staging_area_is_counted(env: Env, coco: Path, tmp_path,
                                                                                  monkeypatch):
+    python_copier(monkeypatch)  # its writes fail here; the native copier's: test_native_copier.py
     real = safe.write_all
     staging = str(env.tier_root() / "staging")
 

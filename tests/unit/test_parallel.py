@@ -155,3 +155,31 @@ def test_work_against_a_source_starts_at_start_where_the_site_allows_more_than_t
     got = {args: (g.limit, g.bound) for args in [(2, 0), (2, 64), (2, 3), (16, 64), (4, 4)]
            for g in [Limiter.for_source(*args)]}
     assert got == {(2, 0): (2, 2), (2, 64): (parallel.START, 64), (2, 3): (3, 3), (16, 64): (16, 64), (4, 4): (4, 4)}
+
+
+def test_completions_reported_in_batches_move_the_limit_as_completions_one_by_one_do():
+    """A helper process reports its completions in batches (dsstage.transfer.native): fed
+    to the limiter with ``completed``, they move the limit as the same completions passed
+    one at a time through ``done`` do: up to the bound where the rate grows with the
+    requests in flight, and back down where it does not."""
+    def drive(batched: bool, scales: bool) -> list[int]:
+        clock = [0.0]
+        lim = Limiter(4, 32, clock=lambda: clock[0])
+        limits = []
+        for _ in range(100):
+            n = 8 * lim.limit if scales else 64  # completions per 0.1 s
+            if batched:
+                clock[0] += 0.1
+                lim.completed(n, n * (parallel.FILE_COST + 1000))
+            else:
+                for _ in range(n):
+                    clock[0] += 0.1 / n
+                    lim.begin()
+                    lim.done(1000)
+            limits.append(lim.limit)
+        return limits
+
+    for batched in (False, True):
+        climbing, flat = drive(batched, scales=True), drive(batched, scales=False)
+        assert 32 in climbing[:10] and climbing[-1] == 32, climbing
+        assert min(flat) == 1 and max(flat[-20:]) <= 4, flat

@@ -31,6 +31,8 @@ overlapping the copy of the ranges ahead. What is hashed is what landed (the tem
 file is root's, created O_EXCL in the root-only staging area, and nothing writes it once
 its range is copied), so a range that changed in the source, or was read wrong, fails
 the file like any other mismatch.
+Files below SPLIT go to the native helper where it is installed (dsstage.transfer.native:
+the same per-file work in C, without the interpreter's cost per file); the rest is here.
 rsync stays the transport for remote sources (ssh, rsync daemon).
 """
 
@@ -54,7 +56,7 @@ from dsstage.errors import OutOfTime, SourceError, local_error
 from dsstage.fs import beneath, safe
 from dsstage.fs.beneath import Tree
 from dsstage.fs.identity import Identity, acting_as
-from dsstage.transfer import parallel
+from dsstage.transfer import native, parallel
 from dsstage.transfer.ratelimit import RateLimit
 from dsstage.transfer.rsync import TransferStats
 
@@ -422,6 +424,12 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
             try:
                 if not late():
                     gate = parallel.Limiter(min(threads, max_parallel), max_parallel, f"copying from {src_root}")
+                    rest, done = native.copy_some(src_fd, src_root, dest, rest, gate, reader, late, ranged,
+                                                 rate_limited=bool(bwlimit))
+                    with counting:
+                        stats.files += done.files
+                        stats.bytes += done.bytes
+                        failures.extend(_mismatch(e, found) for e, found in done.failures)
                     parallel.run(rest, one, gate, size=lambda n: n, stop=stop)
                 if large and not late():
                     with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="range") as pool:

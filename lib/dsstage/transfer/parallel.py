@@ -157,13 +157,25 @@ class Limiter:
         """A request completed, having moved ``nbytes``."""
         with self.lock:
             self.active -= 1
+        self.completed(1, FILE_COST + nbytes)
+
+    def completed(self, count: int, work: float) -> None:
+        """``count`` requests completed, ``work`` between them (FILE_COST each and their
+        bytes): one at a time from ``done``, or as reported by a helper process that does
+        the requests itself (dsstage.transfer.native)."""
+        why = ""
+        with self.lock:
             if self._settle:  # the requests of the last limit still finishing, the new ones starting
-                self._settle -= 1
+                settled = min(self._settle, count)
+                self._settle -= settled
                 if not self._settle:
                     self._begin = self.clock()
-                return
-            self._done += 1
-            self._work += FILE_COST + nbytes
+                if settled == count:
+                    return
+                work *= (count - settled) / count
+                count -= settled
+            self._done += count
+            self._work += work
             if self._done < max(MIN_SAMPLE, PER_SLOT * self.state.limit):
                 return
             now = self.clock()
