@@ -29,7 +29,8 @@
  *         "! source ERRNO INDEX\n" or "! store ERRNO WHAT INDEX\n" (WHAT: dir, create,
  *                             write, publish): a failure that ends the copy (exit 2);
  *         "= FILES BYTES\n"   the totals, last.
- * Exit 3: the kernel has no openat2 (the caller copies in Python); 1: bad usage or input.
+ * Exit 3: openat2 is missing or refused; 4: out of memory or threads (the caller copies in
+ * Python either way); 1: bad usage or input.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -75,6 +76,9 @@ static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static size_t next_entry;
 static int limit, bound, started, exited, stopping;
 static char fatal[256];
+/* not the store's nor the source's failure (memory, threads): the caller copies in Python */
+#define NO_RESOURCES 4
+static int out_of_resources;
 
 static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t pending_files, pending_bytes, total_files, total_bytes;
@@ -94,6 +98,15 @@ static void fail(const char *line)
     pthread_mutex_lock(&mu);
     if (!fatal[0])
         snprintf(fatal, sizeof fatal, "%s", line);
+    stopping = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+static void fail_resources(void)
+{
+    pthread_mutex_lock(&mu);
+    out_of_resources = 1;
     stopping = 1;
     pthread_cond_broadcast(&cv);
     pthread_mutex_unlock(&mu);
@@ -162,6 +175,10 @@ static int act_as_reader(int on)
     }
     setfsuid(geteuid());
     setfsgid(getegid());
+    if ((uid_t)setfsuid(geteuid()) != geteuid() || (gid_t)setfsgid(getegid()) != getegid()) {
+        errno = EPERM;
+        return -1;
+    }
     return (int)syscall(SYS_setgroups, n_root_groups, root_groups);
 }
 
@@ -494,7 +511,7 @@ static void *work(void *arg)
     struct worker *w = arg;
     w->buf = malloc(BUF + 1);
     if (!w->buf)
-        fail_store(ENOMEM, "write", 0);
+        fail_resources();
     for (;;) {
         pthread_mutex_lock(&mu);
         while (!stopping && next_entry < n_entries && w->index >= limit)
@@ -513,6 +530,7 @@ static void *work(void *arg)
     if (w->dir_fd >= 0)
         close(w->dir_fd);
     free(w->buf);
+    free(w);
     return NULL;
 }
 
@@ -539,7 +557,7 @@ static void grow_locked(void)
         started++;
     }
     if (started == 0 && !stopping && next_entry < n_entries) {  /* not one thread: nothing can be copied */
-        snprintf(fatal, sizeof fatal, "! store %d write 0\n", EAGAIN);
+        out_of_resources = 1;
         stopping = 1;
     }
 }
@@ -596,14 +614,24 @@ static int read_entries(void)
         if (n_entries == cap)
             entries = realloc(entries, (cap *= 2) * sizeof *entries);
         struct entry *e = &entries[n_entries];
-        unsigned long long size;
-        long long mtime;
-        int off = 0;
-        if (sscanf(rec, "%llu %lld %64s %n", &size, &mtime, e->hash, &off) != 3 || off == 0 || !rec[off])
+        /* "SIZE MTIME_NS HASH PATH": the path is the rest of the record, whatever it holds */
+        char *p = rec, *end;
+        errno = 0;
+        e->size = strtoull(p, &end, 10);
+        if (end == p || *end != ' ' || errno)
             return -1;
-        e->size = size;
-        e->mtime_ns = mtime;
-        e->path = strdup(rec + off);
+        p = end + 1;
+        e->mtime_ns = strtoll(p, &end, 10);
+        if (end == p || *end != ' ' || errno)
+            return -1;
+        p = end + 1;
+        if (strspn(p, "0123456789abcdef") != 64 || p[64] != ' ' || !p[65])
+            return -1;
+        memcpy(e->hash, p, 64);
+        e->hash[64] = 0;
+        e->path = strdup(p + 65);
+        if (!e->path)
+            return -1;
         n_entries++;
     }
     free(rec);
@@ -639,11 +667,11 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    long probe = openat2_(src_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-    if (probe < 0 && errno == ENOSYS)
+    /* root's own tree: any failure here is openat2's (absent, or refused by a seccomp filter) */
+    long probe = openat2_(dest_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (probe < 0)
         return 3;
-    if (probe >= 0)
-        close((int)probe);
+    close((int)probe);
     probe_anonymous();
     if (read_entries() != 0) {
         fprintf(stderr, "dsstage-copy: the list of files is malformed\n");
@@ -666,6 +694,7 @@ int main(int argc, char **argv)
         pthread_cond_wait(&cv, &mu);
     char last[256];
     snprintf(last, sizeof last, "%s", fatal);
+    int short_of = out_of_resources;
     pthread_mutex_unlock(&mu);
     pthread_mutex_lock(&out_mu);
     report_locked(1);
@@ -674,5 +703,5 @@ int main(int argc, char **argv)
     printf("= %llu %llu\n", (unsigned long long)total_files, (unsigned long long)total_bytes);
     fflush(stdout);
     pthread_mutex_unlock(&out_mu);
-    _exit(last[0] ? 2 : 0);
+    _exit(last[0] ? 2 : short_of ? NO_RESOURCES : 0);
 }

@@ -32,7 +32,7 @@ ensure_native() {
 # native copier built beside it.
 ensure_venv() {
     local extras=${1:-}
-    ensure_native
+    ensure_native || echo "dsstage: the native copier is not built (native/): dsstage copies in Python" >&2
     [ -x "$DSSTAGE_VENV/bin/python" ] || python3 -m venv "$DSSTAGE_VENV"
     "$DSSTAGE_VENV/bin/python" -m pip install -q --disable-pip-version-check \
         -e "$DSSTAGE_TOP${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" >&2 || true

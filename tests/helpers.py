@@ -23,8 +23,9 @@ def python_copier(monkeypatch) -> None:
     native.forget()
 
 
-def native_copier() -> str:
-    """The native copier's path; the test fails (never skips) if it is not built."""
+def native_copier():
+    """The native copier (dsstage.transfer.native.Helper); the test fails (never skips) if
+    it is not built."""
     from dsstage.transfer import native
     native.forget()
     program = native.helper()

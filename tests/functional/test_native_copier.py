@@ -7,8 +7,10 @@ leaving only whole, verified files, from which the next copy resumes."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -154,7 +156,7 @@ def helper_script(tmp_path: Path, body: str) -> str:
 ])
 def test_a_helper_that_stops_before_its_end_leaves_the_rest_to_the_python_copier(tmp_path, slow_source,
                                                                                 monkeypatch, body):
-    monkeypatch.setenv("REAL", native_copier())
+    monkeypatch.setenv("REAL", native_copier().path)
     monkeypatch.setenv("DSSTAGE_NATIVE_COPY", helper_script(tmp_path, body))
     native.forget()
     _fs, src, entries = slow_source
@@ -166,13 +168,19 @@ def test_a_helper_that_stops_before_its_end_leaves_the_rest_to_the_python_copier
     assert native.helper() is None  # not tried again in this process
 
 
-def test_a_helper_anyone_else_may_write_is_not_run(tmp_path, monkeypatch):
+def test_a_helper_anyone_else_may_write_or_replace_is_not_run(tmp_path, monkeypatch):
     program = helper_script(tmp_path, "exit 0")
     os.chmod(program, 0o777)
     monkeypatch.setenv("DSSTAGE_NATIVE_COPY", program)
     native.forget()
     assert native.helper() is None
-    assert "writable by others" in (native.untrusted(program) or "")
+    assert "writable by others" in native.open_trusted(program)[1]
+    os.chmod(program, 0o755)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    open_dir.chmod(0o777)  # anyone may replace what is in it
+    os.rename(program, open_dir / "helper")
+    assert "writable by others and not sticky" in native.open_trusted(str(open_dir / "helper"))[1]
     src = write_tree(tmp_path / "src", {"a": b"x" * 10})
     m = transfer_build.build("ds", str(src)).manifest
     dest = tmp_path / "dest"
@@ -220,7 +228,7 @@ def test_without_unnamed_copies_each_file_is_written_under_a_temporary_name_and_
     """Where linkat of an unnamed file is refused (before Linux 6.10 without
     CAP_DAC_READ_SEARCH; here the refusal is injected by strace), the helper writes each
     copy under a fresh temporary name and renames it: the same files, nothing left behind."""
-    monkeypatch.setenv("REAL", native_copier())
+    monkeypatch.setenv("REAL", native_copier().path)
     calls = tmp_path / "calls"
     monkeypatch.setenv("DSSTAGE_NATIVE_COPY", helper_script(
         tmp_path, f'exec strace -f -qq -e trace=linkat,renameat,renameat2 -e inject=linkat:error=EPERM -o {calls} '
@@ -238,3 +246,65 @@ def test_without_unnamed_copies_each_file_is_written_under_a_temporary_name_and_
     links = [line for line in lines if "linkat(" in line]
     assert len(links) == 1 and "EPERM" in links[0], lines  # the probe, refused: no copy is linked
     assert len([line for line in lines if "renameat" in line]) >= 20, lines
+
+
+def test_names_with_leading_trailing_and_repeated_spaces_are_copied_under_their_own_names(tmp_path):
+    native_copier()
+    files = {" lead": b"1", "trail ": b"22", "two  spaces": b"333", "d/ x": b"4444", "lead": b"55555"}
+    src = write_tree(tmp_path / "src", files)
+    m = transfer_build.build("ds", str(src)).manifest
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    stats, bad = copy(src, dest, m.entries)
+    assert bad == [] and stats.files == 5 and published(dest) == files
+
+
+def test_the_helper_that_runs_is_the_file_that_was_checked(tmp_path, monkeypatch):
+    """Replacing the helper's file after it was found and checked runs nothing new: what
+    runs is the descriptor of the checked file."""
+    real = native_copier().path
+    helper = tmp_path / "bin" / "dsstage-copy"
+    helper.parent.mkdir()
+    shutil.copy(real, helper)
+    monkeypatch.setenv("DSSTAGE_NATIVE_COPY", str(helper))
+    native.forget()
+    assert native.helper() is not None
+    marker = tmp_path / "ran"
+    helper.unlink()
+    helper.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    helper.chmod(0o755)
+    src = write_tree(tmp_path / "src", {"a": b"x" * 10})
+    m = transfer_build.build("ds", str(src)).manifest
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    assert copy(src, dest, m.entries)[0].files == 1
+    assert not marker.exists() and native.helper() is not None  # the checked helper ran, to its end
+
+
+def test_a_failure_while_reading_the_helpers_reports_stops_it_and_never_hangs(tmp_path):
+    """An exception on this side while the helper still writes reports (30,000 files that
+    are missing: one line each) ends the helper; the exception is raised, nothing hangs."""
+    program = native_copier()
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    dest.mkdir()
+    entries = [Entry(f"gone{i}", 1, 0, "0" * 64) for i in range(30_000)]
+    outcome: list[BaseException] = []
+
+    def late() -> bool:
+        raise RuntimeError("the caller failed")
+
+    def run() -> None:
+        src_fd, dest_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY), os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            native.copy(program, src_fd, str(src), dest_fd, entries, Limiter(8, 8), None, late)
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            outcome.append(exc)
+        finally:
+            os.close(src_fd)
+            os.close(dest_fd)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "native.copy hung after the exception"
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError)

@@ -13,7 +13,8 @@ source's, the store's errors for the node's).
 
 The helper is used where it is installed and trusted: ``native/dsstage-copy`` beside a
 checkout's ``lib/`` (packaging/lib.sh builds it), ``/usr/libexec/dsstage/dsstage-copy`` from
-the packages; owned by root (or by whoever runs dsstage) and writable by nobody else.
+the packages; owned by root (or by whoever runs dsstage), writable by nobody else, in
+directories only root may change, and run through the descriptor that was checked.
 ``DSSTAGE_NATIVE_COPY=0`` turns it off (to compare; the benchmarks do), a path names
 another. Where it is missing or cannot run (a kernel without openat2) the copier works in
 Python, as before.
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from dsstage.config.manifest import Entry
 from dsstage.errors import SourceError, local_error
+from dsstage.fs import safe
 from dsstage.fs.beneath import Tree
 from dsstage.fs.identity import Identity
 from dsstage.transfer.parallel import FILE_COST, Limiter
@@ -42,8 +44,10 @@ ENV = "DSSTAGE_NATIVE_COPY"
 NAME = "dsstage-copy"
 #: where the packages install it
 LIBEXEC = "/usr/libexec/dsstage"
-#: the helper's exit status when the kernel lacks openat2
+#: the helper's exit status when openat2 is missing or refused, and when it runs out of
+#: memory or threads (neither the source's nor the store's fault: the Python copier goes on)
 NO_OPENAT2 = 3
+NO_RESOURCES = 4
 #: paths this long or longer are copied in Python (the helper keeps a directory's path
 #: in a buffer of PATH_MAX, and the kernel takes no longer path in one call)
 MAX_PATH = 4000
@@ -57,21 +61,55 @@ _WHAT = {
 }
 
 
-def untrusted(path: str) -> str | None:
-    """Why root may not run the program at ``path``, or None."""
+@dataclass(frozen=True)
+class Helper:
+    """The helper found: ``path`` (for messages) and ``fd``, an O_PATH descriptor of the file
+    that was checked, which is what runs (/proc/self/fd/N): swapping the path afterwards
+    changes nothing."""
+
+    path: str
+    fd: int
+
+    @property
+    def argv0(self) -> str:
+        return f"/proc/self/fd/{self.fd}"
+
+
+def open_trusted(path: str) -> tuple[int | None, str]:
+    """(an O_PATH descriptor of the program at ``path``, "") if root may run it, else (None,
+    why not): a regular executable file owned by root (or by whoever runs dsstage) that
+    nobody else may write, every directory above it root's and writable by nobody else
+    (or sticky), reached without following a link."""
+    real = os.path.realpath(path)
     try:
-        st = os.stat(path)
+        fd = os.open(real, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        return f"{path}: {exc.strerror}"
+        return None, f"{path}: {exc.strerror}"
+    why = None
+    st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        return f"{path} is not a regular file"
-    if st.st_uid not in (0, os.geteuid()):
-        return f"{path} is owned by uid {st.st_uid}"
-    if st.st_mode & 0o022:
-        return f"{path} is writable by others than its owner"
-    if not st.st_mode & 0o100:
-        return f"{path} is not executable"
-    return None
+        why = f"{real} is not a regular file"
+    elif st.st_uid not in (0, os.geteuid()):
+        why = f"{real} is owned by uid {st.st_uid}"
+    elif st.st_mode & 0o022:
+        why = f"{real} is writable by others than its owner"
+    elif not st.st_mode & 0o100:
+        why = f"{real} is not executable"
+    d = os.path.dirname(real)
+    while why is None:
+        try:
+            problem = safe.dir_problem(os.lstat(d), store=False)
+        except OSError as exc:
+            problem = exc.strerror
+        if problem:
+            why = f"{d} {problem}"
+        elif d == "/":
+            break
+        d = os.path.dirname(d)
+    if why:
+        os.close(fd)
+        return None, why
+    return fd, ""
 
 
 def candidates() -> list[str]:
@@ -86,23 +124,23 @@ def candidates() -> list[str]:
     return [str(top / "native" / NAME), os.path.join(LIBEXEC, NAME)]
 
 
-_helper: list[str | None] = []
+_helper: list[Helper | None] = []
 _lock = threading.Lock()
 
 
-def helper() -> str | None:
+def helper() -> Helper | None:
     """The helper to run, or None (the copier works in Python); looked up once."""
     with _lock:
         if not _helper:
             found = None
             for path in candidates():
-                if not os.path.exists(path):
+                if not os.path.lexists(path):
                     continue
-                why = untrusted(path)
-                if why:
+                fd, why = open_trusted(path)
+                if fd is None:
                     log.warning("not running the native copier: %s", why)
                     continue
-                found = path
+                found = Helper(path, fd)
                 break
             _helper.append(found)
         return _helper[0]
@@ -111,12 +149,18 @@ def helper() -> str | None:
 def forget() -> None:
     """Look the helper up again at the next copy (tests)."""
     with _lock:
+        for h in _helper:
+            if h is not None:
+                os.close(h.fd)
         _helper.clear()
 
 
 def disable() -> None:
     """Copy in Python from now on in this process (the helper failed to run here)."""
     with _lock:
+        for h in _helper:
+            if h is not None:
+                os.close(h.fd)
         _helper[:] = [None]
 
 
@@ -149,7 +193,7 @@ def _fatal(fields: list[str], entries: Sequence[Entry], src_root: str) -> Except
     return local_error(OSError(err, os.strerror(err)), what)
 
 
-def copy(program: str, src_fd: int, src_root: str, dest_fd: int, entries: Sequence[Entry], gate: Limiter,
+def copy(program: Helper, src_fd: int, src_root: str, dest_fd: int, entries: Sequence[Entry], gate: Limiter,
          reader: Identity | None, late: Callable[[], bool],
          progress: Callable[[int], None] | None = None) -> Result:
     """Copy ``entries`` (each smaller than the copier's split size, their directories made)
@@ -159,13 +203,14 @@ def copy(program: str, src_fd: int, src_root: str, dest_fd: int, entries: Sequen
     result = Result()
     if not entries:
         return result
-    args = [program, str(src_fd), str(dest_fd), str(gate.bound), str(gate.limit)]
+    args = [program.argv0, str(src_fd), str(dest_fd), str(gate.bound), str(gate.limit)]
     if reader is not None and os.geteuid() == 0:
         args += [str(reader.uid), str(reader.gid), ",".join(map(str, reader.groups)) or "-"]
     try:
-        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(src_fd, dest_fd))
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                pass_fds=(src_fd, dest_fd, program.fd))
     except OSError as exc:
-        log.warning("the native copier %s does not run (%s): copying in Python", program, exc.strerror)
+        log.warning("the native copier %s does not run (%s): copying in Python", program.path, exc.strerror)
         result.complete = False
         return result
     assert proc.stdin is not None and proc.stdout is not None
@@ -223,6 +268,9 @@ def copy(program: str, src_fd: int, src_root: str, dest_fd: int, entries: Sequen
                 finished = True
             if late():
                 close_input()
+    except BaseException:
+        proc.kill()  # nothing reads its reports any more: it would block writing them
+        raise
     finally:
         close_input()
         writer.join()
@@ -231,8 +279,10 @@ def copy(program: str, src_fd: int, src_root: str, dest_fd: int, entries: Sequen
     if fatal is not None:
         raise fatal
     if rc != 0 or not finished:
-        why = "this kernel has no openat2" if rc == NO_OPENAT2 else f"it ended with status {rc}"
-        log.warning("the native copier %s stopped before its end (%s): copying the rest in Python", program, why)
+        why = {NO_OPENAT2: "openat2 is missing or refused here",
+               NO_RESOURCES: "out of memory or threads"}.get(rc, f"it ended with status {rc}")
+        log.warning("the native copier %s stopped before its end (%s): copying the rest in Python",
+                    program.path, why)
         result.complete = False
     return result
 
