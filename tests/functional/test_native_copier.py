@@ -27,6 +27,14 @@ from latencyfs import LatencyFS
 BUF = 1 << 20  # the helper reads a file smaller than this whole, and streams a larger one
 
 
+def source_and_dest(tmp_path: Path, files: dict[str, bytes]):
+    """A source of ``files`` under tmp_path, its manifest, and an empty destination."""
+    src = write_tree(tmp_path / "src", files)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    return src, transfer_build.build("ds", str(src)).manifest, dest
+
+
 def published(dest: Path) -> dict[str, bytes]:
     """Every file under ``dest`` by its path; fails on anything else left there (a temporary
     copy, a link)."""
@@ -181,10 +189,7 @@ def test_a_helper_anyone_else_may_write_or_replace_is_not_run(tmp_path, monkeypa
     open_dir.chmod(0o777)  # anyone may replace what is in it
     os.rename(program, open_dir / "helper")
     assert "writable by others and not sticky" in native.open_trusted(str(open_dir / "helper"))[1]
-    src = write_tree(tmp_path / "src", {"a": b"x" * 10})
-    m = transfer_build.build("ds", str(src)).manifest
-    dest = tmp_path / "dest"
-    dest.mkdir()
+    src, m, dest = source_and_dest(tmp_path, {"a": b"x" * 10})
     assert copy(src, dest, m.entries)[0].files == 1  # copied in Python
 
 
@@ -235,10 +240,7 @@ def test_without_unnamed_copies_each_file_is_written_under_a_temporary_name_and_
                   '"$REAL" "$@"'))
     native.forget()
     files = {f"d{i % 2}/f{i}": os.urandom(i * 700) for i in range(20)}
-    src = write_tree(tmp_path / "src", files)
-    m = transfer_build.build("ds", str(src)).manifest
-    dest = tmp_path / "dest"
-    dest.mkdir()
+    src, m, dest = source_and_dest(tmp_path, files)
     stats, bad = copy(src, dest, m.entries)
     assert bad == [] and stats.files == 20 and published(dest) == files
     assert_whole_and_verified(dest, m.entries)
@@ -251,10 +253,7 @@ def test_without_unnamed_copies_each_file_is_written_under_a_temporary_name_and_
 def test_names_with_leading_trailing_and_repeated_spaces_are_copied_under_their_own_names(tmp_path):
     native_copier()
     files = {" lead": b"1", "trail ": b"22", "two  spaces": b"333", "d/ x": b"4444", "lead": b"55555"}
-    src = write_tree(tmp_path / "src", files)
-    m = transfer_build.build("ds", str(src)).manifest
-    dest = tmp_path / "dest"
-    dest.mkdir()
+    src, m, dest = source_and_dest(tmp_path, files)
     stats, bad = copy(src, dest, m.entries)
     assert bad == [] and stats.files == 5 and published(dest) == files
 
@@ -273,10 +272,7 @@ def test_the_helper_that_runs_is_the_file_that_was_checked(tmp_path, monkeypatch
     helper.unlink()
     helper.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
     helper.chmod(0o755)
-    src = write_tree(tmp_path / "src", {"a": b"x" * 10})
-    m = transfer_build.build("ds", str(src)).manifest
-    dest = tmp_path / "dest"
-    dest.mkdir()
+    src, m, dest = source_and_dest(tmp_path, {"a": b"x" * 10})
     assert copy(src, dest, m.entries)[0].files == 1
     assert not marker.exists() and native.helper() is not None  # the checked helper ran, to its end
 
