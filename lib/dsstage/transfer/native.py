@@ -1,12 +1,14 @@
 """The verifying copier's per-file work for small files in C: ``dsstage-copy`` (native/).
 
-In Python each small file costs about 70 us of CPU in the interpreter (open, read, hash,
+In Python each small file costs about 80 us of CPU in the interpreter (open, read, hash,
 create, write, rename, the thread hand-off), serialised by the GIL: on a dataset of many
 small files that, not the disk, set the pace (docs/benchmarks.md). The helper does the same
 per-file work in C threads, with the same rules (dsstage.transfer.copier: opened below the
 source's descriptor without following a link, as the source's reader; hashed from the
-buffer read; a fresh O_EXCL temporary name, the manifest's mtime, renamed into place only
-once verified), while this side keeps every decision: which files, how many in flight
+buffer read; nothing under its final name before it is whole and verified, with the
+manifest's mtime), each copy written unnamed (O_TMPFILE) and linked under its name once
+verified (a temporary name and a rename where that is refused), while this side keeps
+every decision: which files, how many in flight
 (dsstage.transfer.parallel's limiter, fed from the helper's reports and sent back as it
 moves), when to stop (the deadline), and what a failure means (SourceError for the
 source's, the store's errors for the node's).
@@ -16,8 +18,8 @@ checkout's ``lib/`` (packaging/lib.sh builds it), ``/usr/libexec/dsstage/dsstage
 the packages; owned by root (or by whoever runs dsstage), writable by nobody else, in
 directories only root may change, and run through the descriptor that was checked.
 ``DSSTAGE_NATIVE_COPY=0`` turns it off (to compare; the benchmarks do), a path names
-another. Where it is missing or cannot run (a kernel without openat2) the copier works in
-Python, as before.
+another. Where it is missing or cannot run (openat2 refused, out of memory or threads) the
+copier works in Python, as before.
 """
 
 from __future__ import annotations
@@ -146,22 +148,22 @@ def helper() -> Helper | None:
         return _helper[0]
 
 
-def forget() -> None:
-    """Look the helper up again at the next copy (tests)."""
+def _drop(then: list[Helper | None]) -> None:
     with _lock:
         for h in _helper:
             if h is not None:
                 os.close(h.fd)
-        _helper.clear()
+        _helper[:] = then
+
+
+def forget() -> None:
+    """Look the helper up again at the next copy (tests)."""
+    _drop([])
 
 
 def disable() -> None:
     """Copy in Python from now on in this process (the helper failed to run here)."""
-    with _lock:
-        for h in _helper:
-            if h is not None:
-                os.close(h.fd)
-        _helper[:] = [None]
+    _drop([None])
 
 
 @dataclass
@@ -232,7 +234,6 @@ def copy(program: Helper, src_fd: int, src_root: str, dest_fd: int, entries: Seq
         with send:
             try:
                 stdin.write(_records(entries))
-                stdin.write(b"L %d\n" % gate.limit)
                 stdin.flush()
             except OSError:  # the helper is gone: its exit says why
                 pass
@@ -298,8 +299,10 @@ def copy_some(src_fd: int, src_root: str, dest: Tree, entries: list[Entry], gate
     program = helper()
     if program is None or rate_limited:
         return entries, Result()
-    fits = [e for e in entries if len(os.fsencode(e.path)) < MAX_PATH]
-    left = [e for e in entries if len(os.fsencode(e.path)) >= MAX_PATH]
+    fits: list[Entry] = []
+    left: list[Entry] = []
+    for e in entries:  # (at most 4 bytes a character: most paths need no encoding to tell)
+        (fits if len(e.path) < MAX_PATH // 4 or len(os.fsencode(e.path)) < MAX_PATH else left).append(e)
     done = copy(program, src_fd, src_root, dest.root_fd, fits, gate, reader, late, progress)
     if not done.complete:
         disable()
