@@ -115,8 +115,6 @@ def scenario(b: Bench) -> None:
               ">= 1.8x, and >= the bare copy's", s1 / s2 >= 1.8 and s1 / s2 >= v1 / v2)
         b.add(label, "dsstage stage on 1 core", s1, "s")
         b.add(label, "bare verified copy on 1 core", v1, "s")
-        if name != "large":
-            continue
         staged_dir = Path(b.dir / "nvme" / "bench" / "datasets" / name)
         b.sh(*b.dsstage, "stage", name, "--job-id", "1", env=b.env())
         staged = [str(p) for p in staged_dir.rglob("*.bin")]

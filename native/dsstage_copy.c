@@ -18,16 +18,26 @@
  *     the staging area's descriptor the same way, given the manifest's mtime, and renamed
  *     into place: every file under its final name is whole and verified.
  *
+ * It also checks a tree on this node's disk against its manifest (``verify --full``, and
+ * what rsync or a peer delivered: dsstage.node.stager.check_tree), as
+ * lib/dsstage/transfer/hashing.py does: each file opened the same way, its size taken from
+ * fstat (root's own tree, which nothing else changes), read and hashed; nothing written.
+ *
  * Usage: dsstage-copy SRC_FD DEST_FD BOUND LIMIT [UID GID GROUPS]
+ *        dsstage-copy --check ROOT_FD BOUND LIMIT
  *   SRC_FD, DEST_FD  the source's and the staging area's directories (inherited descriptors)
+ *   ROOT_FD          the tree to check (the MTIME of each record is not used)
  *   BOUND, LIMIT     threads at most, and in flight at first
  *   UID GID GROUPS   the source's reader (GROUPS: comma-separated, or "-" for none)
  * stdin:  one record per file, "SIZE MTIME_NS HASH PATH\0", then an empty record "\0";
  *         then lines "L N\n" (N in flight from now on); end of input: hand out no more files.
- * stdout: "+ FILES BYTES\n"   files copied since the last such line (every 10 ms at most);
- *         "x INDEX FOUND\n"   a file not copied: FOUND is the hash it has, "size N", or why;
+ * stdout: "+ FILES BYTES\n"   files copied (checked: found as listed) since the last such
+ *                             line (every 10 ms at most);
+ *         "x INDEX FOUND\n"   a file not copied (checked: not as listed): FOUND is the hash
+ *                             it has, "size N", or why ("missing" when checking);
  *         "! source ERRNO INDEX\n" or "! store ERRNO WHAT INDEX\n" (WHAT: dir, create,
- *                             write, publish): a failure that ends the copy (exit 2);
+ *                             write, publish; read when checking, for an error of the
+ *                             disk itself, EIO or EUCLEAN): a failure that ends it (exit 2);
  *         "= FILES BYTES\n"   the totals, last.
  * Exit 3: openat2 is missing or refused; 4: out of memory or threads (the caller copies in
  * Python either way); 1: bad usage or input.
@@ -65,6 +75,8 @@ struct entry {
 static struct entry *entries;
 static size_t n_entries;
 static int src_fd, dest_fd;
+/* --check: the tree at src_fd is hashed against the records, nothing written */
+static int checking;
 static int reader_set;
 static uid_t reader_uid;
 static gid_t reader_gid;
@@ -506,6 +518,70 @@ static int copy_one(struct worker *w, size_t i)
     return 0;
 }
 
+/* A file of the tree being checked that cannot be read (fd closed if open; err 0: not a
+ * regular file): an error of the disk itself ends the check (-1), anything else is the file
+ * missing (0). */
+static int unreadable(int fd, int err, size_t i)
+{
+    if (fd >= 0)
+        close(fd);
+    if (err == EIO || err == EUCLEAN) {
+        fail_store(err, "read", i);
+        return -1;
+    }
+    not_copied(i, "missing");
+    return 0;
+}
+
+/* Check entry i of the tree at src_fd (--check); 0 when done (found as listed, or reported
+ * as not), -1 after fail_store() for an error of the disk itself. */
+static int check_one(struct worker *w, size_t i)
+{
+    const struct entry *e = &entries[i];
+    char found[80];
+    int fd = (int)openat2_(src_fd, e->path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0);
+    if (fd < 0)
+        return unreadable(-1, errno, i);
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return unreadable(fd, errno, i);
+    if (!S_ISREG(st.st_mode))
+        return unreadable(fd, 0, i);
+    if ((uint64_t)st.st_size != e->size) {
+        close(fd);
+        snprintf(found, sizeof found, "size %llu", (unsigned long long)st.st_size);
+        not_copied(i, found);
+        return 0;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    blake3_hasher h;
+    blake3_hasher_init(&h);
+    uint64_t size = 0;
+    for (;;) {  /* to its end: a size that differs from fstat's is reported as read */
+        ssize_t got = read_full(fd, w->buf, BUF);
+        if (got < 0)
+            return unreadable(fd, errno, i);
+        blake3_hasher_update(&h, w->buf, (size_t)got);
+        size += (uint64_t)got;
+        if ((size_t)got < BUF)
+            break;
+    }
+    close(fd);
+    if (size != e->size) {
+        snprintf(found, sizeof found, "size %llu", (unsigned long long)size);
+    } else {
+        uint8_t digest[32];
+        blake3_hasher_finalize(&h, digest, 32);
+        hex(digest, found);
+    }
+    if (strcmp(found, e->hash) != 0) {
+        not_copied(i, found);
+        return 0;
+    }
+    copied(e->size);
+    return 0;
+}
+
 static void *work(void *arg)
 {
     struct worker *w = arg;
@@ -524,7 +600,7 @@ static void *work(void *arg)
         }
         size_t i = next_entry++;
         pthread_mutex_unlock(&mu);
-        if (copy_one(w, i) != 0)
+        if ((checking ? check_one(w, i) : copy_one(w, i)) != 0)
             continue;  /* fail() set stopping */
     }
     if (w->dir_fd >= 0)
@@ -640,8 +716,12 @@ static int read_entries(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5 && argc != 8) {
-        fprintf(stderr, "usage: dsstage-copy SRC_FD DEST_FD BOUND LIMIT [UID GID GROUPS]\n");
+    if (argc == 5 && strcmp(argv[1], "--check") == 0) {
+        checking = 1;  /* the same positions as a copy's: the tree is both ends' */
+        argv[1] = argv[2];
+    } else if (argc != 5 && argc != 8) {
+        fprintf(stderr, "usage: dsstage-copy SRC_FD DEST_FD BOUND LIMIT [UID GID GROUPS]\n"
+                        "       dsstage-copy --check ROOT_FD BOUND LIMIT\n");
         return 1;
     }
     signal(SIGPIPE, SIG_IGN);  /* a caller gone shows as a failed write: stop, tidily */
@@ -672,7 +752,8 @@ int main(int argc, char **argv)
     if (probe < 0)
         return 3;
     close((int)probe);
-    probe_anonymous();
+    if (!checking)
+        probe_anonymous();
     if (read_entries() != 0) {
         fprintf(stderr, "dsstage-copy: the list of files is malformed\n");
         return 1;

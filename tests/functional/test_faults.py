@@ -91,11 +91,13 @@ def test_eio_reading_the_source_falls_back_or_holds_never_drains(env: Env, coco:
 
 def test_eio_reading_the_local_copy_is_the_nodes_fault(env: Env, coco: Path, tmp_path, monkeypatch):
     """A failing NVMe under a ready copy is a broken local store (StoreError: the Prolog drains),
-    never a mismatch blamed on the source ("run manifest build") that is fetched again."""
+    never a mismatch blamed on the source ("run manifest build") that is fetched again. The
+    Python hashing path (the native one meets a real failing disk in test_native_check)."""
     from dsstage.config.catalog import User
     from dsstage.errors import StoreError
     from dsstage.node import verifying
     from dsstage.transfer import hashing
+    python_copier(monkeypatch)
     store = env.store()
     path = staging.stage(store, "coco", user=User.lookup(0), job_id="1").path
     real = os.pread

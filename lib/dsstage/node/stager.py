@@ -27,7 +27,7 @@ from dsstage.errors import OutOfTime, StoreError, VerifyError
 from dsstage.fs import safe as fs_safe
 from dsstage.fs.beneath import Tree
 from dsstage.fs.identity import Identity
-from dsstage.transfer import copier, hashing, peers
+from dsstage.transfer import copier, hashing, native, peers
 from dsstage.transfer.rsync import TransferStats, fetch
 
 log = logging.getLogger(__name__)
@@ -47,18 +47,24 @@ class FillStats:
 def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
                progress: Callable[[int], None] | None = None) -> list[Mismatch]:
     """Every entry of ``entries`` that is missing or wrong below ``root_fd``, a tree on this
-    node's disk: an I/O error of the disk raises OSError (the caller's local_errors makes it
-    the node's StoreError), never a mismatch blamed on the source."""
-    got = hashing.hash_many(root_fd, [e.path for e in entries], threads, progress, disk_errors=True, mapped=True)
-    bad: list[Mismatch] = []
-    for e, g in zip(entries, got):
-        if g is None:
-            bad.append(Mismatch(e.path, str(e.size), "missing"))
-        elif g[0] != e.size:
-            bad.append(Mismatch(e.path, str(e.size), f"size {g[0]}"))
-        elif g[1] != e.hash:
-            bad.append(Mismatch(e.path, e.hash, g[1]))
-    return bad
+    node's disk, in the manifest's order: an I/O error of the disk raises the node's
+    StoreError, or OSError (which the caller's local_errors makes one), never a mismatch
+    blamed on the source. Files below hashing.LARGE are hashed by the native helper where there is one
+    (dsstage.transfer.native: many small files cost Python's per-file work, serialised by
+    the GIL), the larger ones here, each on BLAKE3's threads."""
+    small = [e for e in entries if e.size < hashing.LARGE]
+    rest, done = native.check_some(root_fd, small, hashing.default_threads(threads), progress)
+    if len(small) < len(entries):
+        rest += [e for e in entries if e.size >= hashing.LARGE]
+    found = {e.path: what for e, what in done.failures}
+    got = hashing.hash_many(root_fd, [e.path for e in rest], threads, progress, disk_errors=True, mapped=True)
+    for e, g in zip(rest, got):
+        if g is None or g[0] != e.size or g[1] != e.hash:
+            found[e.path] = "missing" if g is None else f"size {g[0]}" if g[0] != e.size else g[1]
+    if not found:
+        return []
+    return [Mismatch(e.path, str(e.size) if what == "missing" or what.startswith("size ") else e.hash, what)
+            for e in entries if (what := found.get(e.path))]
 
 
 def sweep_extras(root_fd: int, entries: Sequence[Entry]) -> int:

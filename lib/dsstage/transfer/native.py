@@ -11,7 +11,9 @@ verified (a temporary name and a rename where that is refused), while this side 
 every decision: which files, how many in flight
 (dsstage.transfer.parallel's limiter, fed from the helper's reports and sent back as it
 moves), when to stop (the deadline), and what a failure means (SourceError for the
-source's, the store's errors for the node's).
+source's, the store's errors for the node's). It checks a tree on this node's disk the same
+way (check: each file hashed against its manifest entry, nothing written), for ``verify
+--full`` and for what rsync and peers deliver (dsstage.node.stager.check_tree).
 
 The helper is used where it is installed and trusted: ``native/dsstage-copy`` beside a
 checkout's ``lib/`` (packaging/lib.sh builds it), ``/usr/libexec/dsstage/dsstage-copy`` from
@@ -60,6 +62,7 @@ _WHAT = {
     "write": "writing to the staging area",
     "publish": "publishing a file in the staging area",
     "identity": "taking back root's identity after reading as the source's reader",
+    "read": "reading a file on this node's disk",
 }
 
 
@@ -202,17 +205,37 @@ def copy(program: Helper, src_fd: int, src_root: str, dest_fd: int, entries: Seq
     from ``src_fd`` to ``dest_fd`` with ``program``; ``late()`` true stops handing out files
     (those in flight finish). Raises SourceError or the store's error as the Python copier
     does; Result.complete is False if the helper could not run or did not finish."""
-    result = Result()
     if not entries:
-        return result
+        return Result()
     args = [program.argv0, str(src_fd), str(dest_fd), str(gate.bound), str(gate.limit)]
     if reader is not None and os.geteuid() == 0:
         args += [str(reader.uid), str(reader.gid), ",".join(map(str, reader.groups)) or "-"]
+    return _run(program, args, (src_fd, dest_fd), entries, gate, late,
+                (lambda _files, nbytes: progress(nbytes)) if progress else None, src_root)
+
+
+def check(program: Helper, root_fd: int, entries: Sequence[Entry], threads: int,
+          progress: Callable[[int], None] | None = None) -> Result:
+    """Hash ``entries`` below ``root_fd``, a tree on this node's disk, with ``program``,
+    ``threads`` files at once: Result.failures has each file that is not as listed (what it
+    was found to be: its hash, "size N", or "missing"); an error of the disk itself raises
+    the store's error. ``progress`` gets the files found as listed as they are."""
+    if not entries:
+        return Result()
+    args = [program.argv0, "--check", str(root_fd), str(threads), str(threads)]
+    return _run(program, args, (root_fd,), entries, Limiter(threads, threads, "checking"), lambda: False,
+                (lambda files, _nbytes: progress(files)) if progress else None, "")
+
+
+def _run(program: Helper, args: list[str], fds: tuple[int, ...], entries: Sequence[Entry], gate: Limiter,
+         late: Callable[[], bool], progress: Callable[[int, int], None] | None, src_root: str) -> Result:
+    """Run the helper over ``entries`` and read its reports (the module's protocol:
+    native/dsstage_copy.c)."""
+    result = Result()
     try:
-        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                pass_fds=(src_fd, dest_fd, program.fd))
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(*fds, program.fd))
     except OSError as exc:
-        log.warning("the native copier %s does not run (%s): copying in Python", program.path, exc.strerror)
+        log.warning("the native copier %s does not run (%s): going on in Python", program.path, exc.strerror)
         result.complete = False
         return result
     assert proc.stdin is not None and proc.stdout is not None
@@ -260,7 +283,7 @@ def copy(program: Helper, src_fd: int, src_root: str, dest_fd: int, entries: Seq
                         except (OSError, ValueError):
                             pass
                 if progress:
-                    progress(nbytes)
+                    progress(files, nbytes)
             elif kind == "x":
                 result.failures.append((entries[int(fields[1])], fields[2]))
             elif kind == "!":
@@ -282,8 +305,7 @@ def copy(program: Helper, src_fd: int, src_root: str, dest_fd: int, entries: Seq
     if rc != 0 or not finished:
         why = {NO_OPENAT2: "openat2 is missing or refused here",
                NO_RESOURCES: "out of memory or threads"}.get(rc, f"it ended with status {rc}")
-        log.warning("the native copier %s stopped before its end (%s): copying the rest in Python",
-                    program.path, why)
+        log.warning("the native copier %s stopped before its end (%s): going on in Python", program.path, why)
         result.complete = False
     return result
 
@@ -299,10 +321,7 @@ def copy_some(src_fd: int, src_root: str, dest: Tree, entries: list[Entry], gate
     program = helper()
     if program is None or rate_limited:
         return entries, Result()
-    fits: list[Entry] = []
-    left: list[Entry] = []
-    for e in entries:  # (at most 4 bytes a character: most paths need no encoding to tell)
-        (fits if len(e.path) < MAX_PATH // 4 or len(os.fsencode(e.path)) < MAX_PATH else left).append(e)
+    fits, left = _fitting(entries)
     done = copy(program, src_fd, src_root, dest.root_fd, fits, gate, reader, late, progress)
     if not done.complete:
         disable()
@@ -313,3 +332,30 @@ def copy_some(src_fd: int, src_root: str, dest: Tree, entries: list[Entry], gate
             raise local_error(exc, "reading the staging area") from None
         left = [e for e in entries if e.path not in have and e.path not in failed]
     return left, done
+
+
+def check_some(root_fd: int, entries: Sequence[Entry], threads: int,
+               progress: Callable[[int], None] | None) -> tuple[list[Entry], Result]:
+    """Check what the helper can of ``entries`` below ``root_fd`` (check): the entries left
+    for Python (all of them where there is no helper or it stopped before its end; the
+    paths too long for it), and what it found."""
+    program = helper()
+    if program is None:
+        return list(entries), Result()
+    fits, left = _fitting(entries)
+    done = check(program, root_fd, fits, threads, progress)
+    if not done.complete:
+        disable()
+        return list(entries), Result()
+    if progress and done.failures:  # every file checked counts, as in hashing.hash_many
+        progress(len(done.failures))
+    return left, done
+
+
+def _fitting(entries: Sequence[Entry]) -> tuple[list[Entry], list[Entry]]:
+    """``entries`` whose paths the helper takes, and the others (MAX_PATH)."""
+    fits: list[Entry] = []
+    left: list[Entry] = []
+    for e in entries:  # (at most 4 bytes a character: most paths need no encoding to tell)
+        (fits if len(e.path) < MAX_PATH // 4 or len(os.fsencode(e.path)) < MAX_PATH else left).append(e)
+    return fits, left
