@@ -1,7 +1,8 @@
 """The publish protocol: how a verified staging area becomes a ready, shared copy.
 
 1. ``staging/<name>.<version>/`` (0700, root) is filled and every file verified;
-2. it is sealed: root-owned, files 0444, directories 0555;
+2. it is sealed: root-owned, files 0444, directories 0555, nothing the manifest does not
+   list (seal, the last step of dsstage.node.stager.fill);
 3. it is renamed to ``datasets/<name>/<version>`` (atomic; jobs never see a partial copy);
 4. the ready mark ``ready/<name>/<version>.json`` is written last, naming the digest and
    the inode of the copy (and the bytes it hard-links from older versions, see space.py).
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from dsstage.fs import layout, safe
@@ -23,22 +24,30 @@ from dsstage.fs.beneath import Tree
 from dsstage.fs.safe import RootDir
 
 
-def seal(root_fd: int, gid: int = 0) -> None:
+def seal(root_fd: int, gid: int = 0, wanted: Collection[str] | None = None) -> int:
     """Make the tree below ``root_fd`` root-owned and read-only: files 0444, directories
-    0555 (changing only what is not so already: the copier creates files that way)."""
+    0555 (changing only what is not so already: the copier creates files that way), and
+    remove what is neither a regular file nor a directory. With ``wanted`` (a manifest's
+    paths), also remove whatever it does not list, in the same walk (a staging area is
+    walked once: stager.fill). The count of entries removed."""
     def fix(fd: int, st: os.stat_result, want: int) -> None:
         if st.st_uid != 0 or st.st_gid != gid:
             os.fchown(fd, 0, gid)
         if stat.S_IMODE(st.st_mode) != want:
             os.fchmod(fd, want)
 
+    dirs = None if wanted is None else dirs_of(wanted)
+    removed = 0
     with Tree(root_fd) as tree:
-        for dfd, found in tree.walk():
-            for name, _rel, st in found:
+        for dfd, found in tree.walk(descend=(lambda _rel: True) if dirs is None else dirs.__contains__):
+            for name, rel, st in found:
                 if stat.S_ISDIR(st.st_mode):
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    safe.unlink_at(dfd, name)  # never published: only regular files are data
+                    if dirs is not None and rel not in dirs:
+                        safe.remove_at(dfd, name)
+                        removed += 1
+                elif not stat.S_ISREG(st.st_mode) or (wanted is not None and rel not in wanted):
+                    safe.unlink_at(dfd, name)  # never published: only the manifest's regular files are data
+                    removed += 1
                 elif st.st_uid != 0 or st.st_gid != gid or stat.S_IMODE(st.st_mode) != 0o444:
                     ffd = os.open(name, safe.O_READ, dir_fd=dfd)
                     try:
@@ -46,6 +55,19 @@ def seal(root_fd: int, gid: int = 0) -> None:
                     finally:
                         os.close(ffd)
             fix(dfd, os.fstat(dfd), 0o555)
+    return removed
+
+
+def dirs_of(paths: Collection[str]) -> set[str]:
+    """Every directory the relative ``paths`` lie in, and those above them."""
+    dirs = {p.rsplit("/", 1)[0] for p in paths if "/" in p}
+    for d in list(dirs):
+        while "/" in d:
+            d = d.rsplit("/", 1)[0]
+            if d in dirs:
+                break
+            dirs.add(d)
+    return dirs
 
 
 def take_back(tier: RootDir, name: str, digest: str) -> None:
@@ -71,10 +93,10 @@ def take_back(tier: RootDir, name: str, digest: str) -> None:
 
 
 def publish(tier: RootDir, name: str, digest: str, record: Mapping[str, Any]) -> None:
-    """Seal the staging area, rename it into place and write its ready mark."""
+    """Rename the staging area into place and write its ready mark. The staging area is as
+    stager.fill leaves it: exactly the manifest, verified and sealed."""
     staging = layout.staging_name(name, digest)
     vid = layout.version_id(digest)
-    seal(tier.dir("staging", staging), gid=0)
     tier.forget("staging", staging)
     dfd = tier.dir("datasets", name)
     os.rename(staging, vid, src_dir_fd=tier.dir("staging"), dst_dir_fd=dfd)

@@ -2,9 +2,10 @@
 
 ``fill`` reuses files from versions already on the node (hard links: published files are
 immutable, so sharing an inode is safe), copies the rest (a mounted source: the verifying
-copier; ssh and rsync daemons: rsync, then every file is hashed), removes anything the
-manifest does not list, fetches what is wrong once more, and raises VerifyError naming
-the file if it is still wrong.
+copier; ssh and rsync daemons: rsync, then every file is hashed), fetches what is wrong
+once more, and raises VerifyError naming the file if it is still wrong; then, in one walk,
+removes anything the manifest does not list and seals the rest (publish.seal: root-owned,
+read-only), which leaves the area ready to publish.
 
 Everything here works below directory descriptors (beneath.Tree, open_beneath): a link
 in a staging area or a published copy is never followed. rsync writes by path into the
@@ -27,6 +28,7 @@ from dsstage.errors import OutOfTime, StoreError, VerifyError
 from dsstage.fs import safe as fs_safe
 from dsstage.fs.beneath import Tree
 from dsstage.fs.identity import Identity
+from dsstage.node import publish
 from dsstage.transfer import copier, hashing, native, peers
 from dsstage.transfer.rsync import TransferStats, fetch
 
@@ -68,13 +70,11 @@ def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
 
 
 def sweep_extras(root_fd: int, entries: Sequence[Entry]) -> int:
-    """Remove everything below ``root_fd`` that the manifest does not list; return the count."""
+    """Remove everything below ``root_fd`` that the manifest does not list; return the count
+    (from the directories' listings: a published copy checked by ``verify --full``, which
+    is sealed again only if this or the check changed it)."""
     wanted = {e.path for e in entries}
-    dirs = {p.rsplit("/", 1)[0] for p in wanted if "/" in p}
-    for d in list(dirs):
-        while "/" in d:
-            d = d.rsplit("/", 1)[0]
-            dirs.add(d)
+    dirs = publish.dirs_of(wanted)
     removed = 0
     with Tree(root_fd) as tree:
         for fd, found in tree.listing(descend=lambda rel: rel in dirs):
@@ -127,8 +127,8 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
          reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None,
          progress: Callable[[str, int, int], None] | None = None,
          group: peers.Group | None = None, tier: str = "") -> FillStats:
-    """Make the staging area ``dest_fd`` (at ``dest_path``) hold exactly ``manifest``; raise
-    VerifyError if the source cannot, OutOfTime when ``deadline`` passes (work is kept).
+    """Make the staging area ``dest_fd`` (at ``dest_path``) hold exactly ``manifest``, sealed;
+    raise VerifyError if the source cannot, OutOfTime when ``deadline`` passes (work is kept).
     ``linked`` receives what was hard-linked from each older version. ``progress(phase,
     delta, total)``: "copying" in bytes, then (rsync sources) "verifying" in files.
     With ``group`` (the nodes of a job, this tier's name ``tier``), this node copies its
@@ -185,7 +185,6 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
     else:
         stats, bad = copy(manifest.entries)
     report.transferred = stats
-    report.removed_extras = sweep_extras(dest_fd, manifest.entries)
     if bad:
         log.info("%d file(s) of %s failed verification; fetching them again", len(bad), manifest.name)
         _remove(dest_fd, bad)
@@ -196,6 +195,8 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
         report.refetched = [e.path for e in again]
     if bad:
         raise VerifyError(mismatch_message(manifest.name, bad))
+    # what the manifest does not list goes, and the rest is sealed, in one walk
+    report.removed_extras = publish.seal(dest_fd, gid=0, wanted={e.path for e in manifest.entries})
     return report
 
 

@@ -107,7 +107,6 @@ def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> Veri
                 publish.flag_bad(tier, ds.name, digest, f"verify --full found {len(bad)} bad file(s)")
                 raise type(exc)(f"{exc} (the copy on {store.node} is flagged bad: no job gets it until "
                                 "a stage repairs it)") from None
-            publish.seal(rfd, gid=0)
             with beneath.Tree(rfd) as src, beneath.Tree(vfd, create=True) as dst:
                 for e in part.entries:
                     with src.parent(e.path) as (sfd, sname), dst.parent(e.path) as (dfd, dname):
