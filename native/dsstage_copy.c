@@ -520,7 +520,8 @@ static int copy_one(struct worker *w, size_t i)
 
 /* A file of the tree being checked that cannot be read (fd closed if open; err 0: not a
  * regular file): an error of the disk itself ends the check (-1), anything else is the file
- * missing (0). */
+ * missing (0). The disk's errors are lib/dsstage/transfer/hashing.py's DISK_ERRORS: change
+ * both together. */
 static int unreadable(int fd, int err, size_t i)
 {
     if (fd >= 0)

@@ -97,3 +97,53 @@ def test_a_helper_that_stops_early_leaves_the_check_to_python(tmp_path, monkeypa
     native.forget()
     assert check(root, entries) == want
     assert native.helper() is None  # not tried again in this process
+
+
+def test_a_helper_killed_part_way_leaves_the_rest_to_python_and_counts_each_file_once(tmp_path, monkeypatch):
+    real = native_copier().path
+    backing = write_tree(tmp_path / "backing", {f"d{i // 50}/f{i:03d}": os.urandom(3000 + i) for i in range(300)})
+    entries = transfer_build.build("ds", str(backing)).manifest.entries
+    helper = tmp_path / "helper"  # the real helper, stopped hard once it has reported some files
+    helper.write_text(f'#!/bin/bash\n"{real}" "$@" <&0 & pid=$!; sleep 0.3; kill -9 $pid; wait $pid; exit 9\n')
+    helper.chmod(0o755)
+    monkeypatch.setenv("DSSTAGE_NATIVE_COPY", str(helper))
+    native.forget()
+    with LatencyFS(backing, tmp_path / "mnt", delay_us=2000):
+        fd = os.open(tmp_path / "mnt", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            reported = native.check(native.helper(), fd, entries, 2).files
+            native.forget()
+            seen: list[int] = []
+            assert check(tmp_path / "mnt", entries, seen.append) == []
+        finally:
+            os.close(fd)
+    assert 0 < reported < len(entries)  # the helper did report some before it was killed
+    assert sum(seen) == len(entries) and native.helper() is None
+
+
+def test_names_with_newlines_tabs_spaces_and_bytes_of_no_encoding_are_checked_as_python_does(tmp_path, monkeypatch):
+    native_copier()
+    names = ["new\nline", "tab\there", " lead", "trail ", "two  spaces", os.fsdecode(b"latin\xe9"), "-dash"]
+    root = write_tree(tmp_path / "tree", {f"d/{n}": os.urandom(100 + i) for i, n in enumerate(names)})
+    entries = transfer_build.build("ds", str(root)).manifest.entries
+    assert check(root, entries) == []
+    for n in names[::2]:
+        with open(os.path.join(root, "d", n), "r+b") as fh:
+            fh.write(b"\0\1\2")
+    found = check(root, entries)
+    assert sorted(p for p, _e, _f in found) == sorted(f"d/{n}" for n in names[::2])
+    python_copier(monkeypatch)
+    assert check(root, entries) == found
+
+
+def test_a_retired_helpers_descriptor_stays_open_for_a_thread_about_to_run_it():
+    """disable() while another thread holds the Helper: its /proc/self/fd/N must still be the
+    helper, never a number the process reused for a file it opened since."""
+    program = native_copier()
+    native.disable()
+    opened = os.open("/dev/null", os.O_RDONLY)
+    try:
+        assert opened != program.fd
+        assert os.readlink(f"/proc/self/fd/{program.fd}") == os.path.realpath(program.path)
+    finally:
+        os.close(opened)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
     rest, done = native.check_some(root_fd, small, hashing.default_threads(threads), progress)
     if len(small) < len(entries):
         rest += [e for e in entries if e.size >= hashing.LARGE]
+    if progress and not done.complete and done.files:  # checked again here: counted once
+        progress = _counting_after(done.files, progress)
     found = {e.path: what for e, what in done.failures}
     got = hashing.hash_many(root_fd, [e.path for e in rest], threads, progress, disk_errors=True, mapped=True)
     for e, g in zip(rest, got):
@@ -67,6 +70,20 @@ def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
         return []
     return [Mismatch(e.path, str(e.size) if what == "missing" or what.startswith("size ") else e.hash, what)
             for e in entries if (what := found.get(e.path))]
+
+
+def _counting_after(skip: int, progress: Callable[[int], None]) -> Callable[[int], None]:
+    """``progress``, passed only what comes after the first ``skip`` units (from threads)."""
+    mutex = threading.Lock()
+    left = [skip]
+
+    def counted(n: int) -> None:
+        with mutex:
+            taken = min(left[0], n)
+            left[0] -= taken
+        if n > taken:
+            progress(n - taken)
+    return counted
 
 
 def sweep_extras(root_fd: int, entries: Sequence[Entry]) -> int:
@@ -194,6 +211,7 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
         report.transferred.add(stats)
         report.refetched = [e.path for e in again]
     if bad:
+        sweep_extras(dest_fd, manifest.entries)  # kept for the next stage: only what it lists
         raise VerifyError(mismatch_message(manifest.name, bad))
     # what the manifest does not list goes, and the rest is sealed, in one walk
     report.removed_extras = publish.seal(dest_fd, gid=0, wanted={e.path for e in manifest.entries})

@@ -101,7 +101,8 @@ def _hash_mapped(fd: int, size: int, h: blake3.blake3) -> int:
     return done
 
 
-#: errors that mean the disk itself fails, not that a file is absent or unreadable
+#: errors that mean the disk itself fails, not that a file is absent or unreadable (the
+#: native helper's check has the same list: native/dsstage_copy.c, unreadable())
 DISK_ERRORS = frozenset({errno.EIO, errno.EUCLEAN})
 
 

@@ -151,11 +151,16 @@ def helper() -> Helper | None:
         return _helper[0]
 
 
+#: descriptors of helpers no longer used: kept open for the life of the process, as another
+#: thread may still be about to run one (/proc/self/fd/N), and a number closed under it could
+#: be reused by any file that thread's process opens next (a source file, say), which root
+#: would then run
+_retired: list[int] = []
+
+
 def _drop(then: list[Helper | None]) -> None:
     with _lock:
-        for h in _helper:
-            if h is not None:
-                os.close(h.fd)
+        _retired.extend(h.fd for h in _helper if h is not None)
         _helper[:] = then
 
 
@@ -338,15 +343,16 @@ def check_some(root_fd: int, entries: Sequence[Entry], threads: int,
                progress: Callable[[int], None] | None) -> tuple[list[Entry], Result]:
     """Check what the helper can of ``entries`` below ``root_fd`` (check): the entries left
     for Python (all of them where there is no helper or it stopped before its end; the
-    paths too long for it), and what it found."""
+    paths too long for it), and what it found (where it stopped before its end, nothing
+    but the files it reported to ``progress`` as found as listed: Result.complete False)."""
     program = helper()
     if program is None:
         return list(entries), Result()
     fits, left = _fitting(entries)
     done = check(program, root_fd, fits, threads, progress)
-    if not done.complete:
+    if not done.complete:  # all of them again; what was reported already stays counted
         disable()
-        return list(entries), Result()
+        return list(entries), Result(files=done.files, complete=False)
     if progress and done.failures:  # every file checked counts, as in hashing.hash_many
         progress(len(done.failures))
     return left, done

@@ -1,0 +1,68 @@
+"""Sealing a staging area (dsstage.node.publish.seal) in the one walk that also removes what
+its manifest does not list: whatever stands where it does not belong (a directory at a
+file's path, a link, a FIFO, a read-only tree) is removed without following anything, and
+what stays is root-owned and read-only. stager.fill ends with it: what it leaves is ready
+to publish."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from dsstage.config.model import Source, Transfer
+from dsstage.node import publish, stager
+from dsstage.transfer import build as transfer_build
+from helpers import write_tree
+
+
+def modes(root: Path) -> dict[str, int]:
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = Path(dirpath) / n
+            out[str(p.relative_to(root))] = os.lstat(p).st_mode
+    return out
+
+
+def test_the_seal_removes_what_is_not_listed_without_following_links_and_seals_the_rest(tmp_path):
+    root = write_tree(tmp_path / "area", {"a/x": b"x", "a/b/y": b"y", "z": b"z"})
+    outside = write_tree(tmp_path / "outside", {"keep": b"k"})
+    os.chmod(root / "a" / "x", 0o640)
+    (root / "a" / "b" / "y").unlink()
+    (root / "a" / "b" / "y").mkdir()  # a directory where a file belongs
+    (root / "a" / "b" / "y" / "inner").write_bytes(b"i")
+    os.symlink(outside, root / "a" / "link")  # a link to a directory outside
+    os.symlink(outside / "keep", root / "z2")
+    os.mkfifo(root / "a" / "pipe")
+    ro = write_tree(root / "extra", {"deep/f": b"f"})
+    for p in (ro / "deep" / "f", ro / "deep", ro):
+        os.chmod(p, 0o444 if p.is_file() else 0o555)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        removed = publish.seal(fd, gid=0, wanted={"a/x", "a/b/y", "z"})
+    finally:
+        os.close(fd)
+    assert removed == 5  # a/b/y (the directory), a/link, z2, a/pipe, extra
+    assert sorted(modes(root)) == ["a", "a/b", "a/x", "z"]
+    assert (outside / "keep").read_bytes() == b"k"  # nothing behind a link was touched
+    for rel, mode in modes(root).items():
+        assert stat.S_IMODE(mode) == (0o555 if stat.S_ISDIR(mode) else 0o444), rel
+        assert os.lstat(root / rel).st_uid == 0
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o555
+
+
+def test_fill_leaves_the_area_exactly_the_manifest_and_sealed(tmp_path):
+    src = write_tree(tmp_path / "src", {f"d{i % 2}/f{i}": os.urandom(50 + i) for i in range(10)})
+    manifest = transfer_build.build("ds", str(src)).manifest
+    area = tmp_path / "area"
+    write_tree(area, {"stray/x": b"x", "d0/extra": b"e"})
+    fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        report = stager.fill(fd, str(area), manifest, Source(str(src), "local", str(src)), Transfer())
+    finally:
+        os.close(fd)
+    assert report.removed_extras == 2 and report.transferred.files == 10
+    got = modes(area)
+    assert sorted(r for r, m in got.items() if stat.S_ISREG(m)) == sorted(e.path for e in manifest.entries)
+    assert all(stat.S_IMODE(m) == (0o555 if stat.S_ISDIR(m) else 0o444) for m in got.values())
