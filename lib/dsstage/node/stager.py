@@ -52,9 +52,9 @@ def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
     """Every entry of ``entries`` that is missing or wrong below ``root_fd``, a tree on this
     node's disk, in the manifest's order: an I/O error of the disk raises the node's
     StoreError, or OSError (which the caller's local_errors makes one), never a mismatch
-    blamed on the source. Files below hashing.LARGE are hashed by the native helper where there is one
-    (dsstage.transfer.native: many small files cost Python's per-file work, serialised by
-    the GIL), the larger ones here, each on BLAKE3's threads."""
+    blamed on the source. Files below hashing.LARGE are hashed by the native helper where
+    there is one (dsstage.transfer.native: many small files cost Python's per-file work,
+    serialised by the GIL), the larger ones here, each on BLAKE3's threads."""
     small = [e for e in entries if e.size < hashing.LARGE]
     rest, done = native.check_some(root_fd, small, hashing.default_threads(threads), progress)
     if len(small) < len(entries):
