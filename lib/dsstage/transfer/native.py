@@ -165,8 +165,12 @@ def _drop(then: list[Helper | None]) -> None:
 
 
 def forget() -> None:
-    """Look the helper up again at the next copy (tests)."""
+    """Look the helper up again at the next copy (tests, between two: no copy runs, so the
+    descriptors are closed rather than kept, one per test)."""
     _drop([])
+    with _lock:
+        while _retired:
+            os.close(_retired.pop())
 
 
 def disable() -> None:
