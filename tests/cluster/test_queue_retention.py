@@ -1,5 +1,6 @@
-"""Retention from the queue on a real Slurm: what the Epilog keeps and evicts, how a Prolog
-makes room, which leases are reclaimed, and what the demand poller reads from the queue.
+"""Retention from the queue on a real Slurm: what the Epilog keeps and evicts (for the queue, and
+for what the whole cluster uses), how a Prolog makes room, which leases are reclaimed, and what
+the demand poller reads from the queue.
 
 The tests use a tier of their own (``small``, on n1) with datasets of 400 kB, so that
 the other cluster tests' data never count, and an admin's lowered capacity puts the tier under
@@ -262,6 +263,60 @@ def test_epilog_evicts_a_dataset_nothing_wants_over_the_high_watermark(lab):
     lines = evicted(lab.log(g2), "rx")
     assert lines and "over high watermark (90% of " in lines[0], lab.log(g2)
     assert lab.copies("rx") == []
+
+
+# -- 2b: what the whole cluster uses ---------------------------------------------------------
+
+def test_epilog_keeps_the_dataset_the_cluster_uses_over_the_one_used_last_here(lab):
+    """A decision only the cluster-aware rule makes. ry was used on n1 and then by jobs on n2
+    and n3; rx was used on n1 after all of them, by one job. Nothing in the queue wants
+    either when that job ends under pressure (850 kB: high watermark 765 kB, low 425 kB, so
+    one copy of 400 kB must go). Its Epilog evicts rx, the copy used last on n1, and keeps
+    ry, which three jobs in the cluster started with (the poller's counts of job starts):
+    LRU, or any rule that reads n1's history alone, would have evicted ry."""
+    others = ("n2", "n3")
+    try:
+        go = lab.flag("ry-n1")
+        first = lab.submit("#SBATCH --dataset=ry\n" + lab.wait_for(go))
+        lab.running(first, "ry")
+        lab.poll()  # the poller counts a job once, when a snapshot shows it running
+        go.write_text("go")
+        lab.done(first)
+
+        go = lab.flag("ry-others")
+        elsewhere = [lab.cluster.submit("#SBATCH --dataset=ry\n" + lab.wait_for(go), "-w", node) for node in others]
+        lab.jobs.extend(elsewhere)
+        for job in elsewhere:
+            lab.state(job, "RUNNING")
+        lab.poll()
+        go.write_text("go")
+        for job in elsewhere:
+            lab.done(job)
+
+        go = lab.flag("rx")
+        last = lab.submit("#SBATCH --dataset=rx\n" + lab.wait_for(go))
+        lab.running(last, "rx")
+        snap = lab.poll()
+        # nothing pending wants either, and the jobs on n2 and n3 have ended
+        assert [r["job_id"] for r in snap["datasets"]["rx"]["running"]] == [last], snap
+        assert not snap["datasets"]["rx"]["pending"] and "ry" not in snap["datasets"], snap
+        assert round(snap["uses"]["ry"]) == 3 and round(snap["uses"]["rx"]) == 1, snap["uses"]
+        rx, ry = lab.version("rx"), lab.version("ry")
+        assert lab.copies("rx") == [rx] and lab.copies("ry") == [ry]
+        lab.capacity("850KB")  # 800 kB of copies
+        go.write_text("go")
+        lab.done(last)
+
+        lines = lab.log(last)
+        assert evicted(lines, "rx"), lines
+        assert "no demand; used by 1 job in the cluster" in evicted(lines, "rx")[0], lines
+        assert not evicted(lines, "ry"), lines
+        assert lab.copies("rx") == [] and lab.copies("ry") == [ry]
+        kept = lab.plan()["ry"]
+        assert kept["action"] == "kept" and kept["reason"].startswith("no demand; used by 3 jobs in the cluster"), kept
+    finally:
+        for node in others:
+            lab.cluster.dsstage("--node", node, "evict", "ry", "--force")
 
 
 # -- 3: a lease holds against any pressure ------------------------------------------------

@@ -318,3 +318,14 @@ def test_a_shard_copy_counts_only_the_pending_jobs_whose_plan_gives_it_this_node
              Space(capacity=100 * GB, high=0.9, low=0.75), NOW, node="n1")
     assert {d.copy.version: d.action for d in p.decisions} == {"s1" * 8: "keep", "s2" * 8: "keep",
                                                                other.version: "evict"}
+
+
+def test_a_count_that_has_decayed_a_little_reads_as_whole_jobs():
+    """A job counted a minute ago has decayed to 0.9999: one job, not "<1 job"."""
+    p = plan([copy("once", 48, idle=DAY), copy("twice", 48, idle=DAY), copy("half", 48, idle=DAY)],
+             Demand(uses={"once": 0.9999, "twice": 1.9999, "half": 0.4}, age=10), Space(capacity=100 * GB), NOW,
+             node="n1")
+    d = {x.copy.dataset: x.reason for x in p.decisions}
+    assert "used by 1 job in the cluster" in d["once"]
+    assert "used by 2 jobs in the cluster" in d["twice"]
+    assert "used by <1 job in the cluster" in d["half"]

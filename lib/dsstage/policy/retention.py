@@ -381,7 +381,8 @@ def _uses_text(dataset: str, demand: Demand) -> str:
     if not demand.uses:
         return ""  # no poller history (an older snapshot, or none): say nothing rather than "0"
     n = demand.uses.get(dataset, 0.0)
-    count = "no job" if n < 0.05 else "<1 job" if n < 1 else f"{n:.0f} job" + ("s" if round(n) != 1 else "")
+    r = round(n)  # a job counted a minute ago has decayed to 0.9999: "1 job", not "<1 job"
+    count = "no job" if n < 0.05 else "<1 job" if r < 1 else f"{r} job" + ("s" if r != 1 else "")
     return f"; used by {count} in the cluster (decayed count, half-life {human_duration(HALF_LIFE)})"
 
 
