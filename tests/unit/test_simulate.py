@@ -237,9 +237,10 @@ def test_small_jobs_share_a_node_large_ones_take_whole_nodes():
 
 # -- placement: Slurm's --prefer for the nodes that hold the job's dataset --------------------------------
 
-def placed(jobs: list[tr.Job], nodes: int, placement: str, interval: float = 30.0) -> tuple[Result, dict[str, tuple]]:
+def placed(jobs: list[tr.Job], nodes: int, placement: str, interval: float = 30.0,
+           wait: float = 0.0) -> tuple[Result, dict[str, tuple]]:
     res, sched = run_sim(jobs, nodes, 1, {"a": 10, "b": 10, "x": 10, "y": 10}, 100, 1000.0, Lru(),
-                          placement=placement, features_interval=interval)
+                          placement=placement, features_interval=interval, wait_for_data=wait)
     return res, {r.job.id: (r.start, r.nodes) for r in sched.runs}
 
 
@@ -277,6 +278,40 @@ def test_the_features_lag_the_caches_by_the_pollers_round():
     assert lagged["3"][1] == (2,)
     assert lagged["4"] == (200.0, (1,))  # the round at 180 did not see a on node 2
     assert fresh["4"] == (200.0, (2,))
+
+
+# a's copy is on node 1 (job 2); job 3 runs there on a until 550 (its limit); job 4 on a comes at 200
+WAITING = [job(1, "b", runtime=100.0), job(2, "a", runtime=100.0), job(3, "a", submit=150.0, runtime=400.0),
+           job(4, "a", submit=200.0)]
+
+
+def test_a_job_waits_for_its_data_node_when_that_frees_within_the_wait():
+    res, at = placed(WAITING, 3, "prefer", wait=400.0)
+    assert at["3"] == (150.0, (1,))
+    assert at["4"] == (550.0, (1,))  # waited 350 s for node 1 rather than stage a on node 0
+    assert res.waited_for_data == 1 and res.hits == 2
+
+
+def test_a_job_does_not_wait_beyond_the_wait_nor_without_it():
+    for wait in (0.0, 300.0):  # node 1 is expected free in 350 s
+        res, at = placed(WAITING, 3, "prefer", wait=wait)
+        assert at["4"] == (200.0, (0,)), wait
+        assert res.waited_for_data == 0
+    _, at = placed(WAITING, 3, "unaware", wait=400.0)  # only with prefer
+    assert at["4"][0] == 200.0
+
+
+def test_a_job_waits_by_its_limit_and_starts_when_its_data_node_frees_early():
+    jobs = WAITING[:2] + [job(3, "a", submit=150.0, runtime=100.0, limit=400.0), WAITING[3]]
+    _, at = placed(jobs, 3, "prefer", wait=400.0)
+    assert at["4"] == (250.0, (1,))  # job 3 ended at 250, not at its limit (550)
+
+
+def test_while_a_job_waits_for_its_data_the_jobs_behind_it_use_the_free_nodes():
+    jobs = WAITING + [job(5, "x", submit=210.0, runtime=50.0), job(6, "y", submit=220.0, runtime=1000.0)]
+    _, at = placed(jobs, 3, "prefer", wait=400.0)
+    assert at["4"] == (550.0, (1,))
+    assert {at["5"], at["6"]} == {(210.0, (0,)), (220.0, (2,))}  # the nodes job 4 does not wait for
 
 
 def test_unaware_placement_is_the_same_for_every_policy():

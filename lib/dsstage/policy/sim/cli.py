@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="unaware: the scheduler ignores the caches; prefer: a job starts on free nodes that hold "
                         "its dataset (their ds_<dataset> feature, as the poller last set it) where there are "
                         "enough, anywhere otherwise, as Slurm does with dsstage's --prefer; both (the default)")
+    c.add_argument("--wait-for-data", type=float, default=0.0, metavar="SECONDS",
+                   help="with prefer: a job waits for the nodes that hold its dataset when enough of them do and "
+                        "are free or expected (by their jobs' time limits) to be free within SECONDS; 0 (the "
+                        "default): never, as Slurm's --prefer (not in dsstage yet: what such a rule would give)")
     r = p.add_argument_group("policies")
     r.add_argument("--policies", default=",".join(POLICIES), help=f"which, comma-separated ({','.join(POLICIES)})")
     r.add_argument("--no-bound", action="store_true", help="do not compute the lower bound")
@@ -179,6 +183,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise OptionError(f"--bandwidth: {exc}") from None
     if bandwidth <= 0:
         raise OptionError("--bandwidth must be positive")
+    if not 0 <= args.wait_for_data < float("inf"):
+        raise OptionError("--wait-for-data must be a number of seconds, 0 or more")
     trace = load_trace(args)
     t_trace = time.perf_counter() - t0
     working_set = trace.working_set()
@@ -196,7 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             policy = make_policy(name, args, sched, capacity)
             res, _ = simulate(trace.jobs, trace.nodes, trace.slots_per_node, trace.sizes, capacity, bandwidth, policy,
                               placement=placement, features_interval=args.snapshot_interval,
-                              backfill_depth=args.backfill_depth)
+                              backfill_depth=args.backfill_depth, wait_for_data=args.wait_for_data)
             results[(name, placement)] = res
             if isinstance(policy, Planner):
                 extra[(name, placement)] = {
@@ -239,6 +245,7 @@ def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity
             "stages": r.requests - r.hits,
             "stages_evicting": r.stages_evicting,
             "jobs_on_preferred_nodes": r.on_preferred if placement == "prefer" else None,
+            "jobs_waited_for_data": r.waited_for_data if placement == "prefer" else None,
             "evictions": r.evictions,
             "bytes_evicted": r.bytes_evicted,
             "bypassed": r.bypassed,
@@ -285,6 +292,7 @@ def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity
                       "are the unaware schedule's (the offline policy's and the bound's)",
             "placements": list(dict.fromkeys(p for _, p in results)),
             "backfill_depth": args.backfill_depth,
+            "wait_for_data_s": args.wait_for_data,
             "backfilled": sched.backfilled,
             "mean_queue_wait_s": sched.mean_wait(),
             "max_queue": sched.max_queue,
@@ -328,9 +336,10 @@ def render(rep: dict[str, Any]) -> str:
     out.append(f"cluster: {cl['nodes']} nodes x {cl['slots_per_node']} slots; tier {_tb(cl['capacity_bytes'])} "
                f"per node ({cl['capacity_fraction']:.2f} of the working set); staging "
                f"{cl['bandwidth_bytes_per_s'] / 1e9:g} GB/s per node, one stage at a time")
-    out.append(f"scheduler: FIFO with EASY backfill, placement {' and '.join(sc['placements'])}; unaware: mean queue "
-               f"wait {sc['mean_queue_wait_s'] / 3600:.2f} h, longest queue {sc['max_queue']}, {sc['backfilled']} "
-               f"backfilled, utilisation {sc['utilisation']:.0%}")
+    waits = f" (a job waits up to {sc['wait_for_data_s']:g} s for its data's nodes)" if sc["wait_for_data_s"] else ""
+    out.append(f"scheduler: FIFO with EASY backfill, placement {' and '.join(sc['placements'])}{waits}; "
+               f"unaware: mean queue wait {sc['mean_queue_wait_s'] / 3600:.2f} h, longest queue {sc['max_queue']}, "
+               f"{sc['backfilled']} backfilled, utilisation {sc['utilisation']:.0%}")
     out.append(f"planner: retention.plan, watermarks {pl['high']:.0%}/{pl['low']:.0%}, "
                f"min_keep {pl['min_keep_s']:g} s, snapshot every {pl['snapshot_interval_s']:g} s, "
                f"first {pl['plan_depth']} pending jobs planned")
@@ -382,7 +391,9 @@ def render(rep: dict[str, Any]) -> str:
                        f"{r.get('planned_jobs', 0)} jobs had planned nodes before they started"
                        + (f", {right:.0%} of their nodes as planned" if right is not None else "")
                        + (f"; {r['jobs_on_preferred_nodes']} jobs started on nodes that held their data"
-                          if r.get("jobs_on_preferred_nodes") is not None else ""))
+                          if r.get("jobs_on_preferred_nodes") is not None else "")
+                       + (f"; {r['jobs_waited_for_data']} waited for them"
+                          if r.get("jobs_waited_for_data") else ""))
     s = rep["seconds"]
     out.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in s.items() if k != "total")
                + "; " + ", ".join(f"{r['policy']}/{r['placement']} {r['seconds']:.1f} s" for r in rep["rows"])

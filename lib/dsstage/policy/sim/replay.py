@@ -78,6 +78,7 @@ class Result:
     wait_max: float = 0.0
     queue_waits: list[float] = field(default_factory=list, repr=False)  # per job: submission to start
     on_preferred: int = 0  # jobs that started on nodes all of which held their dataset's feature
+    waited_for_data: int = 0  # jobs that waited for the nodes holding their dataset (wait_for_data)
     stages_evicting: int = 0  # stages that evicted before they could start (the Prolog's make-room)
     plan_calls: int = 0  # calls of retention.plan (planner only)
     seconds: float = 0.0  # run time of the simulation
@@ -240,14 +241,17 @@ class Features:
 
 def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[str, int], capacity: int,
              bandwidth: float, policy: Policy, *, placement: str = "unaware", features_interval: float = 30.0,
-             backfill_depth: int = 100, features_of: type[Features] | None = None) -> tuple[Result, Schedule]:
+             backfill_depth: int = 100, features_of: type[Features] | None = None,
+             wait_for_data: float = 0.0) -> tuple[Result, Schedule]:
     """Schedule ``jobs`` and serve their requests with ``policy`` deciding what the tiers keep;
     the figures, and the schedule as it came out. ``features_of``: a Features class that
-    places by something else than the caches (bench/sim_noise.py, a control)."""
+    places by something else than the caches (bench/sim_noise.py, a control).
+    ``wait_for_data``: with placement ``prefer``, the seconds a job may wait for the nodes that
+    hold its dataset (``sched.Scheduler``'s ``wait``)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement {placement!r}: one of {', '.join(PLACEMENTS)}")
     t0 = time.perf_counter()
-    sch = Scheduler(nodes, slots_per_node, backfill_depth)
+    sch = Scheduler(nodes, slots_per_node, backfill_depth, wait_for_data if placement == "prefer" else 0.0)
     clock = Clock(jobs)
     tiers = [Tier(node_name(n), capacity) for n in range(nodes)]
     link = [0.0] * nodes  # when each node's link is free
@@ -281,6 +285,7 @@ def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[s
         res.evictions += tier.evictions
         res.bytes_evicted += tier.bytes_evicted
     res.plan_calls = getattr(policy, "calls", 0)
+    res.waited_for_data = len(sch.waited)
     res.seconds = time.perf_counter() - t0
     return res, Schedule(runs, nodes, slots_per_node, sch.backfilled, sch.max_queue)
 

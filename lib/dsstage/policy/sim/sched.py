@@ -72,6 +72,10 @@ class Nodes:
             return len(self.buckets[self.slots]) >= count
         return any(self.buckets[f] for f in range(per, self.slots + 1))
 
+    def fits_on(self, want: int, only: Collection[int]) -> bool:
+        """Whether a job of ``want`` slots fits now on ``only`` (a hard constraint)."""
+        return self._choose(want, (), only) is not None
+
     def choose(self, want: int, exclude: Collection[int] = frozenset(),
                prefer: Collection[int] = frozenset()) -> tuple[int, ...] | None:
         """The nodes a job would start on now: whole nodes by lowest index; a small job on the
@@ -114,14 +118,16 @@ class Nodes:
 
 
 def project(nodes: Nodes, running: Iterable[tuple[float, tuple[int, ...], int]], pending: Sequence[Job],
-            now: float, prefer: Prefer | None = None) -> list[tuple[Job, float, tuple[int, ...]]]:
+            now: float, prefer: Prefer | None = None,
+            only: Callable[[Job], Collection[int] | None] | None = None) -> list[tuple[Job, float, tuple[int, ...]]]:
     """Expected start and planned nodes of ``pending`` (in queue order), from ``running``'s
     (expected end, nodes, slots per node), as if each job ran to its time limit.
 
     In queue order, each job gets the earliest time, no earlier than the job before it, at
     which it fits once the jobs expected to end by then have ended; it then holds its
     nodes until its own limit. (No backfill within the projection: later jobs are not
-    moved ahead.) ``prefer``: as in ``Nodes.choose``. ``nodes`` is not changed."""
+    moved ahead.) ``prefer``: as in ``Nodes.choose``; ``only``: the nodes a job must run on
+    (it waits for its data, ``Scheduler``), or None. ``nodes`` is not changed."""
     free = nodes.copy()
     ends = [(max(end, now), i, ns, per) for i, (end, ns, per) in enumerate(running)]
     heapq.heapify(ends)
@@ -129,14 +135,16 @@ def project(nodes: Nodes, running: Iterable[tuple[float, tuple[int, ...], int]],
     t = now
     out: list[tuple[Job, float, tuple[int, ...]]] = []
     for job in pending:
-        while not free.fits(job.slots):
+        must = only(job) if only else None
+        while not (free.fits(job.slots) if must is None else free.fits_on(job.slots, must)):
             if not ends:
                 return out  # larger than the cluster: nothing after it can be placed either
             t = max(t, ends[0][0])
             while ends and ends[0][0] <= t:
                 _, _, ns, per = heapq.heappop(ends)
                 free.give(ns, per)
-        chosen = free.choose(job.slots, prefer=prefer(job) if prefer else ())
+        chosen = free.choose(job.slots, prefer=prefer(job) if prefer else ()) if must is None else \
+            free._choose(job.slots, (), must)
         assert chosen is not None
         _, per = free.shape(job.slots)
         free.take(chosen, per)
@@ -152,22 +160,48 @@ class Scheduler:
 
     At each instant, it starts jobs from the head of the queue while they fit; then the head
     gets a reservation (``project``) and up to ``backfill_depth`` later jobs start if they fit
-    now and either end (by their limit) before the reservation or keep off its nodes."""
+    now and either end (by their limit) before the reservation or keep off its nodes.
 
-    def __init__(self, nodes: int, slots_per_node: int, backfill_depth: int = 100):
+    ``wait`` (seconds, with ``prefer``): a job waits for the nodes that hold its dataset
+    when enough of them do, not enough are free, and enough are free or expected to be
+    free (by their running jobs' limits) within ``wait`` seconds: it runs only there, as a
+    job with a hard constraint on them would (a bounded wait for its data). It gets the
+    head's reservation on those nodes like any head, and the jobs behind it may start
+    elsewhere meanwhile. Its wait is at most ``wait``: the nodes it waits for are free by
+    then, since a job never runs past its limit."""
+
+    def __init__(self, nodes: int, slots_per_node: int, backfill_depth: int = 100, wait: float = 0.0):
         self.free = Nodes(nodes, slots_per_node)
         self.backfill_depth = backfill_depth
+        self.wait = wait
         self.queue: list[Job] = []
         self.running: dict[str, Run] = {}  # by job id
+        self.on_node: list[list[Run]] = [[] for _ in range(nodes)]
         self.backfilled = 0
         self.max_queue = 0
+        self.waited: set[str] = set()  # jobs that waited for their data's nodes at some instant
 
     def submit(self, job: Job) -> None:
         self.queue.append(job)
 
     def end(self, run: Run) -> None:
         del self.running[run.job.id]
+        for n in run.nodes:
+            self.on_node[n].remove(run)
         self.free.give(run.nodes, run.per_node)
+
+    def waits_for(self, job: Job, t: float, prefer: Prefer | None) -> Collection[int] | None:
+        """The nodes ``job`` waits for at ``t`` (see the class), or None: it may start anywhere."""
+        if not self.wait or prefer is None:
+            return None
+        holders = prefer(job)
+        count, per = self.free.shape(job.slots)
+        if len(holders) < count or self.free.fits_on(job.slots, holders):
+            return None
+        by = t + self.wait
+        soon = [n for n in holders
+                if self.free.free[n] + sum(r.per_node for r in self.on_node[n] if r.expected_end <= by) >= per]
+        return holders if len(soon) >= count else None
 
     def starts(self, t: float, prefer: Prefer | None = None) -> list[Run]:
         """Start what can start at ``t``; the runs, in start order."""
@@ -175,7 +209,12 @@ class Scheduler:
         free, queue = self.free, self.queue
         out: list[Run] = []
         head = 0
+        waiting: Collection[int] | None = None
         while head < len(queue) and free.fits(queue[head].slots):
+            waiting = self.waits_for(queue[head], t, prefer)
+            if waiting is not None:
+                self.waited.add(queue[head].id)
+                break
             run = self._start(queue[head], t, (), prefer)
             assert run is not None
             out.append(run)
@@ -186,12 +225,16 @@ class Scheduler:
         candidates = [j for j in queue[1:self.backfill_depth + 1] if free.fits(j.slots)]
         if not candidates:
             return out
+        head_only = waiting
         plan = project(free, ((r.expected_end, r.nodes, r.per_node) for r in self.running.values()), queue[:1], t,
-                       prefer)
+                       prefer, (lambda job: head_only) if head_only is not None else None)
         shadow, reserved = (plan[0][1], set(plan[0][2])) if plan else (float("inf"), set())
         started: set[str] = set()
         for job in candidates:
             if not free.fits(job.slots):
+                continue
+            if self.waits_for(job, t, prefer) is not None:
+                self.waited.add(job.id)
                 continue
             run = self._start(job, t, () if t + job.limit <= shadow else reserved, prefer)
             if run is not None:
@@ -211,6 +254,8 @@ class Scheduler:
         self.free.take(chosen, per)
         run = Run(job, t, t + job.runtime, chosen, per)
         self.running[job.id] = run
+        for n in chosen:
+            self.on_node[n].append(run)
         return run
 
 
