@@ -37,7 +37,7 @@
  *                             it has, "size N", or why ("missing" when checking);
  *         "! source ERRNO INDEX\n" or "! store ERRNO WHAT INDEX\n" (WHAT: dir, create,
  *                             write, publish; read when checking, for an error of the
- *                             disk itself, EIO or EUCLEAN): a failure that ends it (exit 2);
+ *                             disk itself, EIO, EUCLEAN or EBADMSG): a failure that ends it (exit 2);
  *         "= FILES BYTES\n"   the totals, last.
  * Exit 3: openat2 is missing or refused; 4: out of memory or threads (the caller copies in
  * Python either way); 1: bad usage or input.
@@ -526,7 +526,7 @@ static int unreadable(int fd, int err, size_t i)
 {
     if (fd >= 0)
         close(fd);
-    if (err == EIO || err == EUCLEAN) {
+    if (err == EIO || err == EUCLEAN || err == EBADMSG) {
         fail_store(err, "read", i);
         return -1;
     }

@@ -30,7 +30,8 @@
  * request; its thread replies to nobody once the file is gone).
  *
  * Failing: with fail=FILE, every read request is answered EIO for as long as FILE exists, as
- * a server whose disk fails under a file that was opened and listed fine.
+ * a server whose disk fails under a file that was opened and listed fine; or the errno whose
+ * number FILE holds (74: EBADMSG, a checksum that does not match; 117: EUCLEAN, corruption).
  *
  * Counters: operations by kind, bytes delivered by read replies (`bytes_read`), and the
  * peak number of requests in flight (all kinds, and opens alone). They are written as
@@ -312,12 +313,26 @@ static int lfs_open(const char *path, struct fuse_file_info *fi)
     return leave(K_OPEN, 0);
 }
 
+/* The errno the fail file asks for: the number it holds, EIO if none. */
+static int failing_errno(void)
+{
+    int err = EIO;
+    FILE *f = fopen(opt.fail, "r");
+    if (f) {
+        int n;
+        if (fscanf(f, "%d", &n) == 1 && n > 0 && n < 4096)
+            err = n;
+        fclose(f);
+    }
+    return err;
+}
+
 static int lfs_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi)
 {
     (void)path;
     enter(K_READ);
     if (opt.fail && access(opt.fail, F_OK) == 0)
-        return leave(K_READ, -EIO);
+        return leave(K_READ, -failing_errno());
     ssize_t n = pread((int)fi->fh, buf, size, off);
     if (n < 0)
         return leave(K_READ, -errno);

@@ -9,7 +9,7 @@ trip (docs/benchmarks.md, "Latency-bound sources").
         fs.remount()         # cold dentry, attribute and page caches
         fs.hang()            # no request is answered any more, as a hard NFS mount whose server is gone
         fs.answer()          # ... until this
-        fs.fail_reads()      # every read answered EIO (fail_reads(False): no more)
+        fs.fail_reads()      # every read answered EIO (fail_reads(False): no more; error=: another)
 
 The binary is built on demand (gcc, pkg-config fuse3: Debian's libfuse3-dev) into
 build/latencyfs/ (ignored by git), keyed by the source's hash. The filesystem runs in the
@@ -19,6 +19,7 @@ foreground as a child process and is stopped by its pid.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -221,10 +222,10 @@ class LatencyFS:
         or until the caller is killed, as on a hard NFS mount whose server stopped answering."""
         self.hang_file.touch()
 
-    def fail_reads(self, failing: bool = True) -> None:
-        """Answer every read with EIO (until called with False), as a server whose disk fails."""
+    def fail_reads(self, failing: bool = True, error: int = errno.EIO) -> None:
+        """Answer every read with ``error`` (until called with False), as a server whose disk fails."""
         if failing:
-            self.fail_file.touch()
+            self.fail_file.write_text(str(error))
         else:
             self.fail_file.unlink(missing_ok=True)
 

@@ -2,10 +2,11 @@
 dsstage.node.stager.check_tree, which ``verify --full`` and the checks after rsync and peers
 use): the same mismatches as the Python hashing path on the same tree, files of every size
 around its buffer and past the size Python keeps, a real failing disk (latencyfs answering
-EIO) blamed on the node, and a helper that stops early leaving the check to Python."""
+EIO, EUCLEAN or EBADMSG) blamed on the node, and a helper that stops early leaving the check to Python."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -74,16 +75,30 @@ def test_the_helper_finds_what_python_finds_on_every_size_and_kind_of_wrong(tmp_
     assert check(root, entries) == found  # the same mismatches, in the manifest's order
 
 
-def test_a_disk_that_fails_under_the_check_is_the_nodes_fault(tmp_path):
-    native_copier()
+@pytest.mark.parametrize("path", ["helper", "python"])
+def test_a_disk_that_fails_under_the_check_is_the_nodes_fault(tmp_path, monkeypatch, path):
+    """EIO, and the two errors ext4 and XFS give for a corrupt filesystem: EUCLEAN
+    (EFSCORRUPTED) and EBADMSG (EFSBADCRC, a checksum that does not match)."""
+    if path == "helper":
+        native_copier()
+    else:
+        python_copier(monkeypatch)
     backing = write_tree(tmp_path / "backing", {f"d/f{i:03d}": os.urandom(2000 + i) for i in range(50)})
     entries = transfer_build.build("ds", str(backing)).manifest.entries
     with LatencyFS(backing, tmp_path / "mnt", delay_us=0) as fs:
         assert check(tmp_path / "mnt", entries) == []
-        fs.fail_reads()
-        with pytest.raises(StoreError, match="Input/output error") as err:
-            check(tmp_path / "mnt", entries)
-        assert err.value.blame == "node"
+        for error in (errno.EIO, errno.EUCLEAN, errno.EBADMSG):
+            fs.fail_reads(error=error)
+            # the helper's StoreError, or the OSError the caller's local_errors makes one
+            with pytest.raises((StoreError, OSError)) as err:
+                check(tmp_path / "mnt", entries)
+            if path == "helper":
+                assert isinstance(err.value, StoreError) and err.value.blame == "node", error
+                assert os.strerror(error) in str(err.value)
+            else:
+                assert isinstance(err.value, OSError) and err.value.errno == error
+        fs.fail_reads(error=errno.EACCES)  # not the disk: the files are taken for missing
+        assert {found for _p, _e, found in check(tmp_path / "mnt", entries)} == {"missing"}
 
 
 def test_a_helper_that_stops_early_leaves_the_check_to_python(tmp_path, monkeypatch):

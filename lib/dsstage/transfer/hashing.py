@@ -101,9 +101,11 @@ def _hash_mapped(fd: int, size: int, h: blake3.blake3) -> int:
     return done
 
 
-#: errors that mean the disk itself fails, not that a file is absent or unreadable (the
-#: native helper's check has the same list: native/dsstage_copy.c, unreadable())
-DISK_ERRORS = frozenset({errno.EIO, errno.EUCLEAN})
+#: errors that mean the disk itself fails, not that a file is absent or unreadable: EIO, and
+#: what ext4 and XFS return for a corrupt filesystem, EUCLEAN (EFSCORRUPTED) and EBADMSG
+#: (EFSBADCRC, a checksum that does not match). The native helper's check has the same
+#: list: native/dsstage_copy.c, unreadable()
+DISK_ERRORS = frozenset({errno.EIO, errno.EUCLEAN, errno.EBADMSG})
 
 
 def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int = 0,
