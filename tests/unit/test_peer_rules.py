@@ -184,8 +184,8 @@ MISSING = 'rsync: [sender] change_dir "/ds.abc/" (in nvme-staging) failed: No su
     (peers.Round(10, "Connection refused"), True, 0.0, ("give up", False)),
     (peers.Round(0, ""), True, 0.0, ("again", False)),
     (peers.Round(3, MISSING), True, 0.0, ("again", True)),  # published meanwhile: the other place next
-    (peers.Round(3, MISSING), False, 1.0, ("wait", True)),
-    (peers.Round(23, ""), False, 1.0, ("wait", True)),  # nothing came: maybe published, the other place next
+    (peers.Round(3, MISSING), False, 1.0, ("probe", True)),  # not here: the other place, at once
+    (peers.Round(23, ""), False, 1.0, ("probe", True)),  # nothing came: maybe published, the other place at once
     (peers.Round(23, ""), True, 1.0, ("again", False)),
     (peers.Round(23, ""), False, 121.0, ("give up", False)),
 ])
@@ -195,6 +195,43 @@ def test_after_a_round_against_a_peer(rnd, progressed, idle_for, expected):
     assert step.delay == (0.5 if step.action == "wait" else 0.0)
     if step.action == "give up" and rnd.rc == 23:
         assert step.reason == "no peer of the job added anything for 120s"
+
+
+@pytest.mark.parametrize("rnd", [peers.Round(3, MISSING), peers.Round(23, "")])
+def test_after_a_probe_that_found_nothing_either_the_fetch_waits_back_at_the_first_place(rnd):
+    step = peers.after_round(rnd, progressed=False, idle_for=1.0, wait=120.0, poll=0.5, probed=True)
+    assert (step.action, step.move, step.delay) == ("wait", True, 0.5)
+
+
+def test_a_peer_still_staging_is_polled_where_it_stages_every_time(monkeypatch):
+    """The peer stages: each poll at its staging area finds nothing new (rsync exit 23), and
+    the published place does not exist yet (exit 3). Every wait is followed by a round at
+    the staging area; the published place is asked only as a probe, right after."""
+    import threading
+    now = [0.0]
+    lock = threading.Lock()
+    asked: list[tuple[float, str]] = []
+
+    def sleep(seconds: float) -> None:
+        with lock:
+            now[0] += seconds
+
+    def fetch(group, node, module, rel, *a):
+        asked.append((now[0], module))
+        return peers.Round(23, "") if module.endswith("-staging") else peers.Round(3, MISSING)
+    monkeypatch.setattr(peers, "fetch_round", fetch)
+    group = peers.Group(nodes=("n1", "n2"), me="n1", conf=model.Peers(enabled=True, wait=10.0), secret="s")
+    entries = [Entry(f"f{i}", 10, 0, "0" * 64) for i in range(4)]
+    peers.cooperate(group, peers.Where("ds", "a" * 64, "nvme"), "/nonexistent", entries,
+                    present=lambda todo: [], check=lambda got: [], remove=lambda bad: None,
+                    from_source=lambda todo: (TransferStats(files=len(todo)), []),
+                    clock=lambda: now[0], sleep=sleep)
+    modules = [m for _t, m in asked]
+    assert modules[:6] == ["nvme-staging", "nvme-datasets"] * 3
+    # after every wait the staging area comes first: the probe never takes the poll's turn
+    for (t0, m0), (t1, m1) in zip(asked, asked[1:]):
+        if t1 > t0:
+            assert m1 == "nvme-staging", asked
 
 
 def test_fallbacks_skip_the_given_up_and_the_peer_itself():

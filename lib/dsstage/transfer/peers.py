@@ -212,7 +212,7 @@ def fetch_round(group: Group, node: str, module: str, rel: str, dest_path: str, 
 class Step:
     """What a peer's fetch does next, and why."""
 
-    action: str  # "again" | "wait" | "give up"
+    action: str  # "again" | "probe" | "wait" | "give up"
     reason: str = ""
     delay: float = 0.0  # seconds, for "wait"
     move: bool = False  # ask the other place next (staging, or the published copy)
@@ -224,15 +224,22 @@ REFUSALS = 3
 
 
 def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, poll: float,
-                refused: int = 0) -> Step:
+                refused: int = 0, probed: bool = False) -> Step:
     """The next step of fetching a share from one peer, after a round that left files to come.
 
     A refusal (exit 5) is waited out up to REFUSALS times in a row (``refused`` counts them,
     this round included): a daemon at its connection limit says so. Any other failure gives the
-    peer up; a version not in the place asked (not staging yet, or already
-    published) moves to the other place; a round that brought files goes again at once; a peer
-    is given up once no peer of the job brought anything for ``wait`` seconds (``idle_for``);
-    otherwise wait ``poll`` seconds."""
+    peer up; a round that brought files goes again at once; a peer is given up once no peer
+    of the job brought anything for ``wait`` seconds (``idle_for``).
+
+    A round that brought nothing may have asked the wrong place (the version not staging
+    yet, or published already: ``Round.missing``). The other place is then asked at once
+    (``probe``), and only if that brought nothing either (``probed``: this round was the
+    probe) does the fetch wait ``poll`` seconds, back at the first place. Waiting before
+    the probe, as dsstage did from f7d642e to 94519b2, spent every other poll on the place
+    where the version was not: while a peer was still staging, each of its files reached
+    the others one poll later, and a 3-node fan-out took 1.5x one node's stage, not 1.06x
+    (docs/benchmarks.md, "Many nodes, one read of the shared filesystem")."""
     failure = rnd.failure()
     if failure and rnd.rc == 5 and refused < REFUSALS and idle_for <= wait:
         return Step("wait", "its daemon refused this node: busy, maybe", delay=poll)
@@ -243,6 +250,8 @@ def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, p
         return Step("again", "it brought files", move=move)
     if idle_for > wait:
         return Step("give up", f"no peer of the job added anything for {wait:g}s")
+    if move and not probed:
+        return Step("probe", "nothing here: the other place, at once (the version may have moved)", move=True)
     return Step("wait", "nothing new yet", delay=poll, move=move)
 
 
@@ -344,7 +353,7 @@ class _Cooperation:
         ``wait`` once, not ``wait`` for each wave of ``peers.parallel`` peers."""
         todo = _without(self.split[node], self.present(self.split[node]))
         places = self.where.places()
-        at, idle, refused = 0, POLL, 0
+        at, idle, refused, probed = 0, POLL, 0, False
         why = ""
         while todo and not why:
             self.late()
@@ -357,13 +366,16 @@ class _Cooperation:
                 break
             refused = refused + 1 if rnd.rc == 5 else 0
             step = after_round(rnd, progressed=len(todo) < before, idle_for=self.idle(),
-                               wait=self.group.conf.wait, poll=idle, refused=refused)
+                               wait=self.group.conf.wait, poll=idle, refused=refused, probed=probed)
             if step.move:
                 at = (at + 1) % len(places)
+            probed = step.action == "probe"
             if step.action == "give up":
                 why = step.reason
             elif step.action == "again":
                 idle = POLL
+            elif step.action == "probe":
+                pass  # the other place at once; the poll's backoff is unchanged
             else:
                 self.sleep(step.delay)
                 idle = min(MAX_POLL, idle * 2)
