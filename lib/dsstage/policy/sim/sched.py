@@ -74,14 +74,17 @@ class Nodes:
 
     def fits_on(self, want: int, only: Collection[int]) -> bool:
         """Whether a job of ``want`` slots fits now on ``only`` (a hard constraint)."""
-        return self._choose(want, (), only) is not None
+        return self.choose(want, only=only) is not None
 
     def choose(self, want: int, exclude: Collection[int] = frozenset(),
-               prefer: Collection[int] = frozenset()) -> tuple[int, ...] | None:
+               prefer: Collection[int] = frozenset(), only: Collection[int] | None = None) -> tuple[int, ...] | None:
         """The nodes a job would start on now: whole nodes by lowest index; a small job on the
         node with the fewest free slots that hold it (best fit), then the lowest index.
         ``prefer``: the same choice among these nodes alone if enough of them are free (Slurm's
-        ``--prefer``), else as without it."""
+        ``--prefer``), else as without it. ``only``: among these nodes alone, or none (a hard
+        constraint)."""
+        if only is not None:
+            return self._choose(want, exclude, only)
         if prefer:
             chosen = self._choose(want, exclude, prefer)
             if chosen is not None:
@@ -143,8 +146,7 @@ def project(nodes: Nodes, running: Iterable[tuple[float, tuple[int, ...], int]],
             while ends and ends[0][0] <= t:
                 _, _, ns, per = heapq.heappop(ends)
                 free.give(ns, per)
-        chosen = free.choose(job.slots, prefer=prefer(job) if prefer else ()) if must is None else \
-            free._choose(job.slots, (), must)
+        chosen = free.choose(job.slots, prefer=prefer(job) if prefer else (), only=must)
         assert chosen is not None
         _, per = free.shape(job.slots)
         free.take(chosen, per)
@@ -225,9 +227,8 @@ class Scheduler:
         candidates = [j for j in queue[1:self.backfill_depth + 1] if free.fits(j.slots)]
         if not candidates:
             return out
-        head_only = waiting
         plan = project(free, ((r.expected_end, r.nodes, r.per_node) for r in self.running.values()), queue[:1], t,
-                       prefer, (lambda job: head_only) if head_only is not None else None)
+                       prefer, (lambda job: waiting) if waiting is not None else None)
         shadow, reserved = (plan[0][1], set(plan[0][2])) if plan else (float("inf"), set())
         started: set[str] = set()
         for job in candidates:
