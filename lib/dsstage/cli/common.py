@@ -16,6 +16,7 @@ from dsstage.cli.output import write_json
 from dsstage.config import catalog as cat
 from dsstage.config import load, model
 from dsstage.errors import DsstageError, NotPermitted
+from dsstage.fs import runfiles
 from dsstage.node.store import StageResult
 from dsstage.units import human
 
@@ -24,7 +25,8 @@ log = logging.getLogger("dsstage")
 
 
 def load_config(args: argparse.Namespace) -> model.Config:
-    return load.load(args.config)
+    """The configuration, parsed once per state of the file (dsstage.config.load)."""
+    return load.load(args.config, run_dir=runfiles.default_run_dir())
 
 
 def need_root(verb: str, what: str) -> None:

@@ -3,6 +3,12 @@
 The file is found at ``$DSSTAGE_CONFIG`` or else ``/etc/dsstage/dsstage.yaml``. The
 Prolog runs as root and acts on this file, so a file that anyone but root (or, for a
 non-root caller, that user) could have written is refused.
+
+Parsing the YAML (importing PyYAML, then building the document) cost a command of root's more
+than the rest of loading: what the file parsed to is kept in the run directory
+(dsstage.fs.runfiles.keep_parsed_config), for the file's exact state, and the next command
+validates that instead. Validation runs every time: user and group names are looked up
+afresh, and every check is the code's own.
 """
 
 from __future__ import annotations
@@ -11,9 +17,7 @@ import difflib
 import os
 import stat
 from collections.abc import Mapping
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from dsstage.config.model import (
     DEFAULT_PATH,
@@ -35,8 +39,12 @@ from dsstage.config.names import GROUP_RE, check_name
 from dsstage.config.sections import Sections
 from dsstage.config.source import parse_source
 from dsstage.errors import ConfigError
+from dsstage.fs import runfiles
 from dsstage.fs.layout import env_var
 from dsstage.units import parse_percent, parse_size
+
+if TYPE_CHECKING:
+    import yaml
 
 _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
              "prolog_budget", "source_user", "retention", "report", "fleet", "metrics", "prefetch", "placement",
@@ -53,8 +61,10 @@ def config_path(explicit: str | None = None) -> str:
     return explicit or os.environ.get("DSSTAGE_CONFIG") or DEFAULT_PATH
 
 
-def load(path: str | None = None, *, check_owner: bool = True) -> Config:
-    """Read, check the safety of, and validate the configuration file."""
+def load(path: str | None = None, *, check_owner: bool = True, run_dir: str | None = None) -> Config:
+    """Read, check the safety of, and validate the configuration file. With ``run_dir`` (root's
+    run directory), what the file parsed to is taken from there when it was kept for this
+    very state of the file, and kept there when it was not."""
     path = config_path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -64,15 +74,25 @@ def load(path: str | None = None, *, check_owner: bool = True) -> Config:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot open: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
         if check_owner:
-            _check_owner(path, os.fstat(fh.fileno()))
-        text = fh.read()
+            _check_owner(path, st)
+        data = runfiles.parsed_config(run_dir, path, st) if run_dir else None
+        if data is None:
+            data = parse(path, fh.read())
+            if run_dir:
+                runfiles.keep_parsed_config(run_dir, path, st, data)
+    return from_dict(data, origin=path)
+
+
+def parse(path: str, text: bytes) -> Any:
+    """The YAML document in ``text`` (with libyaml where PyYAML has it: the same safe loader)."""
+    import yaml
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 (safe loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]} "
                           f"{_yaml_where(exc)}") from None
-    return from_dict(data, origin=path)
 
 
 def _yaml_where(exc: yaml.YAMLError) -> str:

@@ -1,13 +1,16 @@
 """What root keeps in the run directory for the hooks: the TaskProlog's file of ``export`` lines
-per job, and the configuration cache the warm Prolog reads instead of the YAML; the paths and
-variables the hook scripts share.
+per job, the configuration cache the warm Prolog reads instead of the YAML, the parsed
+configuration every other command of root's reads instead of parsing the YAML again; the paths
+and variables the hook scripts share.
 
 Imports only the standard library and dsstage.fs: the warm Prolog uses it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +20,10 @@ from dsstage.fs.safe import RootDir, _read_json_fd, open_regular, read_json_at, 
 
 REQUEST_VARS = ("SPANK__SLURM_SPANK_OPTION_dsstage_dataset", "SPANK_DSSTAGE_DATASETS")
 CONFIG_CACHE = "config-cache.json"
+CONFIG_PARSED = "config-parsed.json"
+#: a configuration file changed less than this long ago may change again within the same
+#: timestamp tick, unseen by its stat: it is parsed, not kept parsed
+SETTLED = 2.0
 HOLD_MARK = "# dsstage: hold"
 #: defaults shared by the hook scripts and the Python side
 RUN_DIR = "/run/dsstage"
@@ -97,13 +104,21 @@ def remove_task_file(run_dir: str, node: str, job_id: str) -> bool:
         return unlink_at(fd, name)
 
 
+def default_run_dir() -> str:
+    return os.environ.get("DSSTAGE_RUN_DIR") or RUN_DIR
+
+
+def stat_key(st: os.stat_result) -> list[int]:
+    """What identifies one state of a file: any edit, chmod or chown changes it."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, st.st_mode]
+
+
 def config_key(path: str) -> list[int] | None:
-    """What identifies one state of the configuration file: any edit, chmod or chown changes it."""
+    """The configuration file's state (stat_key), None if it cannot be reached."""
     try:
-        st = os.stat(path)
+        return stat_key(os.stat(path))
     except OSError:
         return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, st.st_mode]
 
 
 def cache_record(origin: str, state_dir: str, datasets: Mapping[str, Mapping[str, Any]],
@@ -121,22 +136,64 @@ def write_cache(run_dir: str, record: Mapping[str, Any]) -> bool:
     return True
 
 
-def load_cache(run_dir: str, config_path: str) -> dict[str, Any] | None:
-    """The cache if it was written by root for this very state of ``config_path``."""
+def _read_roots(run_dir: str, name: str, forbidden: int) -> dict[str, Any]:
+    """The JSON object in file ``name`` of the run directory if root owns it and none of the
+    ``forbidden`` mode bits is set; {} otherwise."""
     try:
         with RootDir(run_dir, create=False) as run:
-            fd = open_regular(run.fd, CONFIG_CACHE)
+            fd = open_regular(run.fd, name)
             if fd is None:
-                return None
+                return {}
             try:
                 st = os.fstat(fd)
-                if st.st_uid != 0 or st.st_mode & 0o022:
-                    return None
-                cache = _read_json_fd(fd)
+                if st.st_uid != 0 or st.st_mode & forbidden:
+                    return {}
+                return _read_json_fd(fd)
             finally:
                 os.close(fd)
     except (OSError, UnsafeStore):
+        return {}
+
+
+def parsed_config(run_dir: str, path: str, st: os.stat_result) -> Any:
+    """What the configuration file at ``path`` parses to, as root kept it (keep_parsed_config)
+    for the very state ``st`` of the file (the fstat of the descriptor the caller would read);
+    None if the caller is not root, or nothing is kept for this state."""
+    if os.geteuid() != 0:
         return None
+    kept = _read_roots(run_dir, CONFIG_PARSED, 0o077)
+    if kept.get("origin") != path or kept.get("key") != stat_key(st):
+        return None
+    return kept.get("data")
+
+
+def keep_parsed_config(run_dir: str, path: str, st: os.stat_result, data: Any,
+                       now: float | None = None) -> bool:
+    """Keep what the configuration file at ``path``, in state ``st``, parsed to, for the next
+    command (parsed_config), readable by root alone; True if kept. Only as root, where the run
+    directory exists, for data that JSON gives back exactly (a YAML date or an integer key
+    would come back as something else: such a file is parsed every time), and for a file
+    that has settled (SETTLED): an edit within the same timestamp tick could leave the
+    file's stat as it was."""
+    if os.geteuid() != 0 or (time.time() if now is None else now) - st.st_ctime < SETTLED:
+        return False
+    try:
+        text = json.dumps({"origin": path, "key": stat_key(st), "data": data}, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    if json.loads(text)["data"] != data:
+        return False
+    try:
+        with RootDir(run_dir, create=False) as run:
+            write_at(run.fd, CONFIG_PARSED, text, mode=0o600, fsync=False)
+    except (OSError, UnsafeStore, StoreError):
+        return False
+    return True
+
+
+def load_cache(run_dir: str, config_path: str) -> dict[str, Any] | None:
+    """The cache if it was written by root for this very state of ``config_path``."""
+    cache = _read_roots(run_dir, CONFIG_CACHE, 0o022)
     key = config_key(config_path)
     if not cache or key is None or cache.get("origin") != config_path or cache.get("key") != key:
         return None

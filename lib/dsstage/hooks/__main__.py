@@ -35,7 +35,7 @@ def budget(run_dir: str, config_path: str) -> tuple[float, Any, Any]:
     from dsstage.config import load
     from dsstage.errors import DsstageError
     try:
-        conf = load.load(config_path)
+        conf = load.load(config_path, run_dir=run_dir)
     except DsstageError:
         return DEFAULT_BUDGET, None, None  # the work meets the same error and holds the job
     return conf.prolog_budget, None, conf

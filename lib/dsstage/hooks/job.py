@@ -340,7 +340,7 @@ def main(argv: Sequence[str] | None = None, *, started: float | None = None, con
     log_to_job(os.environ)
     run_dir = os.environ.get("DSSTAGE_RUN_DIR", runfiles.RUN_DIR)
     which = argv[0] if argv else ""
-    load_config: Callable[[], Config] = load.load if config is None else (lambda: config)
+    load_config: Callable[[], Config] = (lambda: load.load(run_dir=run_dir)) if config is None else (lambda: config)
     try:
         if which == "prolog":
             return prolog(os.environ, run_dir=run_dir, load_config=load_config, started=started)
