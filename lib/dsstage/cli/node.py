@@ -1,6 +1,8 @@
 """The verbs that act on this node's store (as root): ``stage``, ``release``, ``evict``,
 ``reclaim``, ``verify``, ``warm``, ``report``, and the daemons and records beside it
 (``peers serve``, ``bb record``/``bb forget``). Each refreshes the node report after a change.
+Each imports the machinery of its own work when it runs: a ``verify`` or a ``release`` does
+not pay for the staging machinery's imports, nor a ``stage`` for Slurm's client.
 """
 
 from __future__ import annotations
@@ -25,11 +27,8 @@ from dsstage.config import catalog as cat
 from dsstage.config import load
 from dsstage.errors import DsstageError
 from dsstage.fs import runfiles
-from dsstage.node import eviction, inventory, standalone, verifying
-from dsstage.node.local import default_holder
+from dsstage.node import inventory
 from dsstage.node.store import Store
-from dsstage.slurm import client as slurm_client
-from dsstage.transfer import peerd
 from dsstage.units import human
 
 log = logging.getLogger("dsstage")
@@ -40,6 +39,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
     conf = load_config(args)
     user = user_of(args)
     datasets = cat.resolve(conf, args.name, user)
+    from dsstage.node import standalone
+    from dsstage.node.local import default_holder
     pid = 0
     job_id = args.job_id or os.environ.get("SLURM_JOB_ID")
     if not job_id:
@@ -62,6 +63,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def cmd_peers_serve(args: argparse.Namespace) -> int:
     from dsstage.node.local import node_name
+    from dsstage.transfer import peerd
     need_root("peers serve", "serves this node's store to the other nodes")
     conf = load_config(args)
     if not conf.peers.enabled:
@@ -107,6 +109,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
         extra = ["--force", "--reason", args.reason] if args.force else []
         return run_on_nodes(args, conf, "evict", ["evict", args.name, *extra])
     need_root("evict", "reads this node's store and removes copies from it")
+    from dsstage.node import eviction
     if args.force and args.reason:
         log.warning("evicting %s by force: %s", args.name or "by the plan", args.reason)
     store = Store(conf, args.node)
@@ -146,6 +149,7 @@ def cmd_hook_dry_run(args: argparse.Namespace) -> int:
             print("  (dry run: no lease released, nothing evicted)")
         emit(args, data, epilog_text)
         return 0
+    from dsstage.slurm import client as slurm_client
     job = next((j for j in slurm_client.client(conf.slurm_bin).queue() if j.job_id == args.job), None)
     if job is None:
         raise DsstageError(f"job {args.job} is not in Slurm's queue (pending or running): a finished job has no "
@@ -168,6 +172,7 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
         gone = store.reclaim_stale(snap)
     else:
         log.info("no fresh demand snapshot: asking Slurm about each lease's job")
+        from dsstage.slurm import client as slurm_client
         gone = store.reclaim(slurm_client.client(conf.slurm_bin).job_alive)
     inventory.refresh(store)
     emit(args, [asdict(x) for x in gone],
@@ -207,6 +212,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.nodes:
         return run_on_nodes(args, conf, "verify", ["verify", args.name, *(["--full"] if args.full else [])])
     need_root("verify", "reads this node's store (and --full repairs it)")
+    from dsstage.node import verifying
     store = Store(conf, args.node)
     try:
         result = verifying.verify(store, args.name, full=args.full)
@@ -247,6 +253,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         return run_on_nodes(args, conf, "warm", warm_argv(conf, args.name, args.nodes))
     need_root("warm", "copies into this node's store")
     cat.lookup(conf, args.name)
+    from dsstage.node import standalone
     progress = ProgressLines() if args.progress_json else None
     store = Store(conf, args.node)
     result = standalone.warm(store, args.name, user=cat.User.lookup(), progress=progress, nodes=args.group or "")
