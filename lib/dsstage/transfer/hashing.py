@@ -15,12 +15,18 @@ caller compares it with what it listed and calls the file changed.
 
 A tree on this node's own disk (``mapped``: a published copy, which nothing but root
 changes) has its large files hashed through a memory mapping instead, a window at a time,
-each window's pages mapped at once (MAP_POPULATE), as b3sum does: a read copies every byte
-once more before BLAKE3 sees it, and that copy was the serial part that kept ``verify
---full`` from scaling with cores (bench/run --only cpu). The cost is the failure mode of a
-disk that fails under the mapping: the process dies of SIGBUS instead of seeing EIO, so a
-Prolog's work ends "unexpectedly" and the job gets its on_failure rather than the node a
-drain (dsstage.hooks.abandoned); the copier's check of what it wrote has the same.
+as b3sum does: a read copies every byte once more before BLAKE3 sees it, and that copy was
+the serial part that kept ``verify --full`` from scaling with cores (bench/run --only cpu).
+The pages are faulted in by BLAKE3's threads as they hash, not mapped ahead (MAP_POPULATE,
+which the one thread that maps a window does before any hashing starts). Hashing 2 x 512 MiB
+that way, in 64 MiB windows, took 250 ms from the page cache and 1,035 ms after a drop;
+faulted in by the hashing threads, in 256 MiB windows, 225 and 832 ms; b3sum 230 and 898 ms
+(medians of 10 and 5 runs, alternated, 2026-11-28).
+
+The cost of a mapping is the failure mode of a disk that fails under it: the process dies
+of SIGBUS instead of seeing EIO, so a Prolog's work ends "unexpectedly" and the job gets
+its on_failure rather than the node a drain (dsstage.hooks.abandoned); the copier's check
+of what it wrote has the same.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ LARGE = 8 * 2**20
 #: what one read of a large file brings (blake3 spreads a chunk over its threads)
 CHUNK = 8 * 2**20
 #: what one mapping of a large file on this node's disk covers (``mapped``)
-WINDOW = 64 * 2**20
+WINDOW = 256 * 2**20
 
 
 def default_threads(configured: int = 0) -> int:
@@ -89,8 +95,7 @@ def _hash_mapped(fd: int, size: int, h: blake3.blake3) -> int:
     while done < size:
         n = min(WINDOW, size - done)
         try:
-            m = mmap.mmap(fd, n, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ,
-                          offset=done)
+            m = mmap.mmap(fd, n, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=done)
         except OSError:
             if done:
                 raise
