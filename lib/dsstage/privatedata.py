@@ -15,7 +15,10 @@ import functools
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 #: where slurmd keeps the configuration a configless controller sent it

@@ -122,3 +122,19 @@ def test_a_verify_of_a_copy_not_ready_is_the_full_commands(env: Env, ready):
     assert fast.answer(["verify", "coco"]) is None
     res = env.cli("verify", "coco", check=False)
     assert res.returncode == 1 and "NOT READY" in res.stdout
+
+
+def test_the_fast_path_imports_nothing_heavy(env: Env, ready):
+    """The real command (``python -m dsstage``) answered by the fast path imports none of what
+    tests/unit/test_warm_imports.py keeps out."""
+    import subprocess
+    import sys
+
+    from helpers import WARM_HEAVY
+    for argv in (["stage", "coco", "--job-id", "5"], ["verify", "coco"]):
+        res = subprocess.run([sys.executable, "-X", "importtime", "-m", "dsstage", *argv], env=env.env(),
+                             capture_output=True, text=True, check=False)
+        assert res.returncode == 0, res.stderr[-2000:]
+        imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
+        assert "dsstage.cli.fast" in imported and "dsstage.config.load" not in imported
+        assert not imported & set(WARM_HEAVY), (argv, sorted(imported & set(WARM_HEAVY)))

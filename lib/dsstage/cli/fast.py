@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from dsstage.cli.output import write_json
 from dsstage.fs import layout, runfiles
@@ -26,6 +25,10 @@ from dsstage.fs.safe import RootDir
 from dsstage.node import report
 from dsstage.node.local import default_holder, node_name
 from dsstage.node.warmlease import Pick, lease, ready_whole, requested_names
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 GLOBAL = ("--config", "--node")
 #: each verb's options with a value, and its flags

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from dsstage import __version__
 from dsstage.errors import DsstageError, NotPermitted
 
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
     import argparse
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from dsstage.fs import formats
 from dsstage.fs.safe import RootDir, read_json_at
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION_LEN = 16
 NAME_MAX = 64

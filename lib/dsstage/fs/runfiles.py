@@ -12,11 +12,14 @@ import json
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from dsstage.errors import StoreError, UnsafeStore
 from dsstage.fs.layout import env_var, job_id_ok
 from dsstage.fs.safe import RootDir, _read_json_fd, open_regular, read_json_at, unlink_at, write_at, write_json_at
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 REQUEST_VARS = ("SPANK__SLURM_SPANK_OPTION_dsstage_dataset", "SPANK_DSSTAGE_DATASETS")
 CONFIG_CACHE = "config-cache.json"

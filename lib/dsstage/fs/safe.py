@@ -40,9 +40,12 @@ import stat
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
 
 from dsstage.errors import StoreError, UnsafeStore
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Any, Self
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -157,9 +160,6 @@ def _open_error(shown: str, exc: OSError) -> Exception:
     return exc
 
 
-_D = TypeVar("_D", bound="_OpenDirs")
-
-
 class _OpenDirs:
     """Directory descriptors opened once each and closed together (``close()`` or ``with``)."""
 
@@ -170,7 +170,7 @@ class _OpenDirs:
             os.close(fd)
         self._fds.clear()
 
-    def __enter__(self: _D) -> _D:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:

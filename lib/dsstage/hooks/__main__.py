@@ -14,11 +14,14 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from dsstage.fs import runfiles
 from dsstage.hooks import bounded, warm
 from dsstage.node import metrics
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 #: the budget when the configuration cannot be read (config.model's default; the full
 #: Prolog then holds the job at once, saying why)

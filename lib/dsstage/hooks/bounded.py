@@ -27,7 +27,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 #: seconds of the budget kept for deciding, holding the job and writing files
 DECIDE_MARGIN = 10.0
@@ -49,13 +48,22 @@ def wait_limit(budget: float) -> float:
     return max(stage_deadline(budget) + 2.0, budget - DECIDE_MARGIN / 2)
 
 
-@dataclass
 class Outcome:
     """How the work ended: its exit code (negative: the signal that ended it; None: it did not
-    end in time and was killed), and what it told the hook, in order."""
+    end in time and was killed), and what it told the hook, in order. (A plain class: importing dataclasses
+    cost the warm Prolog about 15 ms: tests/unit/test_warm_imports.py.)"""
 
-    code: int | None
-    said: list[str] = field(default_factory=list)
+    __slots__ = ("code", "said")
+
+    def __init__(self, code: int | None, said: list[str] | None = None) -> None:
+        self.code = code
+        self.said = [] if said is None else said
+
+    def __repr__(self) -> str:
+        return f"Outcome(code={self.code!r}, said={self.said!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Outcome) and (self.code, self.said) == (other.code, other.said)
 
     def last(self, prefix: str) -> str | None:
         """The rest of the last message that starts with ``prefix``, or None."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dsstage.errors import DsstageError
 from dsstage.fs import layout, runfiles
@@ -27,7 +26,10 @@ from dsstage.hooks import bbrequest, bounded, joblog
 from dsstage.node import metrics, report, rollout
 from dsstage.node.warmlease import Pick, give_back, lease, ready_whole, requested_names
 
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from dsstage.shards.indexfile import Shard
 
 # a job on several nodes or a sharded dataset imports what it needs (the job records, the
@@ -70,13 +72,14 @@ def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
             tier.close()
 
 
-class Job(NamedTuple):
-    job_id: str
-    node: str
-    user: str
-    uid: int
-    gid: int
-    nodes: str  # the job's nodes, a Slurm hostlist
+class Job:
+    """The job a Prolog runs for, as its environment says."""
+
+    __slots__ = ("job_id", "node", "user", "uid", "gid", "nodes")
+
+    def __init__(self, job_id: str, node: str, user: str, uid: int, gid: int, nodes: str) -> None:
+        self.job_id, self.node, self.user, self.uid, self.gid = job_id, node, user, uid, gid
+        self.nodes = nodes  # the job's nodes, a Slurm hostlist
 
     def node_names(self) -> list[str]:
         """The names the job's hostlist stands for (as the full Prolog reads it); this node
@@ -152,11 +155,13 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
     return 0
 
 
-class Part(NamedTuple):
+class Part:
     """A sharded dataset's shards (of the version the job uses) and the job's plan for it."""
 
-    shards: tuple[Shard, ...]
-    plan: dict[str, list[str]]
+    __slots__ = ("shards", "plan")
+
+    def __init__(self, shards: tuple[Shard, ...], plan: dict[str, list[str]]) -> None:
+        self.shards, self.plan = shards, plan
 
 
 def _parts(names: Sequence[str], catalog: Mapping[str, Any], versions: Mapping[str, str], state_dir: str, job: Job,
@@ -180,7 +185,7 @@ def _part(name: str, version: str, tier: RootDir, run_dir: str, job: Job, part: 
     ready here and their view was made (dsstage.node.views); else None. Writes the job's map."""
     from dsstage.hooks import shardmap
     from dsstage.node import views
-    shards, plan = part
+    shards, plan = part.shards, part.plan
     by_id = {s.id: s for s in shards}
     mine = sorted((by_id[s] for s in dict.fromkeys(plan.get(job.node) or ()) if s in by_id), key=lambda s: s.index)
     if not mine or any(layout.not_ready(tier, name, s.digest) is not None for s in mine):

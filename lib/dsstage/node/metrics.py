@@ -29,12 +29,15 @@ import math
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
 
 from dsstage.errors import DsstageError
 from dsstage.fs import layout
 from dsstage.fs import safe as fs_safe
 from dsstage.fs.safe import RootDir
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 PREFIX = "dsstage_"
 COUNTERS_FILE = "metrics.json"

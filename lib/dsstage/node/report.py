@@ -44,14 +44,13 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
 
-from dsstage.fs import formats
+from dsstage.fs import formats, safe
 from dsstage.fs.safe import RootDir
 
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
-    pass
-from dsstage.fs import safe
+    from typing import Any
 
 FORMAT = formats.CURRENT["node-report"]
 REPORTS = "reports"  # below the run directory

@@ -12,25 +12,26 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
 
 from dsstage.fs import layout, safe
 from dsstage.fs.layout import Layout
 from dsstage.fs.safe import RootDir
 
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
     from dsstage.shards.indexfile import Shard
 
 
-class Pick(NamedTuple):
-    """A dataset found ready: its version, tier, and for a sharded one this node's part of it."""
+class Pick:
+    """A dataset found ready: its version, tier, and for a sharded one this node's part of it
+    (``shards``) and what the job's environment gets for it (``exports``)."""
 
-    name: str
-    digest: str
-    tier: RootDir
-    path: str
-    shards: tuple[Shard, ...] = ()  # this node's shards (sharded datasets)
-    exports: tuple[tuple[str, str], ...] = ()
+    __slots__ = ("name", "digest", "tier", "path", "shards", "exports")
+
+    def __init__(self, name: str, digest: str, tier: RootDir, path: str, shards: tuple[Shard, ...] = (),
+                 exports: tuple[tuple[str, str], ...] = ()) -> None:
+        self.name, self.digest, self.tier, self.path = name, digest, tier, path
+        self.shards, self.exports = shards, exports
 
 
 def requested_names(request: str) -> list[str] | None:
