@@ -117,12 +117,13 @@ def policy(store: Store) -> retention.Policy:
 
 def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, space: retention.Space | None = None,
          protect: tuple[str, ...] = (), evict: tuple[str, ...] = (), force: bool = False,
-         released: str = "") -> retention.Plan:
-    """The planner on this tier; ``space``: the tier's, if the caller has it already. Which
+         released: str = "", have: list[retention.Copy] | None = None) -> retention.Plan:
+    """The planner on this tier; ``space`` and ``have`` (its copies, as copies() gives them
+    with the same ``released``): the tier's, if the caller has them already. Which
     pending jobs a shard copy is for (reading the published reports of their nodes) is worked
     out only where it can matter: over the high watermark, or for a stage that needs room."""
     sp = space or space_of(store, tier, tier_conf)
-    cs = copies(store, tier, tier_conf, released)
+    cs = copies(store, tier, tier_conf, released) if have is None else have
     if sp.over(retention.used(cs) + sp.reserved):
         cs = with_shard_demand(store, cs, dem)
     return retention.plan(cs, dem, sp,

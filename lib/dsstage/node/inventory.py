@@ -44,7 +44,7 @@ def build(store: Store, previous: Mapping[str, Any] | None = None) -> dict[str, 
             tiers.append({"tier": tier_conf.name, "path": layout.root, "capacity": sp.capacity, "used": use.copies,
                           "reserved": use.reserved, "free": free, "high": sp.high, "low": sp.low})
             copies = eviction.copies(store, tier, tier_conf)
-            plan = eviction.plan(store, tier, tier_conf, dem, space=sp)
+            plan = eviction.plan(store, tier, tier_conf, dem, space=sp, have=copies)
             decided = {(d.copy.dataset, d.copy.version): d for d in plan.decisions}
             book = LeaseBook(tier)
             held: dict[str, list[Any]] = {}  # a dataset's leases, read once for all its copies (a shard each)
