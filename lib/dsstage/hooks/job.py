@@ -27,7 +27,7 @@ from dsstage.config import load
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError, StoreError, UnsafeStore, VerifyError
 from dsstage.fs import runfiles
-from dsstage.hooks import bbrequest, bounded, joblog, jobrecord, shardjob
+from dsstage.hooks import bbrequest, bounded, joblog, jobrecord
 from dsstage.hooks.bounded import stage_deadline
 from dsstage.hooks.configcache import write_config_cache
 from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used from here too)
@@ -39,7 +39,7 @@ from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used 
     why_held,
 )
 from dsstage.hostlist import expand_nodes
-from dsstage.node import eviction, inventory, rollout, staging
+from dsstage.node import eviction, inventory, rollout
 from dsstage.node.store import Store
 
 if TYPE_CHECKING:
@@ -90,6 +90,10 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
         user = cat.User.lookup(ctx.uid if ctx.uid >= 0 else ctx.user)
     except DsstageError as exc:
         return [Verdict(ctx.request or "", "hold", None, str(exc))]
+    # the staging machinery (the copier, rsync, the peers) is imported by the Prolog that stages
+    # with it, not by the Epilog and the Prolog that holds a job
+    from dsstage.hooks import shardjob
+    from dsstage.node import staging
     versions = pinned_versions(ctx, conf, store, names)
     sharded_names = [n for n in names if (d := conf.datasets.get(n)) is not None and d.shards]
     outcomes = []
