@@ -14,6 +14,8 @@ Commands, page cache warm:
   ignore the PYTHONPATH that picks the tree);
 - ``dsstage verify NAME`` (the fast path) and ``dsstage stage NAME`` of a ready copy;
 - ``dsstage verify NAME --full`` of the large-file and the small-file sets;
+- the Epilog of a job whose warm Prolog leased the cached 10k-file dataset (release, retention,
+  the node report);
 - ``dsstage release`` and ``dsstage report`` (configuration loaded, no copying);
 - ``dsstage stage`` of the large-file set into an empty store (the copy and its fixed cost).
 """
@@ -89,6 +91,11 @@ def main() -> int:
             "DSSTAGE_CONFIG": str(conf), "DSSTAGE_RUN_DIR": str(d / "run"), "DSSTAGE_LOG": str(d / "hooks.log")}
     cli = {**os.environ, "DSSTAGE_CONFIG": str(conf), "SLURMD_NODENAME": "bench"}
     cli.pop("SLURM_JOB_ID", None)
+    epilog_env = {**hook, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}
+
+    def job_started() -> None:  # the Epilog's job: its Prolog ran (warm path), it holds a lease
+        subprocess.run([py, "-m", "dsstage.hooks", "prolog"], env=hook, check=True)
+
     # name: (argv, environment, what to do before each run)
     commands: dict[str, tuple[list[str], dict[str, str], Callable[[], None] | None]] = {
         "warm prolog, 10k files": ([py, "-m", "dsstage.hooks", "prolog"], hook, None),
@@ -96,6 +103,8 @@ def main() -> int:
         "stage of a ready copy (fast path)": (ds("stage", "warm10k", "--job-id", "compare"), cli, None),
         "verify --full, large files": (ds("verify", "large", "--full"), cli, None),
         "verify --full, small files": (ds("verify", "small", "--full"), cli, None),
+        "epilog, releasing a cached dataset's lease": ([py, "-m", "dsstage.hooks", "epilog"], epilog_env,
+                                                       job_started),
         "release": (ds("release", "warm10k", "--job-id", "compare"), cli, None),
         "report": (ds("report"), cli, None),
         "stage of the large files, empty store": (ds("stage", "large", "--job-id", "compare"), cli,
