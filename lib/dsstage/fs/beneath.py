@@ -15,9 +15,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
 
 from dsstage.fs.safe import O_DIR
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08

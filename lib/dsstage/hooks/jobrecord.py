@@ -29,7 +29,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import formats, shared
@@ -50,6 +50,8 @@ def _job_ok(job_id: str) -> bool:
 
 def _as_writer(user: str | None) -> AbstractContextManager[None]:
     """Act as ``report.user`` where set (root_squash), else as root."""
+    if not user:  # without importing the identity switch (ctypes, dataclasses: 20 ms of a warm Prolog)
+        return nullcontext()
     from dsstage.fs import identity
     return identity.writing_as(user)
 

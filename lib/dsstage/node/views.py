@@ -18,8 +18,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import blake3
 
@@ -33,32 +31,48 @@ TOP = "views"
 TRASH_PREFIX = "view."
 
 
-class _Entry(Protocol):
-    @property
-    def path(self) -> str: ...
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class _Entry(Protocol):
+        @property
+        def path(self) -> str: ...
+
+    class ShardFiles(Protocol):
+        """What a view needs of a shard's manifest (dsstage.config.manifest.Manifest): this module
+        is read by the warm Prolog, which does not load manifests."""
+
+        @property
+        def digest(self) -> str: ...
+
+        @property
+        def total_bytes(self) -> int: ...
+
+        @property
+        def entries(self) -> Sequence[_Entry]: ...
 
 
-class ShardFiles(Protocol):
-    """What a view needs of a shard's manifest (dsstage.config.manifest.Manifest): this module
-    is read by the warm Prolog, which does not load manifests."""
-
-    @property
-    def digest(self) -> str: ...
-
-    @property
-    def total_bytes(self) -> int: ...
-
-    @property
-    def entries(self) -> Sequence[_Entry]: ...
-
-
-@dataclass(frozen=True)
 class View:
-    id: str
-    path: str  # the directory the job reads
-    files_list: str  # the file listing its files
-    files: int
-    bytes: int
+    """A view made of shards: ``path``, the directory the job reads; ``files_list``, the file
+    listing its files. (A plain class: the warm Prolog imports this module.)"""
+
+    __slots__ = ("id", "path", "files_list", "files", "bytes")
+
+    def __init__(self, id: str, path: str, files_list: str, files: int, bytes: int) -> None:
+        self.id, self.path, self.files_list, self.files, self.bytes = id, path, files_list, files, bytes
+
+    def _key(self) -> tuple[str, str, str, int, int]:
+        return self.id, self.path, self.files_list, self.files, self.bytes
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, View) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "View(id={!r}, path={!r}, files_list={!r}, files={!r}, bytes={!r})".format(*self._key())
 
 
 def view_id(shard_ids: Sequence[str]) -> str:

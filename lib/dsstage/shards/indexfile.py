@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from dsstage.errors import ManifestError
 from dsstage.fs import formats
@@ -23,16 +22,27 @@ KIND = "shard-index"
 ID_DIGITS = 16
 
 
-@dataclass(frozen=True)
 class Shard:
-    """Files ``start:stop`` of a manifest's entries."""
+    """Files ``start:stop`` of a manifest's entries. (A plain class, compared and hashed by its
+    fields: the warm Prolog imports this module, and dataclasses cost it 15-20 ms to import.)"""
 
-    index: int
-    start: int
-    stop: int
-    files: int
-    bytes: int
-    digest: str
+    __slots__ = ("index", "start", "stop", "files", "bytes", "digest")
+
+    def __init__(self, index: int, start: int, stop: int, files: int, bytes: int, digest: str) -> None:
+        self.index, self.start, self.stop = index, start, stop
+        self.files, self.bytes, self.digest = files, bytes, digest
+
+    def _key(self) -> tuple[int, int, int, int, int, str]:
+        return self.index, self.start, self.stop, self.files, self.bytes, self.digest
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Shard) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "Shard(index={!r}, start={!r}, stop={!r}, files={!r}, bytes={!r}, digest={!r})".format(*self._key())
 
     @property
     def id(self) -> str:
