@@ -11,7 +11,8 @@ and CPU (user + system, from the child's rusage) under each tree, and their rati
 Commands, page cache warm:
 - the warm Prolog of the cached 10k-file dataset (``python -m dsstage.hooks prolog``, the
   environment slurmd gives it; prolog/dsstage-prolog runs the same with ``-I``, which would
-  ignore the PYTHONPATH that picks the tree);
+  ignore the PYTHONPATH that picks the tree), and of a new 3-node job on the same files as
+  a dataset of 96 shards, this node's third ready (as bench/run's sharded warm Prolog);
 - ``dsstage verify NAME`` (the fast path) and ``dsstage stage NAME`` of a ready copy;
 - ``dsstage verify NAME --full`` of the large-file and the small-file sets;
 - the Epilog of a job whose warm Prolog leased the cached 10k-file dataset (release, retention,
@@ -72,7 +73,8 @@ def main() -> int:
         raise SystemExit("compare: run it as root (the store is root-owned)")
     d = Path(args.dir)
     conf, py = d / "dsstage.yaml", sys.executable
-    for need in (conf, d / "nvme" / "bench" / "ready" / "warm10k", d / "nvme" / "bench" / "ready" / "small"):
+    ready = d / "nvme" / "bench" / "ready"
+    for need in (conf, ready / "warm10k", ready / "warm10k-sharded", ready / "small"):
         if not need.exists():
             raise SystemExit(f"compare: {need} is missing: run bench/run --quick --only warm,verify first")
 
@@ -92,6 +94,13 @@ def main() -> int:
     cli = {**os.environ, "DSSTAGE_CONFIG": str(conf), "SLURMD_NODENAME": "bench"}
     cli.pop("SLURM_JOB_ID", None)
     epilog_env = {**hook, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}
+    # a new 3-node job each run: the warm path records its versions and plan, as a job's first node does
+    sharded_env = {**hook, "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "warm10k-sharded",
+                   "SLURM_JOB_NODELIST": "bench,bench2,bench3"}
+    jobs = iter(range(700_000, 10**7))
+
+    def new_job() -> None:
+        sharded_env["SLURM_JOB_ID"] = str(next(jobs))
 
     def job_started() -> None:  # the Epilog's job: its Prolog ran (warm path), it holds a lease
         subprocess.run([py, "-m", "dsstage.hooks", "prolog"], env=hook, check=True)
@@ -99,6 +108,8 @@ def main() -> int:
     # name: (argv, environment, what to do before each run)
     commands: dict[str, tuple[list[str], dict[str, str], Callable[[], None] | None]] = {
         "warm prolog, 10k files": ([py, "-m", "dsstage.hooks", "prolog"], hook, None),
+        "warm prolog, sharded, this node's third of 10k files in 96 shards":
+            ([py, "-m", "dsstage.hooks", "prolog"], sharded_env, new_job),
         "verify (fast path)": (ds("verify", "warm10k"), cli, None),
         "stage of a ready copy (fast path)": (ds("stage", "warm10k", "--job-id", "compare"), cli, None),
         "verify --full, large files": (ds("verify", "large", "--full"), cli, None),
