@@ -82,6 +82,7 @@ def main() -> int:
         def clear() -> None:
             for sub in ("datasets", "ready", "staging", "leases"):
                 shutil.rmtree(d / "nvme" / "bench" / sub / name, ignore_errors=True)
+            os.sync()  # the previous run's dirty pages (and its background flush) are not this run's cost
         return clear
 
     def ds(*a: str) -> list[str]:
