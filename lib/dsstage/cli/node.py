@@ -1,8 +1,8 @@
 """The verbs that act on this node's store (as root): ``stage``, ``release``, ``evict``,
 ``reclaim``, ``verify``, ``warm``, ``report``, and the daemons and records beside it
 (``peers serve``, ``bb record``/``bb forget``). Each refreshes the node report after a change.
-Each imports the machinery of its own work when it runs: a ``verify`` or a ``release`` does
-not pay for the staging machinery's imports, nor a ``stage`` for Slurm's client.
+Each imports the machinery of its own work when it runs: a ``release`` or a quick ``verify``
+does not pay for the staging machinery's imports, nor a ``stage`` for Slurm's client.
 """
 
 from __future__ import annotations
