@@ -87,7 +87,7 @@ def answer(argv: Sequence[str]) -> int | None:
 
 def _cache(opts: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """The run directory, and the configuration cache if it matches the configuration file."""
-    run_dir = os.environ.get("DSSTAGE_RUN_DIR") or runfiles.RUN_DIR
+    run_dir = runfiles.default_run_dir()
     config = opts["config"] or os.environ.get("DSSTAGE_CONFIG") or runfiles.CONFIG_PATH
     return run_dir, runfiles.load_cache(run_dir, config)
 

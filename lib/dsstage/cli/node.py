@@ -80,7 +80,7 @@ def cmd_peers_serve(args: argparse.Namespace) -> int:
             addresses = fleet.node_addresses(CliSlurm(conf.slurm_bin, timeout=fleet.SINFO_TIMEOUT).nodes())
         except CommandError as exc:
             log.warning("cannot ask Slurm for the nodes' addresses (%s): only peers.allow and peers.hosts count", exc)
-    peerd.serve(conf, node, os.environ.get("DSSTAGE_RUN_DIR") or runfiles.RUN_DIR, addresses)
+    peerd.serve(conf, node, runfiles.default_run_dir(), addresses)
     return 1  # not reached: serve becomes rsync
 
 

@@ -108,6 +108,7 @@ def remove_task_file(run_dir: str, node: str, job_id: str) -> bool:
 
 
 def default_run_dir() -> str:
+    """The run directory of the command line and the store: ``$DSSTAGE_RUN_DIR``, else RUN_DIR."""
     return os.environ.get("DSSTAGE_RUN_DIR") or RUN_DIR
 
 

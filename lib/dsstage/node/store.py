@@ -34,7 +34,6 @@ directory StateError, the source SourceError: none of those drains.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -163,7 +162,7 @@ class Store:
         self.config = config
         self.node = node or node_name()
         #: node-local runtime state (the node's report, the metrics' counters)
-        self.run_dir = run_dir or os.environ.get("DSSTAGE_RUN_DIR") or runfiles.RUN_DIR
+        self.run_dir = run_dir or runfiles.default_run_dir()
         self.manifests = Catalog(config.state_dir)
         self.clock = clock
         self._reader: Identity | None | bool = False
