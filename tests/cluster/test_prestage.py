@@ -40,11 +40,11 @@ class Jobs:
         self.ids.append(job)
         return job
 
-    def blocker(self, node: str) -> Path:
-        """A job holding ``node`` until the returned flag file exists (time limit 2 min)."""
+    def blocker(self, node: str, limit: int = 2) -> Path:
+        """A job holding ``node`` until the returned flag file exists (time limit ``limit`` min)."""
         flag = self.flag()
-        job = self.submit(f"for i in $(seq 600); do [ -e {flag} ] && break; sleep 0.2; done\n", "-w", node,
-                          "--exclusive", "-t", "2")
+        job = self.submit(f"for i in $(seq 3000); do [ -e {flag} ] && break; sleep 0.2; done\n", "-w", node,
+                          "--exclusive", "-t", str(limit))
         self.cluster.state(job, "RUNNING")
         return flag
 
@@ -169,6 +169,73 @@ def test_a_job_starts_where_its_data_is(cluster, jobs):
         time.sleep(0.5)
     cluster.dsstage("demand-poller", "--once")
     assert "ds_plc" in features(cluster)["n3"]
+
+
+def excluded(cluster, job: str) -> set[str]:
+    from dsstage.hostlist import expand_nodes
+
+    out = cluster.run("squeue", "-h", "-j", job, "-o", "%x").stdout.strip()
+    return set(expand_nodes(out)) if out not in ("", "(null)") else set()
+
+
+def idle(cluster, node: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while cluster.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip() != "idle":
+        assert time.monotonic() < deadline, f"{node} never became idle"
+        time.sleep(0.3)
+
+
+def test_a_pending_job_waits_for_the_busy_node_that_holds_its_data(cluster, jobs):
+    """placement.wait_for_data (30 min by default): the poller excludes a pending job from the
+    nodes without its data while a node with it is expected free in time; a free node
+    without the data stays unused by it; the wait ends when the holder is drained."""
+    cluster.add_dataset("pwd", files("pwd"))
+    cluster.dsstage("--node", "n3", "warm", "pwd")
+    for node in ("n1", "n2"):
+        cluster.dsstage("--node", node, "report")
+    cluster.dsstage("demand-poller", "--once")
+    assert "ds_pwd" in features(cluster)["n3"]
+
+    def queued() -> tuple[str, Path]:
+        # n1 is expected free first (2 min), n3, which holds pwd, next (3 min), n2 last (10 min)
+        go = {"n1": jobs.blocker("n1", 2), "n2": jobs.blocker("n2", 10), "n3": jobs.blocker("n3", 3)}
+        job = jobs.submit('ls "$DSSTAGE_PATH_PWD/pwd" | wc -l\n', "--dataset=pwd", "--exclusive", "-t", "1")
+        jobs.planned(job, "n1")  # --prefer alone: it would start on n1 and stage pwd there
+        res = cluster.dsstage("demand-poller", "--once")
+        assert f"job {job} waits for its data: starts waiting for n3, which hold pwd" in res.stderr, res.stderr
+        assert excluded(cluster, job) == {"n1", "n2"}
+        assert "dsstage-wait=" in cluster.job(job)["AdminComment"]
+        go["n1"].write_text("go")  # n1 frees: the job does not take it
+        idle(cluster, "n1")
+        time.sleep(12)  # two backfill passes (bf_interval=5) and the main scheduler's
+        assert cluster.job(job)["JobState"] == "PENDING", cluster.job(job)
+        return job, go
+
+    job, go = queued()
+    cluster.dsstage("demand-poller", "--once")  # the next round changes nothing
+    assert excluded(cluster, job) == {"n1", "n2"}
+    go["n3"].write_text("go")
+    info = cluster.wait(job)
+    assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n3", info
+    assert cluster.output(job).strip() == "20"
+    assert any("pwd cached at" in line for line in hook_log(cluster, job))
+    go["n2"].write_text("go")
+    idle(cluster, "n2")
+
+    # the node that holds the data goes away: the wait ends, the job runs where it can
+    job, _ = queued()
+    cluster.run("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=test: a holder drained")
+    try:
+        res = cluster.dsstage("demand-poller", "--once")
+        assert f"job {job} no longer waits for its data: 0 node(s) up hold pwd, it needs 1" in res.stderr, \
+            res.stderr
+        assert excluded(cluster, job) == set()
+        assert "dsstage-waited=" in cluster.job(job)["AdminComment"]
+        info = cluster.wait(job)
+        assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n1", info
+        assert cluster.output(job).strip() == "20"
+    finally:
+        cluster.run("scontrol", "update", "NodeName=n3", "State=RESUME", check=False)
 
 
 def test_a_burst_buffer_directive_is_validated_and_staged(cluster, jobs):

@@ -27,7 +27,7 @@ from typing import Any
 
 from dsstage.cluster import reports as cluster_reports
 from dsstage.hostlist import fold_nodes, natural_key
-from dsstage.slurm.records import down_nodes
+from dsstage.slurm.records import Node, down_nodes
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,25 @@ def changes(current: Mapping[str, tuple[Sequence[str], Sequence[str]]], wanted: 
     return [(nodes, list(avail), list(act)) for (avail, act), nodes in by_lists.items()]
 
 
-def sync(conf: Any, slurm: Any, *, now: float | None = None) -> list[tuple[list[str], list[str], list[str]]]:
-    """One round: read the reports and Slurm's features, make the changes; what was changed.
+def observe(conf: Any, slurm: Any, now: float) -> tuple[dict[str, Node], dict[str, set[str]]]:
+    """Slurm's nodes (one ``sinfo``) and the features their current reports want (``held``).
     Raises CommandError if Slurm cannot be asked."""
-    now = time.time() if now is None else now
     nodes = slurm.nodes()
-    down = down_nodes(nodes)
-    wanted = held(cluster_reports.read_all(conf.state_dir), conf.placement.prefix, now, conf.report.max_age, down)
+    wanted = held(cluster_reports.read_all(conf.state_dir), conf.placement.prefix, now, conf.report.max_age,
+                  down_nodes(nodes))
+    return nodes, wanted
+
+
+Change = tuple[list[str], list[str], list[str]]
+
+
+def sync(conf: Any, slurm: Any, *, now: float | None = None,
+         observed: tuple[dict[str, Node], dict[str, set[str]]] | None = None) -> list[Change]:
+    """One round: read the reports and Slurm's features (or take ``observed``, see
+    ``observe``), make the changes; what was changed. Raises CommandError if Slurm cannot be
+    asked."""
+    now = time.time() if now is None else now
+    nodes, wanted = observed or observe(conf, slurm, now)
     todo = changes({n.name: (n.features, n.active_features) for n in nodes.values()}, wanted, conf.placement.prefix)
     for names, available, active in todo:
         slurm.set_features(fold_nodes(names), available, active)

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = time.time) -> Snapshot:
     """One round: ask Slurm, write the snapshot, update the node features of ready
-    datasets (placement.features, see features.py), prune old manifests."""
+    datasets (placement.features, see features.py), let pending jobs wait for the nodes
+    that hold their data (placement.wait_for_data, see datawait.py), prune old manifests."""
     from dsstage.cluster import manifests_gc
     jobs = slurm.queue()
     previous = read(conf.state_dir)
@@ -39,11 +40,18 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
         write(conf.state_dir, snap, private=privatedata.hides_jobs())
     export_metrics(conf, snap.time, jobs, acting=True)
     if conf.placement.features:
-        from dsstage.cluster import features
+        from dsstage.cluster import datawait, features
+        now = clock()
         try:
-            features.sync(conf, slurm, now=clock())
+            observed = features.observe(conf, slurm, now)
+            features.sync(conf, slurm, now=now, observed=observed)
         except (DsstageError, OSError) as exc:  # placement is an optimisation: the snapshot is written
             log.warning("node features not updated: %s", exc)
+        else:
+            try:
+                datawait.sync(conf, slurm, jobs, *observed, now)
+            except (DsstageError, OSError) as exc:
+                log.warning("no job's wait for its data decided this round: %s", exc)
     removed = manifests_gc.prune(conf, clock())
     for name, version in removed:
         log.info("removed manifest %s %s: superseded, and no node holds it", name, version[:16])

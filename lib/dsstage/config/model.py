@@ -164,6 +164,9 @@ class Placement:
     features: bool = True  # the demand poller keeps a feature per ready dataset on each node
     prefer: bool = True  # job_submit.lua adds --prefer for the requested datasets' features
     prefix: str = "ds_"  # feature name = prefix + dataset name
+    #: seconds a pending job may wait for the nodes that hold its data (the demand poller
+    #: excludes the others meanwhile, dsstage.policy.datawait); 0: never, --prefer alone
+    wait_for_data: float = 1800.0
 
 
 @dataclass(frozen=True)

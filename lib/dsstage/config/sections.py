@@ -28,7 +28,7 @@ from dsstage.units import parse_duration, parse_percent, parse_size
 _FLEET_KEYS = ("user", "port", "key", "known_hosts", "connect_timeout", "timeout", "parallel", "command")
 _METRICS_KEYS = ("textfile", "controller_textfile")
 _PREFETCH_KEYS = ("horizon", "interval", "bwlimit", "io_class")
-_PLACEMENT_KEYS = ("features", "prefer", "prefix")
+_PLACEMENT_KEYS = ("features", "prefer", "prefix", "wait_for_data")
 _ROLLOUT_KEYS = ("partitions", "nodes")
 _BURST_BUFFER_KEYS = ("user", "status_dir", "status_max_age")
 _PEERS_KEYS = ("enabled", "port", "hosts", "secret_file", "wait", "timeout", "parallel", "allow",
@@ -170,7 +170,10 @@ class Sections:
         if not isinstance(prefix, str) or not FEATURE_PREFIX_RE.fullmatch(prefix):
             self.fail("placement.prefix", f"{prefix!r}: a node feature prefix starts with a letter and has at most "
                       "16 letters, digits, '_', '.' or '-' (e.g. ds_)")
-        return Placement(features=flags["features"], prefer=flags["prefer"], prefix=prefix)
+        wait = self.duration(spec.get("wait_for_data", d.wait_for_data), "placement.wait_for_data")
+        if not 0 <= wait <= 7 * 86400:
+            self.fail("placement.wait_for_data", "must be between 0 (never wait) and 7d")
+        return Placement(features=flags["features"], prefer=flags["prefer"], prefix=prefix, wait_for_data=wait)
 
     def burst_buffer(self, spec: Any) -> BurstBuffer:
         self._section(spec, "burst_buffer", _BURST_BUFFER_KEYS)

@@ -30,12 +30,15 @@ from dsstage.slurm.records import (
     _ENDING,
     JOB_FORMAT,
     NODE_FORMAT,
+    PLACING_FORMAT,
     QUEUE_FORMAT,
     Job,
     Node,
+    Placing,
     _job,
     parse_job_records,
     parse_nodes,
+    parse_placing,
 )
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,8 @@ class SlurmClient(Protocol):
     def hold(self, job_id: str, reason: str) -> str: ...
     def drain(self, node: str, reason: str) -> None: ...
     def set_features(self, nodes: str, available: list[str], active: list[str]) -> None: ...
+    def placing(self) -> dict[str, Placing]: ...
+    def set_exclusion(self, job_id: str, exclude: str, admin_comment: str) -> None: ...
 
 
 #: what Slurm's clients read from the environment that would change what they print, what
@@ -108,6 +113,19 @@ class CliSlurm:
         (a hostlist): one ``scontrol update``. Raises CommandError if Slurm refuses."""
         self._run("scontrol", "update", f"NodeName={nodes}", f"AvailableFeatures={','.join(available)}",
                   f"ActiveFeatures={','.join(active)}")
+
+    def placing(self) -> dict[str, Placing]:
+        """What the bounded wait for data reads of every active job (records.Placing): one
+        ``squeue``. Raises CommandError if it fails."""
+        return parse_placing(self._run("squeue", "-h", "-a", "--local", "-t", ",".join(_ALIVE),
+                                       "-o", PLACING_FORMAT).stdout)
+
+    def set_exclusion(self, job_id: str, exclude: str, admin_comment: str) -> None:
+        """Make ``exclude`` (a hostlist; "" for none) the ExcNodeList of pending job
+        ``job_id`` and ``admin_comment`` its AdminComment: one ``scontrol update``. Raises
+        CommandError if Slurm refuses (the job started or ended meanwhile)."""
+        self._run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={exclude}",
+                  f"AdminComment={admin_comment}")
 
     def job_alive(self, job_id: str) -> bool:
         try:
@@ -246,6 +264,12 @@ class PySlurm:
 
     def set_features(self, nodes: str, available: list[str], active: list[str]) -> None:
         self.cli.set_features(nodes, available, active)
+
+    def placing(self) -> dict[str, Placing]:
+        return self.cli.placing()
+
+    def set_exclusion(self, job_id: str, exclude: str, admin_comment: str) -> None:
+        self.cli.set_exclusion(job_id, exclude, admin_comment)
 
     def hold(self, job_id: str, reason: str) -> str:
         """CliSlurm.hold (see the class docstring for why)."""

@@ -18,7 +18,7 @@ from dsstage.slurm.hold import (
     hold_message,
     merge_admin_comment,
 )
-from dsstage.slurm.records import _ALIVE, _ENDING, Job, Node
+from dsstage.slurm.records import _ALIVE, _ENDING, Job, Node, Placing
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ class FakeSlurm:
     notified: dict[str, str] = field(default_factory=dict)
     feature_calls: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
     drained: dict[str, str] = field(default_factory=dict)
+    placing_table: dict[str, Placing] = field(default_factory=dict)
+    exclusion_calls: list[tuple[str, str, str]] = field(default_factory=list)
 
     def submit(self, job: Job) -> None:
         self.jobs[job.job_id] = job
@@ -62,6 +64,16 @@ class FakeSlurm:
             if name in self.node_table:
                 self.node_table[name] = replace(self.node_table[name], features=tuple(available),
                                                 active=tuple(active))
+
+    def placing(self) -> dict[str, Placing]:
+        return {k: v for k, v in self.placing_table.items() if k in self.jobs}
+
+    def set_exclusion(self, job_id: str, exclude: str, admin_comment: str) -> None:
+        self.exclusion_calls.append((job_id, exclude, admin_comment))
+        if job_id in self.placing_table:
+            self.placing_table[job_id] = replace(self.placing_table[job_id], exc_nodes=exclude)
+        if job_id in self.jobs:
+            self.jobs[job_id] = replace(self.jobs[job_id], admin_comment=admin_comment)
 
     def job_alive(self, job_id: str) -> bool:
         return job_id in self.jobs

@@ -23,6 +23,8 @@ NOT_REQUEUED = ("batch job submitted with --no-requeue: not requeued; its TaskPr
 GONE = "the job is gone: nothing to hold"
 #: dsstage's own part of an AdminComment: from these words to the end
 _OWN_PART = re.compile(r"(?:^|\s+)dsstage (?:held|cancelled|stopped) this job: .*\Z", re.S)
+#: the same, for the modules that write other parts of the comment before it
+OWN_PART = _OWN_PART
 #: a word that job_submit.lua's tag parser (TAG_RE) would take for the tag
 _TAG_LOOKALIKE = re.compile(r"(?<!\S)dsstage=")
 

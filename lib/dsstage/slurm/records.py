@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from dsstage.hostlist import expand_nodes
@@ -60,6 +60,7 @@ class Node:
     state: str  # lower case, as sinfo %T prints it: idle, mixed, allocated, down*, drained, ...
     features: tuple[str, ...] = ()  # its available features (sinfo %f)
     active: tuple[str, ...] | None = None  # its active features (sinfo %b); None: as available
+    partitions: tuple[str, ...] = ()  # the partitions it is in (sinfo %R, one line per partition)
 
     @property
     def active_features(self) -> tuple[str, ...]:
@@ -81,8 +82,8 @@ def down_nodes(nodes: Mapping[str, Node]) -> dict[str, str]:
     return {n.name: n.down for n in nodes.values() if n.down}
 
 
-#: ``sinfo -o`` of ``nodes``: name, address, state, available features
-NODE_FORMAT = "%N|%o|%T|%f|%b"
+#: ``sinfo -o`` of ``nodes``: name, address, state, available and active features, partition
+NODE_FORMAT = "%N|%o|%T|%f|%b|%R"
 
 
 def _features(field: str) -> tuple[str, ...]:
@@ -91,16 +92,57 @@ def _features(field: str) -> tuple[str, ...]:
 
 def parse_nodes(text: str) -> dict[str, Node]:
     """``sinfo -h -N -o NODE_FORMAT`` output: one line per node and partition (the first
-    line of a node wins; Slurm prints the same for each). Other lines are skipped; lines
-    without the features fields (older callers) are read with none, without the active
-    ones with the available ones active."""
+    line of a node wins; Slurm prints the same for each, but the partition, which is
+    collected). Other lines are skipped; lines without the features fields (older callers)
+    are read with none, without the active ones with the available ones active."""
     out: dict[str, Node] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) in (3, 4, 5) and parts[0] and parts[0] not in out:
-            out[parts[0]] = Node(parts[0], parts[1] or parts[0], parts[2].lower(),
-                                 _features(parts[3]) if len(parts) > 3 else (),
-                                 _features(parts[4]) if len(parts) > 4 else None)
+        if len(parts) not in (3, 4, 5, 6) or not parts[0]:
+            continue
+        partition = parts[5] if len(parts) > 5 and parts[5] not in _NONE else ""
+        if parts[0] in out:
+            node = out[parts[0]]
+            if partition and partition not in node.partitions:
+                out[parts[0]] = replace(node, partitions=(*node.partitions, partition))
+            continue
+        out[parts[0]] = Node(parts[0], parts[1] or parts[0], parts[2].lower(),
+                             _features(parts[3]) if len(parts) > 3 else (),
+                             _features(parts[4]) if len(parts) > 4 else None,
+                             (partition,) if partition else ())
+    return out
+
+
+@dataclass(frozen=True)
+class Placing:
+    """What the bounded wait for data (dsstage.policy.datawait) reads of a job, besides ``queue``."""
+
+    job_id: str  # as Job.job_id (squeue %A)
+    array_pending: bool  # a pending array not split into its tasks yet (squeue %i "12_[1-9]")
+    state: str
+    nodes: int  # allocated, or the minimum a pending job asked for
+    end_time: float | None  # a running job's time limit, as a time
+    req_nodes: str  # -w
+    exc_nodes: str  # ExcNodeList
+    constraint: str  # -C
+
+
+#: ``squeue -o`` of ``placing``: Slurm's fields and hostlists, none with ``|`` in it, the
+#: constraint last (it may hold ``|``; Slurm accepts only feature names and operators there,
+#: no line break). ``-O`` has no field for the excluded nodes in 22.05.
+PLACING_FORMAT = "%A|%i|%T|%D|%e|%n|%x|%f"
+_PLACING_RE = re.compile(r"^(\d+)\|(\S*?)\|([A-Z_]+)\|(\d+)(?:-\d*)?\|([^|\s]*)\|([^|\s]*)\|([^|\s]*)\|(.*)$", re.M)
+
+
+def parse_placing(text: str) -> dict[str, Placing]:
+    """``squeue -h -o PLACING_FORMAT`` output: jobs by id; lines that do not match are skipped."""
+    out = {}
+    for m in _PLACING_RE.finditer(text):
+        job_id, shown, state, nodes, end, req, exc, constraint = m.groups()
+        out[job_id] = Placing(job_id=job_id, array_pending="[" in shown, state=state, nodes=int(nodes),
+                              end_time=_epoch(end), req_nodes="" if req in _NONE else req,
+                              exc_nodes="" if exc in _NONE else exc,
+                              constraint="" if constraint.strip() in _NONE else constraint.strip())
     return out
 
 
