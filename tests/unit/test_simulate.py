@@ -16,9 +16,9 @@ from dsstage.policy.sim import cli as simulate
 from dsstage.policy.sim import trace as tr
 from dsstage.policy.sim.bound import lower_bound, pack
 from dsstage.policy.sim.planner import Planner
-from dsstage.policy.sim.replay import JobEnd, Lru, Offline, Policy, Result
+from dsstage.policy.sim.replay import Features, JobEnd, Lru, Offline, Policy, Result, Tier
 from dsstage.policy.sim.replay import simulate as run_sim
-from dsstage.policy.sim.sched import Nodes, Schedule, project, schedule
+from dsstage.policy.sim.sched import Nodes, Schedule, Scheduler, project, schedule
 
 GB = 10**9
 
@@ -280,38 +280,63 @@ def test_the_features_lag_the_caches_by_the_pollers_round():
     assert fresh["4"] == (200.0, (2,))
 
 
-# a's copy is on node 1 (job 2); job 3 runs there on a until 550 (its limit); job 4 on a comes at 200
+# a's copy is on node 1 (job 2); job 3 runs there on a until 550 (its limit); jobs 5 and 6 keep
+# nodes 0 and 2 until 300; job 4 on a comes at 200 and finds no free node: the poller's round at
+# 210 sees it pending, and at 300 nodes 0 and 2 free
 WAITING = [job(1, "b", runtime=100.0), job(2, "a", runtime=100.0), job(3, "a", submit=150.0, runtime=400.0),
+           job(5, "x", submit=150.0, runtime=150.0), job(6, "y", submit=150.0, runtime=150.0),
            job(4, "a", submit=200.0)]
 
 
 def test_a_job_waits_for_its_data_node_when_that_frees_within_the_wait():
     res, at = placed(WAITING, 3, "prefer", wait=400.0)
-    assert at["3"] == (150.0, (1,))
-    assert at["4"] == (550.0, (1,))  # waited 350 s for node 1 rather than stage a on node 0
+    assert at["3"] == (150.0, (1,)) and {at["5"][1], at["6"][1]} == {(0,), (2,)}
+    assert at["4"] == (550.0, (1,))  # waited 250 s for node 1 rather than stage a on node 0
     assert res.waited_for_data == 1 and res.hits == 2
 
 
 def test_a_job_does_not_wait_beyond_the_wait_nor_without_it():
-    for wait in (0.0, 300.0):  # node 1 is expected free in 350 s
+    for wait in (0.0, 200.0):  # at 300 node 1 is expected free in 250 s
         res, at = placed(WAITING, 3, "prefer", wait=wait)
-        assert at["4"] == (200.0, (0,)), wait
+        assert at["4"] == (300.0, (0,)), wait
         assert res.waited_for_data == 0
     _, at = placed(WAITING, 3, "unaware", wait=400.0)  # only with prefer
-    assert at["4"][0] == 200.0
+    assert at["4"][0] == 300.0
+
+
+def test_a_job_no_poller_has_seen_pending_does_not_wait():
+    """Slurm starts a job on a free node as it is submitted: the demand poller, which makes a
+    job wait, only acts on jobs pending at its round."""
+    jobs = [j for j in WAITING if j.id not in ("5", "6")]  # node 0 and 2 are free at 200
+    res, at = placed(jobs, 3, "prefer", wait=400.0)
+    assert at["4"] == (200.0, (0,)) and res.waited_for_data == 0
+
+
+def test_a_job_waits_at_most_the_wait_from_its_first_wait():
+    sch = Scheduler(2, 1, wait=400.0)
+    sch.submit(job(9, "x", runtime=5000.0))
+    sch.submit(job(3, "a", runtime=300.0))
+    assert [r.nodes for r in sch.starts(0.0)] == [(0,), (1,)]
+    prefer = Features([Tier("n0", 100), Tier("n1", 100)], 0.0)
+    prefer.held, prefer.tick = {"a": frozenset({1})}, 1000.0
+    waiting = job(4, "a", submit=10.0)
+    assert sch.waits_for(waiting, 100.0, prefer) == frozenset({1})  # node 1 is free by 300
+    assert sch.waits_for(waiting, 499.0, prefer) == frozenset({1})
+    assert sch.waits_for(waiting, 500.0, prefer) is None  # 400 s since it first waited
+    assert sch.waits_for(job(5, "a", submit=1001.0), 1001.0, prefer) is None  # not seen pending yet
 
 
 def test_a_job_waits_by_its_limit_and_starts_when_its_data_node_frees_early():
-    jobs = WAITING[:2] + [job(3, "a", submit=150.0, runtime=100.0, limit=400.0), WAITING[3]]
+    jobs = [j if j.id != "3" else job(3, "a", submit=150.0, runtime=200.0, limit=400.0) for j in WAITING]
     _, at = placed(jobs, 3, "prefer", wait=400.0)
-    assert at["4"] == (250.0, (1,))  # job 3 ended at 250, not at its limit (550)
+    assert at["4"] == (350.0, (1,))  # job 3 ended at 350, not at its limit (550)
 
 
 def test_while_a_job_waits_for_its_data_the_jobs_behind_it_use_the_free_nodes():
-    jobs = WAITING + [job(5, "x", submit=210.0, runtime=50.0), job(6, "y", submit=220.0, runtime=1000.0)]
+    jobs = WAITING + [job(7, "x", submit=210.0, runtime=50.0), job(8, "y", submit=220.0, runtime=1000.0)]
     _, at = placed(jobs, 3, "prefer", wait=400.0)
     assert at["4"] == (550.0, (1,))
-    assert {at["5"], at["6"]} == {(210.0, (0,)), (220.0, (2,))}  # the nodes job 4 does not wait for
+    assert {at["7"], at["8"]} == {(300.0, (0,)), (300.0, (2,))}  # the nodes job 4 does not wait for
 
 
 def test_unaware_placement_is_the_same_for_every_policy():

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK
+from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK, Placement
 from dsstage.errors import DsstageError
 from dsstage.policy import retention as rt
 from dsstage.policy.sim import trace as tr
@@ -73,10 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="unaware: the scheduler ignores the caches; prefer: a job starts on free nodes that hold "
                         "its dataset (their ds_<dataset> feature, as the poller last set it) where there are "
                         "enough, anywhere otherwise, as Slurm does with dsstage's --prefer; both (the default)")
-    c.add_argument("--wait-for-data", type=float, default=0.0, metavar="SECONDS",
-                   help="with prefer: a job waits for the nodes that hold its dataset when enough of them do and "
-                        "are free or expected (by their jobs' time limits) to be free within SECONDS; 0 (the "
-                        "default): never, as Slurm's --prefer (not in dsstage yet: what such a rule would give)")
+    c.add_argument("--wait-for-data", type=float, default=Placement().wait_for_data, metavar="SECONDS",
+                   help="with prefer: a job the poller saw pending waits for the nodes that hold its dataset when "
+                        "enough of them do and are free or expected (by their jobs' time limits) to be free within "
+                        f"SECONDS, at most SECONDS in all, as placement.wait_for_data makes it on a cluster "
+                        f"({Placement().wait_for_data:g}, its default); 0: never, as Slurm's --prefer alone")
     r = p.add_argument_group("policies")
     r.add_argument("--policies", default=",".join(POLICIES), help=f"which, comma-separated ({','.join(POLICIES)})")
     r.add_argument("--no-bound", action="store_true", help="do not compute the lower bound")

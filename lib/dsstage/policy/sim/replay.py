@@ -219,6 +219,7 @@ class Features:
         self.tiers = tiers
         self.interval = interval
         self.window = -1
+        self.tick = -math.inf  # the time of the poller's last round
         self.held: dict[str, frozenset[int]] = {}
 
     def before(self, now: float) -> None:
@@ -227,7 +228,7 @@ class Features:
         if window == self.window and window != -2:
             return
         self.window = window
-        tick = window * self.interval if self.interval > 0 else now
+        tick = self.tick = window * self.interval if self.interval > 0 else now
         held: dict[str, set[int]] = {}
         for n, tier in enumerate(self.tiers):
             for ds, slot in tier.copies.items():

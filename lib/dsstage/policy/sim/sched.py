@@ -167,10 +167,12 @@ class Scheduler:
     ``wait`` (seconds, with ``prefer``): a job waits for the nodes that hold its dataset
     when enough of them do, not enough are free, and enough are free or expected to be
     free (by their running jobs' limits) within ``wait`` seconds: it runs only there, as a
-    job with a hard constraint on them would (a bounded wait for its data). It gets the
-    head's reservation on those nodes like any head, and the jobs behind it may start
-    elsewhere meanwhile. Its wait is at most ``wait``: the nodes it waits for are free by
-    then, since a job never runs past its limit."""
+    job that the demand poller excluded from the other nodes does (dsstage.policy.datawait,
+    placement.wait_for_data). It gets the head's reservation on those nodes like any head,
+    and the jobs behind it may start elsewhere meanwhile. As on a cluster, only a job
+    pending at the poller's last round (``prefer.tick``) waits: Slurm starts a job that
+    finds a free node as it is submitted, before any poller sees it; and a job waits at
+    most ``wait`` from the instant it first waited."""
 
     def __init__(self, nodes: int, slots_per_node: int, backfill_depth: int = 100, wait: float = 0.0):
         self.free = Nodes(nodes, slots_per_node)
@@ -182,6 +184,7 @@ class Scheduler:
         self.backfilled = 0
         self.max_queue = 0
         self.waited: set[str] = set()  # jobs that waited for their data's nodes at some instant
+        self.first_wait: dict[str, float] = {}  # job id -> the instant it first waited
 
     def submit(self, job: Job) -> None:
         self.queue.append(job)
@@ -196,6 +199,11 @@ class Scheduler:
         """The nodes ``job`` waits for at ``t`` (see the class), or None: it may start anywhere."""
         if not self.wait or prefer is None:
             return None
+        if job.submit > getattr(prefer, "tick", t):
+            return None  # submitted since the poller's last round: no poller has seen it yet
+        first = self.first_wait.get(job.id)
+        if first is not None and t - first >= self.wait:
+            return None  # it waited its time (dsstage.policy.datawait lifts the wait then)
         holders = prefer(job)
         count, per = self.free.shape(job.slots)
         if len(holders) < count or self.free.fits_on(job.slots, holders):
@@ -203,7 +211,10 @@ class Scheduler:
         by = t + self.wait
         soon = [n for n in holders
                 if self.free.free[n] + sum(r.per_node for r in self.on_node[n] if r.expected_end <= by) >= per]
-        return holders if len(soon) >= count else None
+        if len(soon) < count:
+            return None
+        self.first_wait.setdefault(job.id, t)
+        return holders
 
     def starts(self, t: float, prefer: Prefer | None = None) -> list[Run]:
         """Start what can start at ``t``; the runs, in start order."""
