@@ -183,6 +183,7 @@ class Replay:
         self.stage_time: dict[str, float] = {}
         self.capacity = 0
         self.min_keep = 600.0
+        self.wait_for_data = 1800.0
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -262,7 +263,8 @@ exit $rc
         conf["transfer"] = {"bwlimit": max(1, int(self.args.source_rate * 1024 / 4)), "streams": 4}
         conf["prefetch"] = {"interval": "2s", "horizon": "10m"}
         conf["retention"] = {**(conf.get("retention") or {}), "min_keep": round(self.min_keep, 1)}
-        conf["placement"] = {"features": placement, "prefer": placement}
+        conf["placement"] = {"features": placement, "prefer": placement,
+                             "wait_for_data": round(self.wait_for_data, 1) if placement else 0}
         path.write_text(yaml.safe_dump(conf, sort_keys=False))
         path.chmod(0o644)
         self.ds("export-catalog", "-o", str(self.etc / "dsstage_catalog.lua"))
@@ -562,7 +564,8 @@ def summarise(mode: str, rows: list[dict[str, Any]], events: list[dict[str, Any]
         "prefetched_bytes": sum(int(e.get("bytes") or 0) for e in staged),
         "prefetched_unused_bytes": unused, "prefetch_actions": actions,
         "abandoned_removed": len(dropped), "abandoned_bytes_at_most": dropped_bound,
-        "waits": {"median": median([r["wait"] for r in ran]), "max": max([r["wait"] for r in ran], default=None)},
+        "waits": {"median": median([r["wait"] for r in ran]), "max": max([r["wait"] for r in ran], default=None),
+                  "mean": mean([r["wait"] for r in ran])},
     }
 
 
@@ -580,6 +583,11 @@ def miss_kind(row: dict[str, Any]) -> str:
 
 def frac(a: int, b: int) -> float | None:
     return a / b if b else None
+
+
+def mean(values: list[float]) -> float | None:
+    s = [v for v in values if v is not None]
+    return round(sum(s) / len(s), 3) if s else None
 
 
 def median(values: list[float]) -> float | None:
@@ -606,7 +614,8 @@ def one_line(s: dict[str, Any]) -> str:
 def table(summaries: list[dict[str, Any]]) -> str:
     head = ("| mode | jobs | warm path | started warm | waited > stage time: started warm | Prolog total | "
             "Prolog p95 | Prolog median | fell back to the source | pre-staged | pre-staged unused | "
-            "abandoned prefetches | started on planned node | misses (waited > stage time, not warm) |")
+            "abandoned prefetches | started on planned node | queue wait mean | "
+            "misses (waited > stage time, not warm) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summaries:
         lines.append(
@@ -617,7 +626,7 @@ def table(summaries: list[dict[str, Any]]) -> str:
             f"{s['fallback']} | "
             f"{mb(s['prefetched_bytes'])} | {mb(s['prefetched_unused_bytes'])} | "
             f"{s['abandoned_removed']} (<= {mb(s['abandoned_bytes_at_most'])}) | "
-            f"{s['started_on_last_plan']}/{s['planned_jobs']} | "
+            f"{s['started_on_last_plan']}/{s['planned_jobs']} | {s['waits'].get('mean') or 0:.1f} s | "
             + (", ".join(f"{k} {v}" for k, v in sorted(s["waited_longer_misses"].items())) or "none") + " |")
     return "\n".join(lines)
 
@@ -638,6 +647,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--source-rate", type=float, default=32.0, help="MiB/s of a stage from the source")
     p.add_argument("--min-keep", type=float, default=None,
                    help="retention.min_keep in seconds (default: dsstage's 600 s compressed like the submit times)")
+    p.add_argument("--wait-for-data", type=float, default=None,
+                   help="placement.wait_for_data in seconds with placement on (default: dsstage's 1800 s compressed "
+                        "like the submit times; 0: --prefer alone)")
     p.add_argument("--modes", default="off,on", help="off, on, or both (comma-separated, in that order)")
     p.add_argument("--runs", type=int, default=1,
                    help="replay the modes this many times on the same cluster and datasets; the goal is read "
@@ -671,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     rep = Replay(args)
     span = jobs[-1].trace_submit - jobs[0].trace_submit
     rep.min_keep = args.min_keep if args.min_keep is not None else max(10.0, 600.0 * args.submit_span / max(span, 1))
+    rep.wait_for_data = (args.wait_for_data if args.wait_for_data is not None
+                         else max(10.0, 1800.0 * args.submit_span / max(span, 1)))
     results: dict[str, Any] = {}
     try:
         rep.up()
@@ -694,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
                                                               "trace_ids": [jobs[0].trace_id, jobs[-1].trace_id]},
             "args": vars(args), "datasets": {n: {"bytes": rep.sizes.get(n), "stage_time": rep.stage_time.get(n)}
                                              for n in names},
-            "tier_capacity": rep.capacity, "min_keep": rep.min_keep, "workload": [asdict(j) for j in jobs],
+            "tier_capacity": rep.capacity, "min_keep": rep.min_keep, "wait_for_data": rep.wait_for_data,
+            "workload": [asdict(j) for j in jobs],
             "other_clusters": others, "commit": commit,
             "cpus": os.cpu_count(), "wall": round(time.monotonic() - began, 1), "modes": results}
     out.write_text(json.dumps(data, indent=1))
@@ -708,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     print("datasets: " + ", ".join(f"{n} {rep.sizes[n] / 1e6:.0f} MB ({sum(j.dataset == n for j in jobs)} jobs, cold "
                                    f"stage {rep.stage_time[n]:.2f}s)" for n in names)
           + f"; node tier {rep.capacity / 1e6:.0f} MB; source {args.source_rate:g} MiB/s; "
-            f"retention.min_keep {rep.min_keep:.0f}s")
+            f"retention.min_keep {rep.min_keep:.0f}s; placement.wait_for_data (on) {rep.wait_for_data:.0f}s")
     if others:
         print(f"noise: {len(others)} other Slurm cluster(s) ran on this machine; load "
               + ", ".join(f"{s['mode']} {s['load_before'][0]:.1f}->{s['load_after'][0]:.1f}" for s in summaries))
