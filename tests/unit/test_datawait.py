@@ -64,7 +64,8 @@ def test_a_job_waits_for_the_busy_node_that_holds_its_data_when_it_frees_in_time
     ("excludes nodes", {"exc_nodes": "n4"}, {"n1"}, {}, "excludes nodes of its own"),
     ("constraint with or", {"constraint": "gpu|big"}, {"n1"}, {}, "not a plain list"),
     ("not planned", {"expected_start": None}, {"n1"}, {}, ""),
-    ("planned late", {"expected_start": NOW + 2 * HOUR}, {"n1"}, {}, ""),
+    ("planned late", {"expected_start": NOW + 2 * HOUR}, {"n1"}, {}, "only after placement.wait_for_data"),
+    ("in a reservation", {"reservation": "maint"}, {"n1"}, {}, "reservation"),
     ("holder lacks the constraint", {"constraint": "gpu"}, {"n1"}, {}, "0 node(s) up hold img"),
     ("other partition", {"partitions": ("gpu",)}, {"n1"}, {}, "0 node(s) up hold img"),
 ])
@@ -75,7 +76,7 @@ def test_a_job_does_not_wait_and_a_waiting_one_is_let_go(case, changes, holders,
     exc = changes.get("exc_nodes", "n[2-4]")
     waiting = job(**{**changes, "exc_nodes": exc, "admin_comment": with_marker("dsstage=img", mark)})
     [act] = run([waiting], ns, {"img": holders})
-    if not why:  # backfill's plan decides when a job starts waiting, not whether it goes on
+    if not why:  # a waiting job without a plan goes on: backfill plans it again
         assert act.kind == "keep", (case, act)
         return
     if case == "excludes nodes":  # someone changed the exclusion dsstage set: it is theirs
@@ -140,17 +141,27 @@ def test_markers_sit_before_dsstages_hold_message_and_keep_the_rest() -> None:
 
 
 def test_squeue_placing_fields_are_read_constraint_last() -> None:
-    text = ("12|12|PENDING|2|N/A|||gpu|big\n"
-            "13|13|PENDING|1-4|N/A|n1|n[2-3]|(null)\n"
-            "9|6_3|RUNNING|1|1795851599|||(null)\n"
-            "6|6_[4-9]|PENDING|1|N/A|||\n"
+    text = ("12|12|PENDING|2|N/A||||gpu|big\n"
+            "13|13|PENDING|1-4|N/A|n1|n[2-3]|maint|(null)\n"
+            "9|6_3|RUNNING|1|1795851599||||(null)\n"
+            "6|6_[4-9]|PENDING|1|N/A||||\n"
+            "20|20+1|PENDING|1|N/A|||(null)|\n"
             "garbage line\n")
     p = parse_placing(text)
-    assert p["12"] == Placing("12", False, "PENDING", 2, None, "", "", "gpu|big")
+    assert p["12"] == Placing("12", "12", "PENDING", 2, None, "", "", "", "gpu|big")
     assert p["13"].nodes == 1 and p["13"].req_nodes == "n1" and p["13"].exc_nodes == "n[2-3]"
-    assert p["13"].constraint == ""
-    assert p["9"].end_time == 1795851599 and not p["9"].array_pending and p["6"].array_pending
-    assert set(p) == {"12", "13", "9", "6"}
+    assert p["13"].constraint == "" and p["13"].reservation == "maint"
+    assert p["9"].end_time == 1795851599 and p["9"].job_ref == "6_3" and not p["9"].array_pending
+    assert p["6"].array_pending and p["20"].heterogeneous and not p["12"].heterogeneous
+    assert set(p) == {"12", "13", "9", "6", "20"}
+
+
+def test_a_hold_reason_cannot_pass_for_a_wait_marker() -> None:
+    from dsstage.slurm.hold import clean_reason
+
+    text = clean_reason("source down: dsstage-wait=1:n1 dsstage-waited=2 dsstage=x")
+    assert text == "source down: dsstage-wait:1:n1 dsstage-waited:2 dsstage:x"
+    assert marker(text) is None
 
 
 def test_sinfo_partitions_are_collected_per_node() -> None:
@@ -164,11 +175,11 @@ def _cluster(wait: str = "1h"):
     blockers = {"1": "n1", "2": "n2", "3": "n3"}
     for jid, node in blockers.items():
         fake.submit(Job(jid, "u", "RUNNING", (), nodes=node, partition="batch", priority=1))
-        fake.placing_table[jid] = Placing(jid, False, "RUNNING", 1, NOW + (300 if node == "n3" else 9 * HOUR),
-                                          node, "", "")
+        fake.placing_table[jid] = Placing(jid, jid, "RUNNING", 1, NOW + (300 if node == "n3" else 9 * HOUR),
+                                          node, "", "", "")
     fake.submit(Job("7", "u", "PENDING", ("img",), partition="batch", priority=100, admin_comment="dsstage=img",
                     start_time=NOW + 300))
-    fake.placing_table["7"] = Placing("7", False, "PENDING", 1, None, "", "", "")
+    fake.placing_table["7"] = Placing("7", "7", "PENDING", 1, None, "", "", "", "")
     return fake
 
 
@@ -180,6 +191,8 @@ def test_the_poller_round_sets_and_lifts_the_exclusion_in_slurm(tmp_path, caplog
     acts = cluster_datawait.sync(conf, fake, fake.queue(), fake.nodes(), wanted, NOW)
     assert [a.kind for a in acts] == ["wait"]
     assert fake.exclusion_calls == [("7", "n[1-2]", f"dsstage=img dsstage-wait={int(NOW)}:n[1-2]")]
+    # the comment is merged into what the job has when it is written: a hold message
+    # written since the round read the queue stays
     assert "job 7 waits for its data" in caplog.text
     # the data leaves n3: the exclusion goes, the job is marked done
     acts = cluster_datawait.sync(conf, fake, fake.queue(), fake.nodes(), {"n3": set()}, NOW + 30)
@@ -188,6 +201,50 @@ def test_the_poller_round_sets_and_lifts_the_exclusion_in_slurm(tmp_path, caplog
     n = len(fake.exclusion_calls)
     cluster_datawait.sync(conf, fake, fake.queue(), fake.nodes(), wanted, NOW + 60)
     assert len(fake.exclusion_calls) == n  # never again
+
+
+def test_the_round_writes_into_the_comment_slurm_has_now_and_leaves_foreign_exclusions(tmp_path) -> None:
+    from dataclasses import replace
+
+    fake = _cluster()
+    conf = _conf(tmp_path, "1h")
+    jobs = fake.queue()  # the round's read; a Prolog elsewhere then holds job 7
+    held = merge_admin_comment("dsstage=img", "dsstage held this job: source down -- once that is fixed: x")
+    fake.jobs["7"] = replace(fake.jobs["7"], admin_comment=held)
+    cluster_datawait.sync(conf, fake, jobs, fake.nodes(), {"n3": {"ds_img"}}, NOW)
+    assert fake.jobs["7"].admin_comment == (f"dsstage=img dsstage-wait={int(NOW)}:n[1-2] "
+                                            "dsstage held this job: source down -- once that is fixed: x")
+    # its user changes the exclusion: the next round drops the marker and leaves ExcNodeList alone
+    fake.placing_table["7"] = replace(fake.placing_table["7"], exc_nodes="n1")
+    cluster_datawait.sync(conf, fake, fake.queue(), fake.nodes(), {"n3": {"ds_img"}}, NOW + 30)
+    assert fake.exclusion_calls[-1][:2] == ("7", None) and "dsstage-waited=" in fake.exclusion_calls[-1][2]
+
+
+def test_a_second_job_waiting_for_the_same_node_is_let_go_when_backfill_plans_it_too_late() -> None:
+    ns = nodes(busy={"n1": NOW + 600})
+    mark = Marker(True, int(NOW), "n[2-4]")
+    second = job("8", exc_nodes="n[2-4]", admin_comment=with_marker("dsstage=img", mark),
+                 expected_start=NOW + 600 + HOUR)  # behind job 7 on n1
+    [act] = run([second], ns, {"img": {"n1"}}, now=NOW + 60)
+    assert act.kind == "lift" and "only after placement.wait_for_data" in act.reason
+    # the holders are judged against the first round's deadline, not against now
+    late = nodes(busy={"n1": NOW + HOUR + 60})
+    [act] = run([job(exc_nodes="n[2-4]", admin_comment=with_marker("dsstage=img", mark))], late, {"img": {"n1"}},
+                now=NOW + 120)
+    assert act.kind == "lift" and "expected free within 3600 s of its first round" in act.reason
+
+
+def test_with_the_features_off_the_poller_lifts_every_wait(tmp_path) -> None:
+    fake = _cluster()
+    mark = with_marker("dsstage=img", Marker(True, int(NOW), "n[1-2]"))
+    fake.jobs["7"] = Job("7", "u", "PENDING", ("img",), partition="batch", priority=100, admin_comment=mark,
+                         start_time=NOW + 300)
+    from dataclasses import replace
+    fake.placing_table["7"] = replace(fake.placing_table["7"], exc_nodes="n[1-2]")
+    conf = _conf(tmp_path, "1h", features=False)
+    poller.poll_once(conf, fake, clock=lambda: NOW + 30)
+    assert fake.exclusion_calls == [("7", "", f"dsstage=img dsstage-waited={int(NOW)}")]
+    assert fake.feature_calls == []
 
 
 def test_with_the_wait_off_the_poller_asks_slurm_nothing_more(tmp_path) -> None:
@@ -203,7 +260,7 @@ def test_a_refused_update_is_logged_and_the_round_goes_on(tmp_path, caplog) -> N
 
     fake = _cluster()
 
-    def refuse(job_id, exclude, comment):
+    def refuse(job_id, job_ref, exclude, comment):
         raise CommandError(["scontrol"], 1, "", "Job has already finished")
     fake.set_exclusion = refuse  # type: ignore[method-assign]
     acts = cluster_datawait.sync(_conf(tmp_path, "1h"), fake, fake.queue(), fake.nodes(),
@@ -225,12 +282,12 @@ def test_poll_once_runs_the_wait_after_the_features(tmp_path) -> None:
     assert fake.exclusion_calls and fake.exclusion_calls[0][:2] == ("7", "n[1-2]")
 
 
-def _conf(tmp_path, wait: str):
+def _conf(tmp_path, wait: str, features: bool = True):
     from dsstage.config.load import from_dict
 
     state = tmp_path / "state"
     state.mkdir(exist_ok=True)
-    return from_dict({"state_dir": str(state), "placement": {"wait_for_data": wait},
+    return from_dict({"state_dir": str(state), "placement": {"wait_for_data": wait, "features": features},
                       "tiers": {"nvme": {"path": str(tmp_path / "nvme"), "capacity": "1GB"}},
                       "datasets": {"img": {"source": "/srv/img", "tier": "nvme"}}}, origin="dsstage.yaml")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from functools import partial
 
 from dsstage.config.model import Config
 from dsstage.errors import CommandError
@@ -21,14 +22,29 @@ log = logging.getLogger(__name__)
 _PENDING = "PENDING"
 
 
+#: job ids above this carry a federation's cluster id: an update would go to their origin cluster
+_FEDERATED = 1 << 26
+
+
+def _commented(mark: datawait.Marker | None, current: str) -> str:
+    """The job's AdminComment ``current`` with its wait marker made ``mark``."""
+    return datawait.with_marker(current, mark, OWN_PART)
+
+
+def marked(jobs: list[Job]) -> bool:
+    """Whether any job carries a wait marker (which a round must be able to lift)."""
+    return any(datawait.marker(j.admin_comment) for j in jobs)
+
+
 def sync(conf: Config, slurm: SlurmClient, jobs: list[Job], nodes: Mapping[str, Node],
          wanted: Mapping[str, set[str]], now: float) -> list[datawait.Action]:
     """One round: decide for every pending job with a dataset and apply; the actions taken.
 
     ``wanted``: node -> the dataset features its current report shows ready (features.held).
-    With the wait off and no job marked, Slurm is not asked anything more."""
-    bound = conf.placement.wait_for_data
-    if not bound and not any(datawait.marker(j.admin_comment) for j in jobs):
+    With placement.features off the wait is off (waits are only lifted). With the wait off
+    and no job marked, Slurm is not asked anything more."""
+    bound = conf.placement.wait_for_data if conf.placement.features else 0.0
+    if not bound and not marked(jobs):
         return []
     placing = slurm.placing()
     pending, by_id = candidates(jobs, placing)
@@ -39,15 +55,16 @@ def sync(conf: Config, slurm: SlurmClient, jobs: list[Job], nodes: Mapping[str, 
     for act in actions:
         if act.kind == "keep":
             continue
-        job = by_id[act.job_id]
-        exclude = act.exclude if act.kind == "wait" else ("" if act.restore else placing[act.job_id].exc_nodes)
-        comment = datawait.with_marker(job.admin_comment, act.marker, OWN_PART)
+        exclude = act.exclude if act.kind == "wait" else ("" if act.restore else None)
         try:
-            slurm.set_exclusion(act.job_id, exclude, comment)
+            done = slurm.set_exclusion(act.job_id, placing[act.job_id].job_ref, exclude,
+                                       partial(_commented, act.marker))
         except CommandError as exc:  # it started or ended meanwhile
             log.warning("job %s: %s: not done: %s", act.job_id, act.kind, exc)
             continue
-        if act.kind == "wait":
+        if not done:
+            log.info("job %s: %s: not done: no longer pending", act.job_id, act.kind)
+        elif act.kind == "wait":
             log.info("job %s waits for its data: %s (excluded %s)", act.job_id, act.reason, act.exclude)
         else:
             log.info("job %s no longer waits for its data: %s%s", act.job_id, act.reason,
@@ -56,18 +73,21 @@ def sync(conf: Config, slurm: SlurmClient, jobs: list[Job], nodes: Mapping[str, 
 
 
 def candidates(jobs: list[Job], placing: Mapping[str, Placing]) -> tuple[list[datawait.PendingJob], dict[str, Job]]:
-    """The pending jobs with a dataset, as the policy sees them; and the jobs by id."""
+    """The pending jobs with a dataset, as the policy sees them; and the jobs by id. Never
+    a pending array not split yet, a heterogeneous job (an update reaches every component)
+    or a federated one (it would go to the origin cluster)."""
     out, by_id = [], {}
     for j in jobs:
         p = placing.get(j.job_id)
-        if j.state != _PENDING or not j.datasets or p is None or p.array_pending or p.state != _PENDING:
+        if (j.state != _PENDING or not j.datasets or p is None or p.state != _PENDING or p.array_pending
+                or p.heterogeneous or int(j.job_id) >= _FEDERATED):
             continue
         by_id[j.job_id] = j
         out.append(datawait.PendingJob(
             job_id=j.job_id, datasets=j.datasets, nodes=max(p.nodes, 1),
             partitions=tuple(x for x in j.partition.split(",") if x), held=j.priority == 0,
             expected_start=j.start_time, req_nodes=p.req_nodes, exc_nodes=p.exc_nodes, constraint=p.constraint,
-            admin_comment=j.admin_comment))
+            reservation=p.reservation, admin_comment=j.admin_comment))
     return out, by_id
 
 

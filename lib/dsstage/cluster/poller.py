@@ -39,15 +39,18 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
     with as_writer(conf):
         write(conf.state_dir, snap, private=privatedata.hides_jobs())
     export_metrics(conf, snap.time, jobs, acting=True)
-    if conf.placement.features:
-        from dsstage.cluster import datawait, features
+    from dsstage.cluster import datawait
+    if conf.placement.features or datawait.marked(jobs):
+        from dsstage.cluster import features
         now = clock()
+        observed = None
         try:
             observed = features.observe(conf, slurm, now)
-            features.sync(conf, slurm, now=now, observed=observed)
+            if conf.placement.features:
+                features.sync(conf, slurm, now=now, observed=observed)
         except (DsstageError, OSError) as exc:  # placement is an optimisation: the snapshot is written
             log.warning("node features not updated: %s", exc)
-        else:
+        if observed is not None:  # the waits are lifted even when the features cannot be updated
             try:
                 datawait.sync(conf, slurm, jobs, *observed, now)
             except (DsstageError, OSError) as exc:

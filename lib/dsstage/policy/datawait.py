@@ -17,15 +17,20 @@ emptied, the marker turned into ``dsstage-waited=SINCE``, never set again for th
 as soon as any of these holds:
 
 - the job has waited ``wait_for_data`` since the round that first made it wait;
-- fewer holders than the job needs hold the data, are up, or are expected free in time;
+- fewer holders than the job needs hold the data, are up, or are expected free by then;
+- backfill plans it on them only after then (another job takes them first, or they cannot
+  run it: memory, GRES, a reservation);
 - the wait is switched off (``wait_for_data: 0``);
-- the job is held or names nodes; its constraint, exclusion or nodes were changed by
-  someone else (the exclusion is then theirs: it is left as it is, only the marker goes).
+- the job is held, names nodes or runs in a reservation; its constraint, exclusion or
+  nodes were changed by someone else (the exclusion is then theirs: it is left as it is,
+  only the marker goes).
 
 A job is made to wait only if it is pending and not held, backfill expects it to start
 within ``wait_for_data`` (a job deep in the queue would spend its wait behind other jobs),
-it names no nodes (``-w``) and excludes none (``-x``), and its constraint is empty or a
-plain list of features all of which must hold (``gpu&nvme``): the holders must have them.
+it names no nodes (``-w``), excludes none (``-x``) and runs in no reservation, and its
+constraint is empty or a plain list of features all of which must hold (``gpu&nvme``):
+the holders must have them. (dsstage.cluster.datawait also leaves out pending arrays not
+split into tasks yet, heterogeneous and federated jobs.)
 A job with any other constraint (``|``, counts, brackets) keeps its soft preference only.
 
 ``decide`` is pure: the poller gathers the jobs and nodes (dsstage.cluster.datawait),
@@ -99,6 +104,7 @@ class PendingJob:
     req_nodes: str = ""  # -w
     exc_nodes: str = ""  # its ExcNodeList now (-x, or dsstage's)
     constraint: str = ""  # -C, as Slurm shows it
+    reservation: str = ""  # --reservation
     admin_comment: str = ""
 
 
@@ -177,8 +183,11 @@ def _why_not(job: PendingJob, nodes: Mapping[str, NodeState], holders: Mapping[s
         return "placement.wait_for_data is off", []
     if mark is not None and now - mark.since >= bound:
         return f"waited {int(now - mark.since)} s, placement.wait_for_data is {bound:g} s", []
+    deadline = mark.since + bound if mark is not None else now + bound
     if job.held:
         return "held", []
+    if job.reservation:
+        return "it runs in a reservation", []
     if not job.datasets:
         return "no dataset", []
     if job.req_nodes:
@@ -187,8 +196,10 @@ def _why_not(job: PendingJob, nodes: Mapping[str, NodeState], holders: Mapping[s
         return "it excludes nodes of its own", []
     if job.constraint and not _PLAIN_CONSTRAINT.fullmatch(job.constraint):
         return f"its constraint {job.constraint!r} is not a plain list of features", []
-    if mark is None and (job.expected_start is None or job.expected_start > now + bound):
+    if mark is None and (job.expected_start is None or job.expected_start > deadline):
         return "backfill does not expect it to start within placement.wait_for_data", []
+    if mark is not None and job.expected_start is not None and job.expected_start > deadline:
+        return "backfill expects it on the nodes it waits for only after placement.wait_for_data", []
     need = set(job.constraint.split("&")) if job.constraint else set()
     have = set(holders.get(job.datasets[0], ())) & set(nodes)
     for name in job.datasets[1:]:
@@ -197,8 +208,8 @@ def _why_not(job: PendingJob, nodes: Mapping[str, NodeState], holders: Mapping[s
                     and (not job.partitions or set(job.partitions) & set(nodes[n].partitions)))
     if len(usable) < job.nodes:
         return f"{len(usable)} node(s) up hold {','.join(job.datasets)}, it needs {job.nodes}", []
-    soon = [n for n in usable if nodes[n].busy_until <= now + bound]
+    soon = [n for n in usable if nodes[n].busy_until <= deadline]
     if len(soon) < job.nodes:
         return (f"{len(soon)} of the nodes holding {','.join(job.datasets)} are expected free within "
-                f"{bound:g} s, it needs {job.nodes}"), []
+                f"{bound:g} s of its first round, it needs {job.nodes}"), []
     return "", usable

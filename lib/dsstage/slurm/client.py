@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from dsstage import proc
@@ -55,7 +56,7 @@ class SlurmClient(Protocol):
     def drain(self, node: str, reason: str) -> None: ...
     def set_features(self, nodes: str, available: list[str], active: list[str]) -> None: ...
     def placing(self) -> dict[str, Placing]: ...
-    def set_exclusion(self, job_id: str, exclude: str, admin_comment: str) -> None: ...
+    def set_exclusion(self, job_id: str, job_ref: str, exclude: str | None, comment: Callable[[str], str]) -> bool: ...
 
 
 #: what Slurm's clients read from the environment that would change what they print, what
@@ -120,12 +121,18 @@ class CliSlurm:
         return parse_placing(self._run("squeue", "-h", "-a", "--local", "-t", ",".join(_ALIVE),
                                        "-o", PLACING_FORMAT).stdout)
 
-    def set_exclusion(self, job_id: str, exclude: str, admin_comment: str) -> None:
-        """Make ``exclude`` (a hostlist; "" for none) the ExcNodeList of pending job
-        ``job_id`` and ``admin_comment`` its AdminComment: one ``scontrol update``. Raises
-        CommandError if Slurm refuses (the job started or ended meanwhile)."""
-        self._run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={exclude}",
-                  f"AdminComment={admin_comment}")
+    def set_exclusion(self, job_id: str, job_ref: str, exclude: str | None, comment: Callable[[str], str]) -> bool:
+        """Make ``exclude`` (a hostlist; "" for none; None: leave it) the ExcNodeList of the
+        pending job ``job_ref`` (squeue %i: ``12``, ``12_3``: that one job, never its whole
+        array) and ``comment(its AdminComment now)`` its AdminComment, read just before:
+        one ``squeue`` and one ``scontrol update``. False if the job is gone or no longer
+        pending; raises CommandError if Slurm refuses (the job started meanwhile)."""
+        job = self._job(job_ref, job_id)
+        if job is None or job.state != "PENDING":
+            return False
+        args = [f"JobId={job_ref}"] + ([f"ExcNodeList={exclude}"] if exclude is not None else [])
+        self._run("scontrol", "update", *args, f"AdminComment={comment(job.admin_comment)}")
+        return True
 
     def job_alive(self, job_id: str) -> bool:
         try:
@@ -170,14 +177,15 @@ class CliSlurm:
         self._run("scancel", job_id)
         return CANCELLED
 
-    def _job(self, job_id: str) -> Job | None:
-        """The job as squeue sees it (see parse_job_records); None if Slurm does not know it."""
+    def _job(self, job_id: str, record: str | None = None) -> Job | None:
+        """The job as squeue sees it (see parse_job_records); None if Slurm does not know it.
+        ``job_id`` names it to squeue, ``record`` (default: the same) is its JobID there."""
         res = self._run("squeue", "-h", "-t", "all", "-j", job_id, "-O", JOB_FORMAT, check=False)
         if res.returncode != 0 and "Invalid job id" in res.stderr:
             return None
         if res.returncode != 0:
             raise CommandError(res.args, res.returncode, res.stdout, res.stderr)
-        return parse_job_records(res.stdout).get(job_id)
+        return parse_job_records(res.stdout).get(record or job_id)
 
     def _record(self, job: Job, message: str) -> None:
         """``message`` into the job's AdminComment, after what is there (best effort)."""
@@ -268,8 +276,8 @@ class PySlurm:
     def placing(self) -> dict[str, Placing]:
         return self.cli.placing()
 
-    def set_exclusion(self, job_id: str, exclude: str, admin_comment: str) -> None:
-        self.cli.set_exclusion(job_id, exclude, admin_comment)
+    def set_exclusion(self, job_id: str, job_ref: str, exclude: str | None, comment: Callable[[str], str]) -> bool:
+        return self.cli.set_exclusion(job_id, job_ref, exclude, comment)
 
     def hold(self, job_id: str, reason: str) -> str:
         """CliSlurm.hold (see the class docstring for why)."""

@@ -5,6 +5,7 @@ keeping jobs and nodes as Slurm would.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from dsstage.hostlist import expand_nodes
@@ -42,7 +43,7 @@ class FakeSlurm:
     feature_calls: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
     drained: dict[str, str] = field(default_factory=dict)
     placing_table: dict[str, Placing] = field(default_factory=dict)
-    exclusion_calls: list[tuple[str, str, str]] = field(default_factory=list)
+    exclusion_calls: list[tuple[str, str | None, str]] = field(default_factory=list)
 
     def submit(self, job: Job) -> None:
         self.jobs[job.job_id] = job
@@ -68,12 +69,16 @@ class FakeSlurm:
     def placing(self) -> dict[str, Placing]:
         return {k: v for k, v in self.placing_table.items() if k in self.jobs}
 
-    def set_exclusion(self, job_id: str, exclude: str, admin_comment: str) -> None:
-        self.exclusion_calls.append((job_id, exclude, admin_comment))
-        if job_id in self.placing_table:
+    def set_exclusion(self, job_id: str, job_ref: str, exclude: str | None, comment: Callable[[str], str]) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "PENDING":
+            return False
+        text = comment(job.admin_comment)
+        self.exclusion_calls.append((job_ref, exclude, text))
+        if exclude is not None and job_id in self.placing_table:
             self.placing_table[job_id] = replace(self.placing_table[job_id], exc_nodes=exclude)
-        if job_id in self.jobs:
-            self.jobs[job_id] = replace(self.jobs[job_id], admin_comment=admin_comment)
+        self.jobs[job_id] = replace(job, admin_comment=text)
+        return True
 
     def job_alive(self, job_id: str) -> bool:
         return job_id in self.jobs

@@ -25,8 +25,9 @@ GONE = "the job is gone: nothing to hold"
 _OWN_PART = re.compile(r"(?:^|\s+)dsstage (?:held|cancelled|stopped) this job: .*\Z", re.S)
 #: the same, for the modules that write other parts of the comment before it
 OWN_PART = _OWN_PART
-#: a word that job_submit.lua's tag parser (TAG_RE) would take for the tag
-_TAG_LOOKALIKE = re.compile(r"(?<!\S)dsstage=")
+#: a word that job_submit.lua's tag parser (TAG_RE) would take for the tag, or the demand
+#: poller for its wait marker (dsstage.policy.datawait)
+_TAG_LOOKALIKE = re.compile(r"(?<!\S)dsstage(-wait(?:ed)?)?=")
 
 
 def clean_reason(text: str, limit: int = MAX_REASON) -> str:
@@ -38,7 +39,7 @@ def clean_reason(text: str, limit: int = MAX_REASON) -> str:
     """
     kept = "".join(" " if c.isspace() else c for c in text
                    if c.isspace() or unicodedata.category(c)[0] != "C")
-    line = _TAG_LOOKALIKE.sub("dsstage:", " ".join(kept.split()))
+    line = _TAG_LOOKALIKE.sub(lambda m: m.group(0)[:-1] + ":", " ".join(kept.split()))
     if len(line) > limit:
         line = line[:max(limit - 3, 0)].rstrip() + "..."
     return line

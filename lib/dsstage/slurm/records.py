@@ -118,30 +118,42 @@ class Placing:
     """What the bounded wait for data (dsstage.policy.datawait) reads of a job, besides ``queue``."""
 
     job_id: str  # as Job.job_id (squeue %A)
-    array_pending: bool  # a pending array not split into its tasks yet (squeue %i "12_[1-9]")
+    job_ref: str  # how scontrol names this one job (squeue %i): "12", "12_3" (an array task), "12+1"
     state: str
     nodes: int  # allocated, or the minimum a pending job asked for
     end_time: float | None  # a running job's time limit, as a time
     req_nodes: str  # -w
     exc_nodes: str  # ExcNodeList
+    reservation: str  # --reservation
     constraint: str  # -C
 
+    @property
+    def array_pending(self) -> bool:
+        """A pending array not split into its tasks yet (``12_[1-9]``): one record, many jobs."""
+        return "[" in self.job_ref
 
-#: ``squeue -o`` of ``placing``: Slurm's fields and hostlists, none with ``|`` in it, the
-#: constraint last (it may hold ``|``; Slurm accepts only feature names and operators there,
-#: no line break). ``-O`` has no field for the excluded nodes in 22.05.
-PLACING_FORMAT = "%A|%i|%T|%D|%e|%n|%x|%f"
-_PLACING_RE = re.compile(r"^(\d+)\|(\S*?)\|([A-Z_]+)\|(\d+)(?:-\d*)?\|([^|\s]*)\|([^|\s]*)\|([^|\s]*)\|(.*)$", re.M)
+    @property
+    def heterogeneous(self) -> bool:
+        """A component of a heterogeneous job (``12+1``): an update of one reaches them all."""
+        return "+" in self.job_ref
+
+
+#: ``squeue -o`` of ``placing``: Slurm's fields, hostlists and names, none with ``|`` in
+#: it, the constraint last (it may hold ``|``; Slurm accepts only feature names and
+#: operators there, no line break). ``-O`` has no field for the excluded nodes in 22.05.
+PLACING_FORMAT = "%A|%i|%T|%D|%e|%n|%x|%v|%f"
+_PLACING_RE = re.compile(r"^(\d+)\|([0-9_+\[\],%-]+)\|([A-Z_]+)\|(\d+)(?:-\d*)?\|([^|\s]*)\|([^|\s]*)\|([^|\s]*)\|"
+                         r"([^|\s]*)\|(.*)$", re.M)
 
 
 def parse_placing(text: str) -> dict[str, Placing]:
     """``squeue -h -o PLACING_FORMAT`` output: jobs by id; lines that do not match are skipped."""
     out = {}
     for m in _PLACING_RE.finditer(text):
-        job_id, shown, state, nodes, end, req, exc, constraint = m.groups()
-        out[job_id] = Placing(job_id=job_id, array_pending="[" in shown, state=state, nodes=int(nodes),
-                              end_time=_epoch(end), req_nodes="" if req in _NONE else req,
-                              exc_nodes="" if exc in _NONE else exc,
+        job_id, ref, state, nodes, end, req, exc, resv, constraint = m.groups()
+        out[job_id] = Placing(job_id=job_id, job_ref=ref, state=state, nodes=int(nodes), end_time=_epoch(end),
+                              req_nodes="" if req in _NONE else req, exc_nodes="" if exc in _NONE else exc,
+                              reservation="" if resv in _NONE else resv,
                               constraint="" if constraint.strip() in _NONE else constraint.strip())
     return out
 
