@@ -251,7 +251,7 @@ def test_addresses_ask_sinfo_once(tmp_path, monkeypatch):
     (tmp_path / "sinfo").chmod(0o755)
     monkeypatch.setenv("SINFO_FORMAT", "%P")  # a user's setting must not change what is parsed
     assert fleet.addresses(["n1", "n2", "n3"], str(tmp_path)) == {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "n3"}
-    assert log.read_text().splitlines() == ["-h -a -N -o %N|%o|%T|%f|%b", "SINFO_FORMAT="]
+    assert log.read_text().splitlines() == ["-h -a -N -o %N|%o|%T|%f|%b|%R", "SINFO_FORMAT="]
     (tmp_path / "fail").touch()
     assert fleet.addresses(["n1", "n2"], str(tmp_path)) == {"n1": "n1", "n2": "n2"}
     assert fleet.addresses(["n1"], str(tmp_path / "nowhere")) == {"n1": "n1"}
