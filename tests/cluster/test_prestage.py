@@ -214,6 +214,8 @@ def test_a_pending_job_waits_for_the_busy_node_that_holds_its_data(cluster, jobs
     job, go = queued()
     cluster.dsstage("demand-poller", "--once")  # the next round changes nothing
     assert excluded(cluster, job) == {"n1", "n2"}
+    explained = " ".join(cluster.dsstage("status", "--job", job).stdout.split())
+    assert "for nodes that hold its data (placement.wait_for_data)" in explained, explained
     go["n3"].write_text("go")
     info = cluster.wait(job)
     assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n3", info

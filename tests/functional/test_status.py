@@ -212,3 +212,21 @@ def test_a_held_job_is_explained_as_held_not_as_unplanned(cluster: Env):
     assert "It is held: it starts only once released (scontrol release 300)" in text, text
     assert "has not planned" not in text
     assert "It is held" not in status.explain_job(collect(cluster), "301"), "priority 0 alone is no hold"
+
+
+def test_a_job_in_a_bounded_wait_for_its_data_shows_as_waiting(cluster: Env):
+    """The poller's marker in AdminComment (dsstage.policy.datawait) reaches the snapshot,
+    the queue's data column and the job's paragraph; a job that waited once does not."""
+    jobs = [Job("400", "ana", "PENDING", ("coco",), partition="gpu", priority=10, start_time=NOW + 600,
+                sched_nodes="n2", admin_comment="dsstage-datasets=coco dsstage-wait=%d:n[1,3]" % (NOW - 310)),
+            Job("401", "ana", "PENDING", ("coco",), partition="gpu", priority=10, start_time=NOW + 600,
+                sched_nodes="n2", admin_comment="dsstage-datasets=coco dsstage-waited=%d" % (NOW - 900))]
+    demand.write(str(cluster.state), demand.build(jobs, NOW - 10))
+    st = collect(cluster)
+    text = status.explain_job(st, "400")
+    assert "It has been waiting 5 min for nodes that hold its data (placement.wait_for_data)" in text, text
+    assert "waiting" not in status.explain_job(st, "401")
+    rows = {r[0]: r for r in status_view.sections(st, show_queue=True, plain=True)[-1].rows}
+    assert rows["400"][-1] == "1/1 ready, waiting for it" and rows["401"][-1] == "1/1 ready", rows
+    queue = status.to_json(st)["queue"]["jobs"]
+    assert [q["waiting"] for q in queue if q["job_id"] in ("400", "401")] == [NOW - 310, None]

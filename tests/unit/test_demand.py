@@ -284,3 +284,15 @@ def squashed(state: str, tmp_path: Path, daemon) -> None:
         poller.run(c, FakeSlurm(), clock=lambda: NOW, sleep=stop)
     for name in ("demand.json", "demand-summary.json", "poller.json"):
         assert os.stat(os.path.join(c.state_dir, name)).st_uid == daemon.pw_uid, name
+
+
+def test_a_pending_job_in_a_bounded_wait_carries_when_it_began():
+    """The poller's marker (dsstage.policy.datawait) in AdminComment: ``waiting`` only while
+    it waits; a job that waited once, or that has none, has no such field."""
+    waits, waited = "dsstage-datasets=coco dsstage-wait=1799999000:n[2-9]", "dsstage-datasets=coco dsstage-waited=1"
+    jobs = [Job("20", "ana", "PENDING", ("coco",), admin_comment=waits),
+            Job("21", "ana", "PENDING", ("coco",), admin_comment=waited),
+            Job("22", "ana", "RUNNING", ("coco",), nodes="n1", admin_comment=waits)]
+    coco = demand.build(jobs, NOW).datasets["coco"]
+    assert [r.get("waiting") for r in coco["pending"]] == [1799999000, None]
+    assert "waiting" not in coco["running"][0]

@@ -162,13 +162,18 @@ def queue_rows(snap: Snapshot) -> list[dict[str, Any]]:
                 row = jobs.setdefault(job_id, {
                     "job_id": job_id, "user": str(w.get("user", "")), "state": state,
                     "partition": str(w.get("partition", "")), "priority": w.get("priority"),
-                    "held": bool(w.get("held")),
+                    "held": bool(w.get("held")), "waiting": _since(w.get("waiting")),
                     "start": w.get("start"), "nodes": str(w.get("nodes") or ""), "datasets": []})
                 row["datasets"].append(name)
     for row in jobs.values():
         row["datasets"].sort()
     return sorted(jobs.values(), key=lambda r: (r["state"] != "pending", r["start"] or float("inf"),
                                                 _job_key(r["job_id"])))
+
+
+def _since(value: Any) -> float | None:
+    """A pending job's ``waiting`` (when its bounded wait for its data began), or None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _job_key(job_id: str) -> tuple[int, str]:
@@ -309,6 +314,11 @@ def explain_job(st: Status, job_id: str, maps: Mapping[str, Mapping[str, Any]] |
                      f"Slurm has planned it on {job['nodes']}." if planned else
                      f"Slurm expects it to start {when}; its nodes are not planned yet." if when else
                      "Slurm has not planned when or where it starts yet.")
+        if job.get("waiting") is not None and not held:
+            parts.append(f"It has been waiting {human_duration(max(0.0, st.time - job['waiting']))} for nodes "
+                         "that hold its data (placement.wait_for_data): Slurm keeps it off the other nodes until "
+                         "the demand poller lets it go, at the latest after that bound or once those nodes go "
+                         "down or lose the data.")
     else:
         parts.append(f"It runs on {job['nodes']}." if planned else "")
     by_node = {r["node"]: r for r in st.nodes}

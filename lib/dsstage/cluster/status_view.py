@@ -121,6 +121,9 @@ def _queue_section(st: Status, limit: int | None) -> Section:
         nodes = _expand(q["nodes"])
         have = [n for n in nodes if all((d, n) in ready for d in q["datasets"])]
         data = f"{len(have)}/{len(nodes)} ready" if nodes else "-"
+        if q["state"] == "pending" and q.get("waiting") is not None:
+            # the poller's bounded wait (placement.wait_for_data): it may start only on nodes holding its data
+            data = f"{data}, waiting for it" if nodes else "waiting for it"
         if q["state"] == "pending":
             when = ("in " + human_duration(q["start"] - st.time)) if q["start"] and q["start"] > st.time else \
                 "now" if q["start"] else "unknown"

@@ -16,7 +16,9 @@ active jobs (one ``squeue`` with fixed fields, see dsstage.slurm.client) and wri
 
 ``datasets`` lists, per dataset, the pending jobs that requested it (expected start and the
 backfill plan's nodes where Slurm knows them, else null and "") and the running ones with
-their nodes. ``running`` maps every running job (with or without datasets) to its nodes:
+their nodes. A pending job that waits for the nodes holding its data (the poller's
+bounded wait, dsstage.policy.datawait) also has ``"waiting": SINCE`` (epoch seconds, from
+the marker in its AdminComment). ``running`` maps every running job (with or without datasets) to its nodes:
 it is what stale leases are checked against. Node lists are Slurm hostlists.
 
 ``uses`` is the history: per dataset, an exponentially decayed count of the job starts the
@@ -139,6 +141,7 @@ def build(jobs: Iterable[Any], now: float, *, backend: str = "", host: str = "",
           previous: Snapshot | None = None) -> Snapshot:
     """The snapshot of ``jobs`` (dsstage.slurm.records.Job records from one query); ``previous``: the last
     one written, whose counts of job starts it carries on (without it, they start at 0)."""
+    from dsstage.policy import datawait  # the poller's, not the nodes' readers of the snapshot
     datasets: dict[str, dict[str, list[dict[str, Any]]]] = {}
     running: dict[str, str] = {}
     counted = previous.running if previous is not None else {}
@@ -156,6 +159,9 @@ def build(jobs: Iterable[Any], now: float, *, backend: str = "", host: str = "",
             if state == "pending":
                 row.update(priority=job.priority, start=job.start_time, nodes=job.sched_nodes,
                            held=job.reason.startswith("JobHeld"))
+                mark = datawait.marker(job.admin_comment)
+                if mark is not None and mark.waiting:
+                    row["waiting"] = mark.since
             else:
                 row.update(nodes=job.nodes)
             datasets.setdefault(name, {"pending": [], "running": []})[state].append(row)
