@@ -14,7 +14,7 @@ from dsstage.config import load
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what the warm paths must not import (tests/unit/test_warm_imports.py)
-WARM_HEAVY = ("typing", "dataclasses", "inspect", "logging", "yaml", "argparse")
+WARM_HEAVY = ("typing", "dataclasses", "inspect", "logging", "yaml", "argparse", "json", "re", "enum")
 
 
 def python_copier(monkeypatch) -> None:

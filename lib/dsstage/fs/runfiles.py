@@ -8,12 +8,12 @@ Imports only the standard library and dsstage.fs: the warm Prolog uses it.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from dsstage.errors import StoreError, UnsafeStore
+from dsstage.fs import jsontext
 from dsstage.fs.layout import env_var, job_id_ok
 from dsstage.fs.safe import RootDir, _read_json_fd, open_regular, read_json_at, unlink_at, write_at, write_json_at
 
@@ -182,10 +182,10 @@ def keep_parsed_config(run_dir: str, path: str, st: os.stat_result, data: Any,
     if os.geteuid() != 0 or (time.time() if now is None else now) - st.st_ctime < SETTLED:
         return False
     try:
-        text = json.dumps({"origin": path, "key": stat_key(st), "data": data}, sort_keys=True, allow_nan=False)
+        text = jsontext.dumps({"origin": path, "key": stat_key(st), "data": data}, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError):
         return False
-    if json.loads(text)["data"] != data:
+    if jsontext.loads(text)["data"] != data:
         return False
     try:
         with RootDir(run_dir, create=False) as run:

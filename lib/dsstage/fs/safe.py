@@ -34,7 +34,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import itertools
-import json
 import os
 import stat
 import time
@@ -42,6 +41,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from dsstage.errors import StoreError, UnsafeStore
+from dsstage.fs import jsontext
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
@@ -303,7 +303,7 @@ def _read_json_fd(fd: int) -> dict[str, Any]:
     except OSError:
         return {}
     try:
-        obj = json.loads(data) if len(data) <= JSON_MAX else None
+        obj = jsontext.loads(data) if len(data) <= JSON_MAX else None
     except ValueError:
         return {}
     return obj if isinstance(obj, dict) else {}
@@ -331,7 +331,7 @@ def write_at(dir_fd: int, name: str, data: str | bytes, *, mode: int = 0o644, fs
 
 
 def write_json_at(dir_fd: int, name: str, data: Mapping[str, Any], *, fsync: bool = True) -> None:
-    write_at(dir_fd, name, json.dumps(data, sort_keys=True), fsync=fsync)
+    write_at(dir_fd, name, jsontext.dumps(data, sort_keys=True), fsync=fsync)
 
 
 def unlink_at(dir_fd: int | None, name: str) -> bool:
@@ -357,7 +357,7 @@ def read_json(path: str) -> dict[str, Any]:
     (for files in the admins' state directory; the store uses read_json_at)."""
     try:
         with open(path, "rb") as fh:
-            data = json.load(fh)
+            data = jsontext.loads(fh.read())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -376,7 +376,7 @@ def write_atomic(path: str, data: str | bytes, *, fsync: bool = True, mode: int 
 
 
 def write_json(path: str, data: Mapping[str, Any], *, fsync: bool = True, mode: int = 0o644) -> None:
-    write_atomic(path, json.dumps(data, sort_keys=True), fsync=fsync, mode=mode)
+    write_atomic(path, jsontext.dumps(data, sort_keys=True), fsync=fsync, mode=mode)
 
 
 def remove_at(dir_fd: int | None, name: str) -> bool:

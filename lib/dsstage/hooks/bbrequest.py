@@ -23,12 +23,11 @@ Prolog uses it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 
 from dsstage.errors import ConfigError, StateError
-from dsstage.fs import runfiles, safe, shared
+from dsstage.fs import jsontext, runfiles, safe, shared
 
 DIR = "bb"
 #: the hook scripts' variable naming the directory (from the defaults file)
@@ -94,7 +93,7 @@ def read(state_dir: str, job_id: str, writer_uid: int | None = None) -> str | No
     if data is None:
         return None
     try:
-        record = json.loads(data) if len(data) <= shared.MAX else None
+        record = jsontext.loads(data) if len(data) <= shared.MAX else None
     except ValueError:
         record = None
     if not isinstance(record, dict) or record.get("job") != job_id or not isinstance(record.get("datasets"), str):
@@ -107,7 +106,7 @@ def write(state_dir: str, job_id: str, names: Sequence[str]) -> str:
     if not _job_ok(job_id):
         raise StateError(f"{job_id!r} is not a job id")
     path = os.path.join(directory(state_dir), job_id)
-    safe.write_atomic(path, json.dumps({"job": job_id, "datasets": ",".join(names)}) + "\n")
+    safe.write_atomic(path, jsontext.dumps({"job": job_id, "datasets": ",".join(names)}) + "\n")
     return path
 
 

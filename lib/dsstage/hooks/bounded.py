@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -167,6 +166,7 @@ def _wait(pid: int, seconds: float, tell_r: int, out_r: int) -> Outcome:
         if pidfd is not None:
             os.close(pidfd)
     if not ended:
+        import signal  # only here: the module imports enum, a few ms of every warm Prolog
         try:
             os.kill(pid, signal.SIGKILL)
             reaped, status = os.waitpid(pid, os.WNOHANG)

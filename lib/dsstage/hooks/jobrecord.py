@@ -24,7 +24,6 @@ A one-node job needs neither and writes nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -32,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 from dsstage.errors import DsstageError, StateError
-from dsstage.fs import formats, shared
+from dsstage.fs import formats, jsontext, shared
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ def pin(state_dir: str, job_id: str, nodes: str, node: str, chosen: Mapping[str,
     if not _job_ok(job_id):
         raise StateError(f"{job_id!r} is not a job id")
     where = directory(state_dir)
-    data = json.dumps({"format": FORMAT, "job": job_id, "nodes": nodes, "by": node, "time": time.time(),
+    data = jsontext.dumps({"format": FORMAT, "job": job_id, "nodes": nodes, "by": node, "time": time.time(),
                        "versions": dict(chosen)}, sort_keys=True).encode() + b"\n"
     writers = _writers(user)
     try:
@@ -118,7 +117,7 @@ def claim_hold(state_dir: str, job_id: str, nodes: str, node: str, user: str | N
     writers = _writers(user)
     with _as_writer(user):
         won = shared.create_once(where, f"{job_id}.hold",
-                                 json.dumps({"job": job_id, "nodes": nodes, "by": node}).encode(), writers)
+                                 jsontext.dumps({"job": job_id, "nodes": nodes, "by": node}).encode(), writers)
         record = {} if won else _parse(shared.read(where, f"{job_id}.hold", writers)) or {}
     if won or record.get("by") == node or record.get("nodes") != nodes:
         return True, node
@@ -162,7 +161,7 @@ def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shard
             if raw is None:
                 from dsstage.node import shardplan
                 made = {name: shardplan.plan(state_dir, name, ids, nodes) for name, ids in shards.items()}
-                data = json.dumps({"format": FORMAT, "job": job_id, "nodes": sorted(nodes), "by": node,
+                data = jsontext.dumps({"format": FORMAT, "job": job_id, "nodes": sorted(nodes), "by": node,
                                    "time": time.time(), "shards": made}, sort_keys=True).encode() + b"\n"
                 if shared.create_once(where, record_name, data, writers):
                     return made
@@ -205,7 +204,7 @@ def _parse(raw: bytes | None) -> dict | None:
     if raw is None or len(raw) > shared.MAX:
         return None
     try:
-        record = json.loads(raw)
+        record = jsontext.loads(raw)
     except ValueError:
         return None
     return record if isinstance(record, dict) else None

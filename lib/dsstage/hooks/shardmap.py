@@ -6,10 +6,9 @@ map of which node holds which shards (a file only the job reads) and the exports
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
-from dsstage.fs import runfiles
+from dsstage.fs import jsontext, runfiles
 from dsstage.shards.indexfile import Shard
 
 
@@ -22,7 +21,7 @@ def write_map(run_dir: str, node: str, job_id: str, gid: int, name: str, version
                "nodes": {n: {"shards": sorted(by_id[s].index for s in ids), "files": sum(by_id[s].files for s in ids),
                              "bytes": sum(by_id[s].bytes for s in ids)} for n, ids in sorted(plan.items())}}
     return runfiles.write_job_file(run_dir, node, job_id, f"shards-{name}.json",
-                                   json.dumps(job_map, indent=1, sort_keys=True) + "\n", gid)
+                                   jsontext.dumps(job_map, indent=1, sort_keys=True) + "\n", gid)
 
 
 def exports(mine: Sequence[Shard], count: int, shards: Sequence[Shard], plan: Mapping[str, Sequence[str]],

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from dsstage.fs import formats, safe
+from dsstage.fs import formats, jsontext, safe
 from dsstage.fs.safe import RootDir
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
@@ -67,13 +67,12 @@ def published_path(state_dir: str, node: str) -> str:
 def ready_in_reports(state_dir: str, nodes: Sequence[str], name: str, versions: Sequence[str]) -> dict[str, set[str]]:
     """node -> the versions (ids; a sharded dataset's shards) of ``versions`` that its published
     report shows ready (a report that cannot be read counts as holding nothing)."""
-    import json
     wanted = set(versions)
     out: dict[str, set[str]] = {}
     for node in nodes:
         try:
-            with open(published_path(state_dir, node), encoding="utf-8") as fh:
-                rows = json.load(fh).get("copies") or []
+            with open(published_path(state_dir, node), "rb") as fh:
+                rows = jsontext.loads(fh.read()).get("copies") or []
         except (OSError, ValueError, AttributeError):
             continue
         out[node] = {r["version"] for r in rows if isinstance(r, dict) and r.get("dataset") == name
@@ -102,9 +101,10 @@ def update(run_dir: str, node: str, change: Callable[[dict[str, Any]], bool],
         if not report or not change(report):
             return None
         report["time"] = time.time()
-        safe.write_json_at(reports, f"{node}.json", report, fsync=False)
+        text = jsontext.dumps(report, sort_keys=True)  # once, for both copies
+        safe.write_at(reports, f"{node}.json", text, fsync=False)
     if publish_to:
-        publish(publish_to[0], node, report, publish_to[1])
+        publish(publish_to[0], node, report, publish_to[1], text)
     return report
 
 
@@ -113,9 +113,10 @@ def replace(run_dir: str, node: str, build: Callable[[Mapping[str, Any]], dict[s
     """Rebuild this node's report under its lock: ``build(previous)`` gives the new one."""
     with _locked(run_dir, node) as reports:
         report = build(safe.read_json_at(reports, f"{node}.json"))
-        safe.write_json_at(reports, f"{node}.json", report, fsync=False)
+        text = jsontext.dumps(report, sort_keys=True)  # once, for both copies
+        safe.write_at(reports, f"{node}.json", text, fsync=False)
     if publish_to:
-        publish(publish_to[0], node, report, publish_to[1])
+        publish(publish_to[0], node, report, publish_to[1], text)
     return report
 
 
@@ -128,20 +129,23 @@ def local(run_dir: str, node: str) -> dict[str, Any]:
         return {}
 
 
-def publish(state_dir: str, node: str, report: Mapping[str, Any], user: str | None) -> bool:
+def publish(state_dir: str, node: str, report: Mapping[str, Any], user: str | None, text: str | None = None) -> bool:
     """Copy the report to the shared state directory, as ``user`` if set (root_squash);
-    False (and a warning) if it cannot be written: the node-local report stays right."""
+    False (and a warning) if it cannot be written: the node-local report stays right.
+    ``text``: the report as JSON already (the node-local copy's)."""
     path = published_path(state_dir, node)
     from dsstage import privatedata
     if privatedata.hides_jobs():  # the shared copy is read by every user: no job ids or users
-        report = privatedata.redact_report(report)
+        report, text = privatedata.redact_report(report), None
+    if text is None:
+        text = jsontext.dumps(report, sort_keys=True)
     try:
         if user:  # imported only then: the warm Prolog pays for what it uses
             from dsstage.fs import identity
             with identity.acting_as(identity.lookup(user, "report.user")):
-                _write_creating(path, report)
+                _write_creating(path, text)
         else:
-            _write_creating(path, report)
+            _write_creating(path, text)
         return True
     except Exception as exc:  # noqa: BLE001 - a report is never worth failing a job
         import logging
@@ -152,12 +156,12 @@ def publish(state_dir: str, node: str, report: Mapping[str, Any], user: str | No
         return False
 
 
-def _write_creating(path: str, report: Mapping[str, Any]) -> None:
+def _write_creating(path: str, text: str) -> None:
     try:
-        safe.write_json(path, report, fsync=False)
+        safe.write_atomic(path, text, fsync=False)
     except FileNotFoundError:
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        safe.write_json(path, report, fsync=False)
+        safe.write_atomic(path, text, fsync=False)
 
 
 def note_leases(run_dir: str, node: str, job_id: str, user: str, copies: Sequence[tuple[str, str]],

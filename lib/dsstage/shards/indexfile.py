@@ -9,12 +9,11 @@ library only, so that the warm Prolog (dsstage.hooks.warm) can read it too.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 
 from dsstage.errors import ManifestError
-from dsstage.fs import formats
+from dsstage.fs import formats, jsontext
 
 KIND = "shard-index"
 
@@ -60,7 +59,7 @@ def read(directory: str, name: str, version: str, count: int) -> tuple[Shard, ..
     path = os.path.join(directory, index_name(version, count))
     try:
         with open(path, encoding="utf-8") as fh:
-            record = json.load(fh)
+            record = jsontext.loads(fh.read())
     except FileNotFoundError:
         raise ManifestError(f"dataset {name!r}: version {version[:16]} was not split into {count} shards (its "
                             f"shards: setting): an admin must run `dsstage manifest build {name}`") from None
