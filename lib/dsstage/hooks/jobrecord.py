@@ -75,7 +75,7 @@ def pin(state_dir: str, job_id: str, nodes: str, node: str, chosen: Mapping[str,
         raise StateError(f"{job_id!r} is not a job id")
     where = directory(state_dir)
     data = jsontext.dumps({"format": FORMAT, "job": job_id, "nodes": nodes, "by": node, "time": time.time(),
-                       "versions": dict(chosen)}, sort_keys=True).encode() + b"\n"
+                           "versions": dict(chosen)}, sort_keys=True).encode() + b"\n"
     writers = _writers(user)
     try:
         with _as_writer(user):  # reading too: where NFS squashes root, only the writer can
@@ -162,7 +162,7 @@ def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shard
                 from dsstage.node import shardplan
                 made = {name: shardplan.plan(state_dir, name, ids, nodes) for name, ids in shards.items()}
                 data = jsontext.dumps({"format": FORMAT, "job": job_id, "nodes": sorted(nodes), "by": node,
-                                   "time": time.time(), "shards": made}, sort_keys=True).encode() + b"\n"
+                                       "time": time.time(), "shards": made}, sort_keys=True).encode() + b"\n"
                 if shared.create_once(where, record_name, data, writers):
                     return made
                 raw = shared.read(where, record_name, writers)
