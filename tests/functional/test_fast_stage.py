@@ -138,3 +138,78 @@ def test_the_fast_path_imports_nothing_heavy(env: Env, ready):
         imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
         assert "dsstage.cli.fast" in imported and "dsstage.config.load" not in imported
         assert not imported & set(WARM_HEAVY), (argv, sorted(imported & set(WARM_HEAVY)))
+
+
+def test_a_full_verify_of_a_matching_copy_answers_as_the_full_command_under_the_lock(env: Env, ready, monkeypatch,
+                                                                                      capsys):
+    """``verify --full`` of a copy whose every file matches: the full command's answer, the
+    copy hashed under the dataset's lock (its owner recorded, as the full command records
+    it), without the configuration; the lock is free and the owner file gone after."""
+    from dsstage.node import lock, treecheck
+    full = env.cli_json("-v", "verify", "coco", "--full")
+    text = env.cli("-v", "verify", "coco", "--full").stdout
+    path = str(env.tier_root() / "locks" / "coco.lock")
+    checked = []
+
+    def check_tree(fd, entries, threads=0, progress=None):
+        checked.append((lock.is_held(path), lock.read_owner(path).get("action"), len(entries)))
+        return real(fd, entries, threads, progress)
+    real = treecheck.check_tree
+    monkeypatch.setattr(treecheck, "check_tree", check_tree)
+    monkeypatch.setattr(load, "load", lambda *a, **k: pytest.fail("the fast path loaded the configuration"))
+    assert cli_main.main(["verify", "coco", "--full", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == full
+    assert full["mode"] == "full" and full["checked_files"] == 2
+    assert cli_main.main(["verify", "--full", "coco"]) == 0
+    assert capsys.readouterr().out == text
+    assert checked == [(True, "verify", 2)] * 2
+    assert not lock.is_held(path) and not os.path.exists(path + ".owner")
+
+
+@pytest.mark.parametrize("case", ["wrong", "missing", "extra", "locked", "old cache"])
+def test_a_full_verify_that_finds_anything_wrong_is_the_full_commands(env: Env, ready, case):
+    """A wrong, missing or extra file is left as found for the full command, which checks
+    again, repairs and says so; a lock another holds and a cache from before the fast
+    ``verify --full`` leave it to the full command too."""
+    from dsstage.node.lock import DatasetLock
+    copy = ready[0]["path"]
+    if case == "wrong":
+        fd = os.open(os.path.join(copy, "a"), os.O_WRONLY)  # root writes the read-only file
+        os.write(fd, b"9")
+        os.close(fd)
+    elif case == "missing":
+        os.unlink(os.path.join(copy, "b", "c"))
+    elif case == "extra":
+        with open(os.path.join(copy, "b", "planted"), "w") as f:
+            f.write("x")
+    elif case == "old cache":
+        cache = json.loads((env.run / runfiles.CONFIG_CACHE).read_text())
+        del cache["hash_threads"]
+        (env.run / runfiles.CONFIG_CACHE).write_text(json.dumps(cache))
+    if case == "locked":
+        with DatasetLock(str(env.tier_root() / "locks" / "coco.lock"), timeout=1, action="stage"):
+            assert fast.answer(["verify", "coco", "--full"]) is None
+        assert env.cli_json("verify", "coco", "--full")["ok"]
+        return
+    before = sorted(p.name for p in (env.tier_root() / "datasets").rglob("*"))
+    assert fast.answer(["verify", "coco", "--full"]) is None
+    assert sorted(p.name for p in (env.tier_root() / "datasets").rglob("*")) == before  # nothing changed
+    got = env.cli_json("verify", "coco", "--full")
+    assert got["ok"] and got["mode"] == "full"
+    assert got["repaired"] == {"wrong": ["a"], "missing": ["b/c"]}.get(case, [])
+    assert got["removed_extras"] == (1 if case == "extra" else 0)
+    if case == "old cache":
+        env.cli("stage", "coco", "--job-id", "9", "--full")  # the full stage writes the cache again
+        assert fast.answer(["verify", "coco", "--full"]) == 0
+
+
+def test_the_fast_full_verify_imports_neither_the_configuration_nor_the_store(env: Env, ready):
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "dsstage", "verify", "coco", "--full"],
+                         env=env.env(), capture_output=True, text=True, check=False)
+    assert res.returncode == 0 and "OK (full)" in res.stdout, res.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
+    assert "dsstage.node.treecheck" in imported
+    assert not imported & {"dsstage.config.load", "dsstage.node.store", "yaml", "argparse", "filelock"}, \
+        sorted(imported & {"dsstage.config.load", "dsstage.node.store", "yaml", "argparse", "filelock"})

@@ -14,11 +14,12 @@ from dsstage.cli.fast import parse
      {"config": "/c.yaml", "node": "n2", "job_id": "9", "names": "coco"}),
     (["verify", "coco", "--json"], {"verb": "verify", "names": "coco", "json": True}),
     (["--node", "n3", "verify", "coco"], {"verb": "verify", "node": "n3", "names": "coco"}),
+    (["verify", "--full", "coco", "--json"], {"verb": "verify", "names": "coco", "full": True, "json": True}),
 ])
 def test_the_plain_form_is_parsed(argv, want):
     opts = parse(argv)
-    assert opts == {"verb": "stage", "config": None, "node": None, "job_id": None, "json": False, "names": None,
-                    **want}
+    assert opts == {"verb": "stage", "config": None, "node": None, "job_id": None, "json": False, "full": False,
+                    "names": None, **want}
 
 
 @pytest.mark.parametrize("argv", [
@@ -36,7 +37,8 @@ def test_the_plain_form_is_parsed(argv, want):
     ["stage", "coco", "--job"],  # an abbreviation argparse would take
     ["status", "stage"],
     ["stage", "coco", "--json=1"],
-    ["verify", "coco", "--full"],  # hashes: the full command
+    ["verify", "coco", "--full=1"],
+    ["verify", "coco", "--full", "--nodes", "n1"],
     ["verify", "--nodes", "n[1-2]", "coco"],
     ["verify", "coco", "--job-id", "3"],
     ["verify"],

@@ -4,23 +4,28 @@ A stage of a cached dataset is a lease and a line of output, its quick verificat
 at the ready mark; loading the YAML configuration and the store's modules costs several
 times that. ``dsstage.cli.main`` calls ``answer`` first. It answers only the plain forms
 ``[--config FILE] [--node NODE] stage NAMES [--job-id ID] [--json]`` and ``[--config FILE]
-[--node NODE] verify NAME [--json]``, run by root, for datasets the configuration cache
-lists as whole and quick-verified (the cache the Prolog and the full ``dsstage stage`` leave
-in the run directory, valid only for the configuration file's exact state:
-dsstage.fs.runfiles), whose current version is ready here. A stage leases them as the warm
-Prolog does (dsstage.node.warmlease) and notes the leases in the node report. Anything else
-(another form or option, a cache miss, a copy that is not ready, a lost race with an
-eviction, any error) returns None: the full command runs, and decides and explains.
+[--node NODE] verify NAME [--full] [--json]``, run by root, for datasets the configuration
+cache lists as whole (and, but for ``verify --full``, quick-verified) (the cache the Prolog
+and the full ``dsstage stage`` leave in the run directory, valid only for the configuration
+file's exact state: dsstage.fs.runfiles), whose current version is ready here. A stage
+leases them as the warm Prolog does (dsstage.node.warmlease) and notes the leases in the
+node report. ``verify --full`` hashes the copy under the dataset's lock, as the full
+command does (dsstage.node.treecheck), and answers only when every file matches and
+nothing else is there: what the full command would then do is print the same line. Anything
+else (another form or option, a cache miss, a copy that is not ready, a lock another holds,
+a lost race with an eviction, a wrong or extra file, any error) returns None: the full
+command runs, and decides, repairs and explains.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Sequence
 
 from dsstage.cli.output import write_json
-from dsstage.fs import layout, runfiles
+from dsstage.fs import layout, runfiles, safe
 from dsstage.fs.safe import RootDir
 from dsstage.node import report
 from dsstage.node.local import default_holder, node_name
@@ -32,14 +37,14 @@ if TYPE_CHECKING:
 
 GLOBAL = ("--config", "--node")
 #: each verb's options with a value, and its flags
-VERBS = {"stage": (("--job-id",), ("--json",)), "verify": ((), ("--json",))}
+VERBS = {"stage": (("--job-id",), ("--json",)), "verify": ((), ("--json", "--full"))}
 
 
 def parse(argv: Sequence[str]) -> dict[str, Any] | None:
     """The options of the plain form of a verb the fast path answers (``verb`` among them),
     or None for any other command line."""
     opts: dict[str, Any] = {"verb": None, "config": None, "node": None, "job_id": None, "json": False,
-                            "names": None}
+                            "full": False, "names": None}
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -70,7 +75,8 @@ def answer(argv: Sequence[str]) -> int | None:
     if opts is None or os.geteuid() != 0:
         return None
     try:
-        results = _stage(opts, started) if opts["verb"] == "stage" else _verify(opts)
+        results = _stage(opts, started) if opts["verb"] == "stage" else _verify_full(opts) if opts["full"] \
+            else _verify(opts)
     except Exception:  # noqa: BLE001 - anything unexpected: the full command meets it and explains
         return None
     if results is None:
@@ -78,7 +84,7 @@ def answer(argv: Sequence[str]) -> int | None:
     if opts["json"]:
         write_json(results if len(results) > 1 else results[0])
     elif opts["verb"] == "verify":
-        print(f"{results[0]['dataset']}: OK (quick): {results[0]['reason']}")
+        print(f"{results[0]['dataset']}: OK ({results[0]['mode']}): {results[0]['reason']}")
     else:
         for r in results:
             print(f"{r['dataset']}: {r['path']}  (already here, {r['seconds']:.2f}s, lease {r['job_id']})")
@@ -92,10 +98,12 @@ def _cache(opts: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     return run_dir, runfiles.load_cache(run_dir, config)
 
 
-def _ready(catalog: dict[str, Any], state_dir: str, name: str, node: str, tiers: dict[str, RootDir]) -> Pick | None:
-    """The current version of whole, quick-verified dataset ``name`` if it is ready here."""
+def _ready(catalog: dict[str, Any], state_dir: str, name: str, node: str, tiers: dict[str, RootDir],
+           quick_only: bool = True) -> Pick | None:
+    """The current version of whole dataset ``name`` if it is ready here (and only if the
+    dataset is quick-verified, with ``quick_only``)."""
     ds = catalog.get(name)
-    if not ds or ds.get("verify") != "quick" or ds.get("shards") or not ds.get("tier"):
+    if not ds or (quick_only and ds.get("verify") != "quick") or ds.get("shards") or not ds.get("tier"):
         return None
     digest = layout.read_current(state_dir, name)
     if digest is None:
@@ -121,6 +129,84 @@ def _verify(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
         return None
     return [{"dataset": name, "digest": pick.digest, "path": pick.path, "mode": "quick", "ok": True,
              "reason": layout.READY, "checked_files": 0, "repaired": [], "removed_extras": 0}]
+
+
+#: what ``verify --full`` says of a copy whose every file matches (dsstage.node.verifying)
+FULL_OK = "every file matches the manifest"
+
+
+def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """``verify NAME --full`` of a ready copy that matches its manifest and holds nothing
+    else, or None. The copy is checked under the dataset's lock, taken as the full command
+    takes it (an flock of ``locks/NAME.lock``, its owner recorded beside it) but without
+    waiting: a lock another holds is the full command's to wait for. A copy with a wrong or
+    extra file is the full command's to check again and repair: it is hashed twice then,
+    which is rare, and its repair reads the source anyway."""
+    name = opts["names"]
+    _run_dir, cache = _cache(opts)
+    if cache is None or type(cache.get("hash_threads")) is not int or not layout.name_ok(name):
+        return None
+    threads: int = cache["hash_threads"]
+    tiers: dict[str, RootDir] = {}
+    try:
+        pick = _ready(cache["datasets"], cache["state_dir"], name, opts["node"] or node_name(), tiers,
+                      quick_only=False)
+        if pick is None:
+            return None
+        locks = pick.tier.has_dir("locks")
+        lock = _try_lock(locks, name) if locks is not None else None
+        if lock is None:
+            return None
+        try:
+            if layout.not_ready(pick.tier, name, pick.digest) is not None:  # evicted before the lock
+                return None
+            from dsstage.config.manifest import Catalog
+            from dsstage.node import treecheck
+            entries = Catalog(cache["state_dir"]).load(name, pick.digest).entries
+            vfd = pick.tier.dir("datasets", name, layout.version_id(pick.digest))
+            extra = treecheck.extras(vfd, entries)
+            try:
+                if next(extra, None) is not None:
+                    return None
+            finally:
+                extra.close()
+            if treecheck.check_tree(vfd, entries, threads):
+                return None
+        finally:
+            safe.unlink_at(locks, f"{name}.lock.owner")
+            os.close(lock)  # and with it the lock
+    finally:
+        for tier in tiers.values():
+            tier.close()
+    return [{"dataset": name, "digest": pick.digest, "path": pick.path, "mode": "full", "ok": True,
+             "reason": FULL_OK, "checked_files": len(entries), "repaired": [], "removed_extras": 0}]
+
+
+def _try_lock(locks: int, name: str) -> int | None:
+    """The descriptor holding dataset ``name``'s lock (dsstage.node.lock.DatasetLock: the same
+    file, the same flock), its owner recorded; None if another holds it, or it is not root's
+    regular file."""
+    import fcntl
+    try:
+        fd = os.open(f"{name}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=locks)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
+            os.close(fd)
+            return None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: another holds it
+        os.close(fd)
+        return None
+    try:
+        safe.write_json_at(locks, f"{name}.lock.owner", {"host": os.uname().nodename, "pid": os.getpid(),
+                                                          "job_id": "", "since": time.time(), "action": "verify"},
+                           fsync=False)
+    except OSError:
+        pass  # the owner file is informative only
+    return fd
 
 
 def _stage(opts: dict[str, Any], started: float) -> list[dict[str, Any]] | None:

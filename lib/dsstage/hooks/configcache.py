@@ -30,6 +30,7 @@ def write_config_cache(run_dir: str, conf: Config) -> None:
     try:
         record["bb_uid"] = bbrequest.writer_uid(conf.burst_buffer.user)
         record["prolog_budget"] = conf.prolog_budget  # what bounds the hooks (dsstage.hooks.__main__)
+        record["hash_threads"] = conf.transfer.hash_threads  # the fast verify --full (dsstage.cli.fast)
         record["rollout_partitions"] = list(conf.rollout.partitions) if conf.rollout.partitions is not None else None
         record["rollout_nodes"] = expand_nodes(conf.rollout.nodes) if conf.rollout.nodes is not None else None
         runfiles.write_cache(run_dir, record)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +28,8 @@ from dsstage.fs import safe as fs_safe
 from dsstage.fs.beneath import Tree
 from dsstage.fs.identity import Identity
 from dsstage.node import publish
-from dsstage.transfer import copier, hashing, native, peers
+from dsstage.node.treecheck import check_tree, sweep_extras
+from dsstage.transfer import copier, peers
 from dsstage.transfer.rsync import TransferStats, fetch
 
 log = logging.getLogger(__name__)
@@ -45,62 +44,6 @@ class FillStats:
     removed_extras: int = 0
     from_peers: TransferStats = field(default_factory=TransferStats)  # transferred counts the source's only
     peers_given_up: dict[str, str] = field(default_factory=dict)  # peer -> why
-
-
-def check_tree(root_fd: int, entries: Sequence[Entry], threads: int = 0,
-               progress: Callable[[int], None] | None = None) -> list[Mismatch]:
-    """Every entry of ``entries`` that is missing or wrong below ``root_fd``, a tree on this
-    node's disk, in the manifest's order: an I/O error of the disk raises the node's
-    StoreError, or OSError (which the caller's local_errors makes one), never a mismatch
-    blamed on the source. Files below hashing.LARGE are hashed by the native helper where
-    there is one (dsstage.transfer.native: many small files cost Python's per-file work,
-    serialised by the GIL), the larger ones here, each on BLAKE3's threads."""
-    small = [e for e in entries if e.size < hashing.LARGE]
-    rest, done = native.check_some(root_fd, small, hashing.default_threads(threads), progress)
-    if len(small) < len(entries):
-        rest += [e for e in entries if e.size >= hashing.LARGE]
-    if progress and not done.complete and done.files:  # checked again here: counted once
-        progress = _counting_after(done.files, progress)
-    found = {e.path: what for e, what in done.failures}
-    got = hashing.hash_many(root_fd, [e.path for e in rest], threads, progress, disk_errors=True, mapped=True)
-    for e, g in zip(rest, got):
-        if g is None or g[0] != e.size or g[1] != e.hash:
-            found[e.path] = "missing" if g is None else f"size {g[0]}" if g[0] != e.size else g[1]
-    if not found:
-        return []
-    return [Mismatch(e.path, str(e.size) if what == "missing" or what.startswith("size ") else e.hash, what)
-            for e in entries if (what := found.get(e.path))]
-
-
-def _counting_after(skip: int, progress: Callable[[int], None]) -> Callable[[int], None]:
-    """``progress``, passed only what comes after the first ``skip`` units (from threads)."""
-    mutex = threading.Lock()
-    left = [skip]
-
-    def counted(n: int) -> None:
-        with mutex:
-            taken = min(left[0], n)
-            left[0] -= taken
-        if n > taken:
-            progress(n - taken)
-    return counted
-
-
-def sweep_extras(root_fd: int, entries: Sequence[Entry]) -> int:
-    """Remove everything below ``root_fd`` that the manifest does not list; return the count
-    (from the directories' listings: a published copy checked by ``verify --full``, which
-    is sealed again only if this or the check changed it)."""
-    wanted = {e.path for e in entries}
-    dirs = publish.dirs_of(wanted)
-    removed = 0
-    with Tree(root_fd) as tree:
-        for fd, found in tree.listing(descend=lambda rel: rel in dirs):
-            for name, rel, kind in found:
-                keep = rel in dirs if kind == stat.S_IFDIR else kind == stat.S_IFREG and rel in wanted
-                if not keep:
-                    fs_safe.remove_at(fd, name)
-                    removed += 1
-    return removed
 
 
 def link_reuse(dest: Tree, entries: Sequence[Entry], older: Sequence[tuple[int, Manifest]],

@@ -15,7 +15,7 @@ from dsstage.fs import beneath, safe
 from dsstage.fs import layout as fs_layout
 from dsstage.fs.layout import version_id
 from dsstage.fs.safe import RootDir
-from dsstage.node import publish
+from dsstage.node import publish, treecheck
 from dsstage.node.store import Store, VerifyResult, local_errors, open_tier
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
@@ -84,12 +84,12 @@ def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> Veri
     vid = version_id(digest)
     vfd = tier.dir("datasets", ds.name, vid)
     vdir = tier.path("datasets", ds.name, vid)
-    bad = stager.check_tree(vfd, manifest.entries, store.config.transfer.hash_threads)
+    bad = treecheck.check_tree(vfd, manifest.entries, store.config.transfer.hash_threads)
     if bad:
         store.count([("verify_failures", {"dataset": ds.name}, 1)])
     result = VerifyResult(dataset=ds.name, digest=digest, path=vdir, mode="full", ok=True,
                           reason="every file matches the manifest", checked_files=manifest.files)
-    result.removed_extras = stager.sweep_extras(vfd, manifest.entries)
+    result.removed_extras = treecheck.sweep_extras(vfd, manifest.entries)
     if bad:
         by_path = {e.path: e for e in manifest.entries}
         part = Manifest(name=ds.name, digest=digest, entries=[by_path[b.path] for b in bad],

@@ -13,7 +13,7 @@ every decision: which files, how many in flight
 moves), when to stop (the deadline), and what a failure means (SourceError for the
 source's, the store's errors for the node's). It checks a tree on this node's disk the same
 way (check: each file hashed against its manifest entry, nothing written), for ``verify
---full`` and for what rsync and peers deliver (dsstage.node.stager.check_tree).
+--full`` and for what rsync and peers deliver (dsstage.node.treecheck.check_tree).
 
 The helper is used where it is installed and trusted: ``native/dsstage-copy`` beside a
 checkout's ``lib/`` (packaging/lib.sh builds it), ``/usr/libexec/dsstage/dsstage-copy`` from
