@@ -84,6 +84,10 @@ def test_the_cluster_runs_the_selected_dsstage(cluster):
     assert package_of(plugin) == package_of(plugstack[1]) == "dsstage-spank"
     for path in [sel["cli"], *(f"{sel['hooks']}/{h}" for h in HOOKS), *(f"{sel['lua']}/{n}" for n in LUA)]:
         assert package_of(str(path)) == "dsstage", path
+    # the command is the project's launcher behind the venv's Python, not pip's (which imports re)
+    shebang, launcher = Path(sel["cli"]).resolve().read_text().split("\n", 1)
+    assert shebang == "#!/usr/lib/dsstage/venv/bin/python"
+    assert launcher == (ROOT / "packaging" / "launcher.py").read_text()
     for name in LUA:  # linked, as docs/install.md tells sites to
         assert os.readlink(cluster.etc / name) == f"{sel['lua']}/{name}"
     # the live configuration is no conffile (an upgrade never asks about it): postinst wrote
