@@ -26,13 +26,13 @@ need, so an empty directory is not recorded.
 from __future__ import annotations
 
 import gc
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from dsstage.errors import ManifestError
+from dsstage.fs import jsontext
 from dsstage.fs.layout import read_current
 from dsstage.fs.safe import write_atomic
 
@@ -207,7 +207,7 @@ def write(manifest: Manifest, path: str) -> None:
               "bytes": manifest.total_bytes, "created": manifest.created, "source": manifest.source}
     if manifest.shard_of:
         header["shard_of"] = manifest.shard_of
-    write_atomic(path, (MAGIC + json.dumps(header, sort_keys=True) + "\n").encode()
+    write_atomic(path, (MAGIC + jsontext.dumps(header, sort_keys=True) + "\n").encode()
                  + _body(manifest.entries)
                  + (MTIMES + "".join(f"{e.mtime_ns}\n" for e in manifest.entries)).encode())
 
@@ -226,7 +226,7 @@ def _parse_header(first: str, path: str) -> dict[str, object]:
         raise ManifestError(f"{path}: not a dsstage manifest (bad first line); "
                             "rebuild it with `dsstage manifest build`")
     try:
-        header = json.loads(first[len(MAGIC):])
+        header = jsontext.loads(first[len(MAGIC):])
     except ValueError:
         raise ManifestError(f"{path}: damaged header; rebuild it with `dsstage manifest build`") from None
     if not isinstance(header, dict) or not isinstance(header.get("digest"), str):

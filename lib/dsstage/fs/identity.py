@@ -12,9 +12,7 @@ user and create the staged file as root.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import platform
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,9 +20,13 @@ from dataclasses import dataclass
 
 from dsstage.errors import ConfigError
 
+TYPE_CHECKING = False  # not typing's: importing typing costs what this module saves on ctypes
+if TYPE_CHECKING:
+    from typing import Any
+
 #: setgroups(2) numbers, for the per-thread call (glibc's wrapper changes every thread)
 _SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159, "ppc64le": 81, "s390x": 206}
-_libc = ctypes.CDLL(None, use_errno=True)
+_LIBC: list[Any] = []  # ctypes' handle on the C library, made when an identity is first taken
 _ROOT_GROUPS = os.getgroups() if os.geteuid() == 0 else []
 _local = threading.local()
 
@@ -48,23 +50,34 @@ def lookup(user: str, key: str = "source_user") -> Identity:
                           f"{key} from the configuration") from None
     if pw.pw_uid == 0:
         raise ConfigError(f"{key} must not be root: it is there to act with less than root's rights")
-    if platform.machine() not in _SYS_SETGROUPS:
-        raise ConfigError(f"{key} is not supported on {platform.machine()} yet: remove it")
+    if os.uname().machine not in _SYS_SETGROUPS:
+        raise ConfigError(f"{key} is not supported on {os.uname().machine} yet: remove it")
     return Identity(user, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(user, pw.pw_gid)))
 
 
+def _libc() -> Any:
+    """The C library through ctypes, loaded on first use: importing ctypes costs every
+    command about 5 ms (and platform, which it once came with, 9 ms) that most never use."""
+    if not _LIBC:
+        import ctypes
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
 def _setgroups(groups: tuple[int, ...] | list[int]) -> None:
+    import ctypes
     arr = (ctypes.c_uint * max(1, len(groups)))(*groups)
-    if _libc.syscall(_SYS_SETGROUPS[platform.machine()], len(groups), arr) != 0:
+    if _libc().syscall(_SYS_SETGROUPS[os.uname().machine], len(groups), arr) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"setgroups: {os.strerror(err)}")
 
 
 def _setfs(uid: int, gid: int) -> None:
-    _libc.setfsgid(gid)
-    _libc.setfsuid(uid)
+    libc = _libc()
+    libc.setfsgid(gid)
+    libc.setfsuid(uid)
     # both calls return the previous value; a second call tells whether the switch took
-    if _libc.setfsuid(uid) != uid or _libc.setfsgid(gid) != gid:
+    if libc.setfsuid(uid) != uid or libc.setfsgid(gid) != gid:
         raise PermissionError(f"cannot take the file-system identity {uid}:{gid} (not root?)")
 
 

@@ -29,11 +29,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from dsstage.config.manifest import Entry
 from dsstage.errors import SourceError, local_error
@@ -125,8 +123,10 @@ def candidates() -> list[str]:
         return []
     if named:
         return [named]
-    top = Path(__file__).resolve().parents[3]
-    return [str(top / "native" / NAME), os.path.join(LIBEXEC, NAME)]
+    top = os.path.realpath(__file__)  # lib/dsstage/transfer/native.py of a checkout
+    for _ in range(4):
+        top = os.path.dirname(top)
+    return [os.path.join(top, "native", NAME), os.path.join(LIBEXEC, NAME)]
 
 
 _helper: list[Helper | None] = []
@@ -240,6 +240,7 @@ def _run(program: Helper, args: list[str], fds: tuple[int, ...], entries: Sequen
          late: Callable[[], bool], progress: Callable[[int, int], None] | None, src_root: str) -> Result:
     """Run the helper over ``entries`` and read its reports (the module's protocol:
     native/dsstage_copy.c)."""
+    import subprocess  # here: a check of large files alone, the fast verify --full's, never runs the helper
     result = Result()
     try:
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(*fds, program.fd))
