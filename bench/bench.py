@@ -623,6 +623,9 @@ class Bench:
                 os.close(fd)
         t_in = self.time_median(hash_path, settle)
         t_quick = self.time_median(lambda: self.ds("verify", name), settle)
+        # the same as the packages run it: /usr/bin/dsstage is packaging/launcher.py behind the venv's Python
+        launcher = str(TOP / "packaging" / "launcher.py")
+        t_launched = self.time_median(lambda: self.sh(self.py, launcher, "verify", name, env=self.env()), settle)
         self.add(label, "dsstage verify --full", total / t_ds, "GiB/s", "b3sum", total / t_b3,
                  t_b3 / t_ds, ">= 0.9x b3sum", t_b3 / t_ds >= 0.9)
         self.add(label, "dsstage verify --full, hashing in Python (DSSTAGE_NATIVE_COPY=0)", total / t_py, "GiB/s",
@@ -631,6 +634,7 @@ class Bench:
                  total / t_b3, t_b3 / t_in)
         self.add(label, "its fixed cost: verify --full's time beyond its hashing", t_ds - t_in, "s")
         self.add(label, "dsstage verify (quick, of the ready copy: the fast path)", t_quick, "s")
+        self.add(label, "the same through the packages' launcher (packaging/launcher.py)", t_launched, "s")
 
     def sharing(self, tmp: Path, count: int) -> None:
         module = self.dir / "data"
