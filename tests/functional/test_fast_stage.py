@@ -166,11 +166,12 @@ def test_a_full_verify_of_a_matching_copy_answers_as_the_full_command_under_the_
     assert not lock.is_held(path) and not os.path.exists(path + ".owner")
 
 
-@pytest.mark.parametrize("case", ["wrong", "missing", "extra", "locked", "old cache"])
-def test_a_full_verify_that_finds_anything_wrong_is_the_full_commands(env: Env, ready, case):
+@pytest.mark.parametrize("case", ["wrong", "missing", "extra", "locked", "lock replaced", "old cache"])
+def test_a_full_verify_that_finds_anything_wrong_is_the_full_commands(env: Env, ready, monkeypatch, case):
     """A wrong, missing or extra file is left as found for the full command, which checks
-    again, repairs and says so; a lock another holds and a cache from before the fast
-    ``verify --full`` leave it to the full command too."""
+    again, repairs and says so; a lock another holds (or a lock file replaced while it was
+    being locked) and a cache from before the fast ``verify --full`` leave it to the full
+    command too."""
     from dsstage.node.lock import DatasetLock
     copy = ready[0]["path"]
     if case == "wrong":
@@ -186,6 +187,20 @@ def test_a_full_verify_that_finds_anything_wrong_is_the_full_commands(env: Env, 
         cache = json.loads((env.run / runfiles.CONFIG_CACHE).read_text())
         del cache["hash_threads"]
         (env.run / runfiles.CONFIG_CACHE).write_text(json.dumps(cache))
+    elif case == "lock replaced":  # between the open and the flock: the flock is of a file no longer there
+        import fcntl
+        lock_path, real_flock = env.tier_root() / "locks" / "coco.lock", fcntl.flock
+
+        def flock(fd, op):
+            (lock_path.parent / "new").write_text("")
+            os.replace(lock_path.parent / "new", lock_path)
+            return real_flock(fd, op)
+        monkeypatch.setattr(fcntl, "flock", flock)
+        assert fast.answer(["verify", "coco", "--full"]) is None
+        monkeypatch.undo()
+        assert not (lock_path.parent / "coco.lock.owner").exists()
+        assert env.cli_json("verify", "coco", "--full")["ok"]
+        return
     if case == "locked":
         with DatasetLock(str(env.tier_root() / "locks" / "coco.lock"), timeout=1, action="stage"):
             assert fast.answer(["verify", "coco", "--full"]) is None

@@ -184,8 +184,8 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def _try_lock(locks: int, name: str) -> int | None:
     """The descriptor holding dataset ``name``'s lock (dsstage.node.lock.DatasetLock: the same
-    file, the same flock), its owner recorded; None if another holds it, or it is not root's
-    regular file."""
+    file, the same flock), its owner recorded; None if another holds it, it is not root's
+    regular file, or its name no longer leads to the file locked."""
     import fcntl
     try:
         fd = os.open(f"{name}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=locks)
@@ -197,6 +197,10 @@ def _try_lock(locks: int, name: str) -> int | None:
             os.close(fd)
             return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        now = os.stat(f"{name}.lock", dir_fd=locks, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):  # removed or replaced since it was opened
+            os.close(fd)
+            return None
     except OSError:  # BlockingIOError: another holds it
         os.close(fd)
         return None
