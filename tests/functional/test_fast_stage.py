@@ -228,3 +228,40 @@ def test_the_fast_full_verify_imports_neither_the_configuration_nor_the_store(en
     assert "dsstage.node.treecheck" in imported
     assert not imported & {"dsstage.config.load", "dsstage.node.store", "yaml", "argparse", "filelock"}, \
         sorted(imported & {"dsstage.config.load", "dsstage.node.store", "yaml", "argparse", "filelock"})
+
+
+def test_a_rebuild_during_the_fast_full_verify_leaves_the_copy_ready_in_the_report(env: Env, ready, monkeypatch):
+    """A report rebuilt while the fast ``verify --full`` held the lock shows the copy
+    "verifying" (dsstage.node.inventory); the fast path sets it back, in both copies of the
+    report, as the full command's rebuild at its end would."""
+    from dsstage.node import treecheck
+    real = treecheck.check_tree
+    vid = os.path.basename(ready[0]["path"])
+
+    def state(path):
+        rows = json.loads(path.read_text())["copies"]
+        return next(r["state"] for r in rows if (r["dataset"], r["version"]) == ("coco", vid))
+    seen = []
+
+    def check_tree(fd, entries, threads=0, progress=None):
+        env.cli("report")  # a rebuild now (the report timer's) sees the lock held for "verify"
+        seen.append(state(env.run / "reports" / f"{env.node}.json"))
+        return real(fd, entries, threads, progress)
+    monkeypatch.setattr(treecheck, "check_tree", check_tree)
+    assert fast.answer(["verify", "coco", "--full"]) == 0
+    assert seen == ["verifying"]  # what the rebuild wrote
+    assert state(env.run / "reports" / f"{env.node}.json") == "ready"
+    assert state(env.state / "nodes" / f"{env.node}.json") == "ready"
+
+
+def test_a_fast_full_verify_that_cannot_remove_its_owner_file_still_lets_the_lock_go(env: Env, ready, monkeypatch):
+    from dsstage.node import lock
+    real = safe.unlink_at
+
+    def unlink_at(dir_fd, name):
+        if name.endswith(".lock.owner"):
+            raise OSError(30, "Read-only file system")
+        return real(dir_fd, name)
+    monkeypatch.setattr(safe, "unlink_at", unlink_at)
+    assert fast.answer(["verify", "coco", "--full"]) == 0
+    assert not lock.is_held(str(env.tier_root() / "locks" / "coco.lock"))

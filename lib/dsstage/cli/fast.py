@@ -141,16 +141,18 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
     takes it (an flock of ``locks/NAME.lock``, its owner recorded beside it) but without
     waiting: a lock another holds is the full command's to wait for. A copy with a wrong or
     extra file is the full command's to check again and repair: it is hashed twice then,
-    which is rare, and its repair reads the source anyway."""
-    name = opts["names"]
-    _run_dir, cache = _cache(opts)
-    if cache is None or type(cache.get("hash_threads")) is not int or not layout.name_ok(name):
+    which is rare, and its repair reads the source anyway. The node report is not rebuilt
+    (nothing changed), only set back to "ready" where a rebuild during the check wrote the
+    copy "verifying"."""
+    name, node = opts["names"], opts["node"] or node_name()
+    run_dir, cache = _cache(opts)
+    if cache is None or type(cache.get("hash_threads")) is not int or not layout.name_ok(name) \
+            or not layout.name_ok(node):
         return None
     threads: int = cache["hash_threads"]
     tiers: dict[str, RootDir] = {}
     try:
-        pick = _ready(cache["datasets"], cache["state_dir"], name, opts["node"] or node_name(), tiers,
-                      quick_only=False)
+        pick = _ready(cache["datasets"], cache["state_dir"], name, node, tiers, quick_only=False)
         if pick is None:
             return None
         locks = pick.tier.has_dir("locks")
@@ -173,11 +175,20 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
             if treecheck.check_tree(vfd, entries, threads):
                 return None
         finally:
-            safe.unlink_at(locks, f"{name}.lock.owner")
-            os.close(lock)  # and with it the lock
+            try:
+                safe.unlink_at(locks, f"{name}.lock.owner")
+            except OSError:
+                pass  # the owner file is informative only (DatasetLock's release does the same)
+            finally:
+                os.close(lock)  # and with it the lock: never left held for the full command to wait on
     finally:
         for tier in tiers.values():
             tier.close()
+    try:  # a rebuild while the lock was held shows the copy "verifying": it is ready again
+        report.note_verified(run_dir, node, name, layout.version_id(pick.digest),
+                             (cache["state_dir"], cache.get("report_user")))
+    except Exception:  # noqa: BLE001 - the report is informative; the next rebuild has it right
+        pass
     return [{"dataset": name, "digest": pick.digest, "path": pick.path, "mode": "full", "ok": True,
              "reason": FULL_OK, "checked_files": len(entries), "repaired": [], "removed_extras": 0}]
 

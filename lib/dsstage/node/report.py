@@ -184,6 +184,22 @@ def note_leases(run_dir: str, node: str, job_id: str, user: str, copies: Sequenc
     update(run_dir, node, change, publish_to)
 
 
+def note_verified(run_dir: str, node: str, dataset: str, version: str,
+                  publish_to: tuple[str, str | None] | None = None) -> None:
+    """The fast ``verify --full``'s change (dsstage.cli.fast): the copy it checked under the
+    dataset's lock is ready again, where a rebuild during the check wrote it "verifying".
+    Nothing is written if no row says so."""
+    def change(report: dict[str, Any]) -> bool:
+        changed = False
+        for row in report.get("copies") or []:
+            if isinstance(row, dict) and (row.get("dataset"), row.get("version"), row.get("state")) == (
+                    dataset, version, "verifying"):
+                row["state"] = "ready"
+                changed = True
+        return changed
+    update(run_dir, node, change, publish_to)
+
+
 def note_prefetch(run_dir: str, node: str, event: Mapping[str, Any],
                   publish_to: tuple[str, str | None] | None = None) -> None:
     """Add one of the prefetch's actions (dataset, job_id, start, action, reason, time,
