@@ -265,3 +265,45 @@ def test_a_fast_full_verify_that_cannot_remove_its_owner_file_still_lets_the_loc
     monkeypatch.setattr(safe, "unlink_at", unlink_at)
     assert fast.answer(["verify", "coco", "--full"]) == 0
     assert not lock.is_held(str(env.tier_root() / "locks" / "coco.lock"))
+
+
+@pytest.mark.parametrize("case", ["link", "empty directory", "fifo"])
+def test_anything_the_manifest_does_not_list_is_the_full_commands_to_remove(env: Env, ready, case):
+    copy = ready[0]["path"]
+    if case == "link":
+        os.symlink("/etc/shadow", os.path.join(copy, "b", "shadow"))
+    elif case == "empty directory":
+        os.mkdir(os.path.join(copy, "empty"))
+    else:
+        os.mkfifo(os.path.join(copy, "b", "fifo"))
+    assert fast.answer(["verify", "coco", "--full"]) is None
+    got = env.cli_json("verify", "coco", "--full")
+    assert got["ok"] and got["removed_extras"] == 1 and got["repaired"] == []
+    assert fast.answer(["verify", "coco", "--full"]) == 0  # clean again: the fast path answers
+
+
+def test_a_copy_evicted_while_the_lock_was_taken_is_the_full_commands(env: Env, ready, monkeypatch):
+    real = fast._try_lock
+
+    def try_lock(locks, name):
+        got = real(locks, name)
+        for mark in (env.tier_root() / "ready" / name).iterdir():  # an eviction got there first
+            mark.unlink()
+        return got
+    monkeypatch.setattr(fast, "_try_lock", try_lock)
+    assert fast.answer(["verify", "coco", "--full"]) is None
+    assert not (env.tier_root() / "locks" / "coco.lock.owner").exists()
+
+
+@pytest.mark.parametrize("case", ["verify full", "sharded"])
+def test_the_fast_full_verify_takes_any_whole_dataset_and_no_sharded_one(env: Env, ready, case):
+    """A dataset staged with full verification is answered too (the option is about every
+    stage, not about this command); a sharded one is the full command's (its shards)."""
+    from dsstage.hooks.configcache import write_config_cache
+    if case == "verify full":
+        env.datasets["coco"]["verify"] = "full"
+    else:
+        env.datasets["coco"]["shards"] = 2
+    env.write()
+    write_config_cache(str(env.run), env.config())
+    assert fast.answer(["verify", "coco", "--full"]) == (0 if case == "verify full" else None)
