@@ -307,3 +307,16 @@ def test_the_fast_full_verify_takes_any_whole_dataset_and_no_sharded_one(env: En
     env.write()
     write_config_cache(str(env.run), env.config())
     assert fast.answer(["verify", "coco", "--full"]) == (0 if case == "verify full" else None)
+
+
+def test_the_fast_full_verify_warns_as_the_full_command_does(env: Env, ready, tmp_path):
+    import subprocess
+    import sys
+    untrusted = tmp_path / "dsstage-copy"  # anyone may write it: refused, with a warning
+    untrusted.write_text("#!/bin/sh\n")
+    untrusted.chmod(0o777)
+    res = subprocess.run([sys.executable, "-m", "dsstage", "verify", "coco", "--full"],
+                         env={**env.env(), "DSSTAGE_NATIVE_COPY": str(untrusted)},
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0 and "OK (full)" in res.stdout, res.stderr
+    assert res.stderr.startswith("dsstage: WARNING: not running the native copier"), res.stderr

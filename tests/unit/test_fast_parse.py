@@ -46,3 +46,14 @@ def test_the_plain_form_is_parsed(argv, want):
 ])
 def test_anything_else_is_left_to_the_full_command(argv):
     assert parse(argv) is None
+
+
+def test_ctrl_c_in_the_fast_path_reads_as_in_the_full_command(monkeypatch, capsys):
+    """A long fast ``verify --full`` interrupted: one line and 130, as the full command says it."""
+    from dsstage.cli import fast, main
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fast, "answer", interrupted)
+    assert main.main(["verify", "coco", "--full"]) == 130
+    assert capsys.readouterr().err == "dsstage: interrupted\n"

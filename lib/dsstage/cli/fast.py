@@ -162,6 +162,8 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
         try:
             if layout.not_ready(pick.tier, name, pick.digest) is not None:  # evicted before the lock
                 return None
+            import logging  # the check's modules bring it: their warnings read as the full command's
+            logging.basicConfig(level=logging.WARNING, format="dsstage: %(levelname)s: %(message)s")
             from dsstage.config.manifest import Catalog
             from dsstage.node import treecheck
             entries = Catalog(cache["state_dir"]).load(name, pick.digest).entries

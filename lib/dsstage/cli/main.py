@@ -64,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "stage" in argv or "verify" in argv:  # of a ready copy: answered without the parser or the configuration
         from dsstage.cli import fast
-        rc = fast.answer(argv)
+        try:
+            rc = fast.answer(argv)
+        except KeyboardInterrupt:  # a long fast verify --full
+            print("dsstage: interrupted", file=sys.stderr)
+            return 130
         if rc is not None:
             return rc
     import logging
