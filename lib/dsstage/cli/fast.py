@@ -29,6 +29,7 @@ from dsstage.fs import layout, runfiles, safe
 from dsstage.fs.safe import RootDir
 from dsstage.node import report
 from dsstage.node.local import default_holder, node_name
+from dsstage.node.lock import owner_record
 from dsstage.node.warmlease import Pick, lease, ready_whole, requested_names
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
@@ -218,9 +219,7 @@ def _try_lock(locks: int, name: str) -> int | None:
         os.close(fd)
         return None
     try:
-        safe.write_json_at(locks, f"{name}.lock.owner", {"host": os.uname().nodename, "pid": os.getpid(),
-                                                          "job_id": "", "since": time.time(), "action": "verify"},
-                           fsync=False)
+        safe.write_json_at(locks, f"{name}.lock.owner", owner_record("", "verify"), fsync=False)
     except OSError:
         pass  # the owner file is informative only
     return fd

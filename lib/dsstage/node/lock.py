@@ -8,7 +8,6 @@ file records host, pid and job so that ``dsstage status`` can say who is staging
 from __future__ import annotations
 
 import os
-import socket
 import time
 from types import TracebackType
 
@@ -51,10 +50,8 @@ class DatasetLock:
                               "still running: wait for it, or raise lock_timeout in the configuration") from None
         except OSError as exc:
             raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
-        record = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": self.job_id, "since": time.time(),
-                  "action": self.action}
         try:
-            write_json(self.owner_path, record, fsync=False)
+            write_json(self.owner_path, owner_record(self.job_id, self.action), fsync=False)
         except OSError:
             pass  # the owner file is informative only
         return self
@@ -66,6 +63,14 @@ class DatasetLock:
         except OSError:
             pass
         self._lock.release()
+
+
+def owner_record(job_id: str, action: str) -> dict[str, object]:
+    """What the owner file beside a held lock says (read_owner; ``dsstage status`` shows it):
+    host (uname's node name, gethostname()'s without socket's import), pid, job, since, and
+    what the holder does."""
+    return {"host": os.uname().nodename, "pid": os.getpid(), "job_id": job_id, "since": time.time(),
+            "action": action}
 
 
 def ask_to_yield(lock_path: str, job_id: str) -> bool:
