@@ -4,7 +4,8 @@ Run through ``bench/run [--quick] [--json FILE] [--runs N] [--dir DIR]``. Data i
 under --dir (kept between runs; regenerated when the scenario's shape changes). Every
 figure is the median of several runs; before each run of a cold measurement the page
 cache is dropped (where the kernel allows it), so sources are read from disk by dsstage and
-baselines alike. See docs/benchmarks.md.
+baselines alike, and each tool is then run once on a one-file dataset, so that its own code
+is not (Bench.load_tools; --cold-code leaves that out). See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -178,6 +179,8 @@ class Bench:
         self.caches = ["cold", "warm"] if args.cache == "both" else [args.cache]
         self.delays = [int(d) for d in args.delays.split(",")]
         self.pretouch = not args.no_pretouch
+        #: after a drop, each tool's own code read back (load_tools); --cold-code: not
+        self.warm_code = not args.cold_code
         #: bytes of fresh memory a run of the current measurement takes (pages it reads and writes)
         self.touch = 1 << 30
 
@@ -356,10 +359,43 @@ class Bench:
         if cache == "cold":
             self.back_memory()
             self.drop_caches()
+            if self.warm_code:
+                self.load_tools()
         else:
             subprocess.run(["sync"], check=True)  # the previous run's dirty pages are not this run's cost
             self.warm_up(paths)
             self.back_memory()
+
+    #: the one-file dataset each tool is run on after a drop (load_tools)
+    TOOLS_SET = "toolwarm"
+
+    def load_tools(self) -> None:
+        """After a drop: each tool run once on a one-file dataset of its own, so that what
+        the tools run from (their binaries and libraries, the interpreter's and dsstage's
+        modules, the native helper, dsstage's configuration) is in the page cache, as on a
+        node where they run all day, while the data, its manifest and its directories stay
+        on disk. Without it a cold dsstage paid for loading Python and some 250 modules
+        from disk, which cp, rsync and b3sum (small binaries) and the bare copies (run in
+        this process) do not. --cold-code leaves it out."""
+        root = self.dir / "data" / self.TOOLS_SET
+        if self.TOOLS_SET not in self.datasets:
+            root = self.make_files(self.TOOLS_SET, 1, 4096)
+            self.build_manifest(self.TOOLS_SET, root)
+        files = [str(p) for p in root.rglob("*.bin")]
+        out = self.dir / "toolwarm-dest"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        self.sh("cp", "-a", str(root), str(out / "cp"))
+        self.sh("rsync", "-a", f"{root}/", f"{out}/rsync/")
+        self.sh("b3sum", *files)
+        if shutil.which("fpsync"):
+            self.sh("fpsync", "-n", "4", "-t", str(self.dir / "fpsync-tmp"), f"{root}/", f"{out}/fpsync/")
+        self.clear_store(self.TOOLS_SET)
+        self.ds("stage", self.TOOLS_SET, "--job-id", "1")
+        self.ds("verify", self.TOOLS_SET, "--full")
+        self.ds("verify", self.TOOLS_SET)
+        self.clear_store(self.TOOLS_SET)
+        shutil.rmtree(out)
 
     def cold_stage(self, label: str, name: str, root: Path, target_ratio: float, compare: str,
                    cache: str = "cold") -> None:
@@ -976,7 +1012,8 @@ class Bench:
 
     def run(self) -> None:
         self.say(f"{'quick' if self.quick else 'full'} run, median of {self.runs}; page cache "
-                 f"{'dropped before each cold run' if self.can_drop else 'NOT dropped (not permitted here)'}")
+                 f"{'dropped before each cold run' if self.can_drop else 'NOT dropped (not permitted here)'}"
+                 f"{', each tool then run once on one file' if self.can_drop and self.warm_code else ''}")
         small_n = 5_000 if self.quick else 20_000
         small = self.make_files("small", small_n, 110_000) \
             if self.wants("cold") or self.wants("manifest") or self.wants("verify") else Path("/nonexistent")
@@ -1248,6 +1285,10 @@ def main() -> int:
                    help="cold, warm or both: page cache dropped before each run of cold, warm and single stages "
                    "and of verify (cold), or the data read into it beforehand (warm), to see the hashing "
                    "path without a slow disk hiding it")
+    p.add_argument("--cold-code", action="store_true",
+                   help="leave the tools' own code out of the page cache in cold runs too (a first run "
+                        "after boot); by default each tool is run once on a one-file dataset after the "
+                        "drop, so that only the data is read from disk")
     p.add_argument("--no-pretouch", action="store_true", help="do not touch fresh memory before each run "
                    "(on a virtual machine whose host reclaims free memory, a run's first use of a page can cost "
                    "a host fault: see docs/benchmarks.md)")
