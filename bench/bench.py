@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,7 +37,7 @@ from dsstage.cluster import status as cluster_status  # noqa: E402
 from dsstage.cluster import status_view as cluster_status_view  # noqa: E402
 from dsstage.config import load as config_load  # noqa: E402
 from dsstage.config import manifest as config_manifest  # noqa: E402
-from dsstage.node import treecheck  # noqa: E402
+from dsstage.node import publish, treecheck  # noqa: E402
 from dsstage.policy import demand  # noqa: E402
 from latencyfs import LatencyFS  # noqa: E402
 from servers import RsyncDaemon  # noqa: E402
@@ -1129,6 +1129,12 @@ class Bench:
             t_rsync = self.time_median(lambda: self.sh("rsync", "-a", f"{root}/", f"{dest}/"), fresh_dest)
             t_v = {k: self.time_median(lambda k=k: vcopy(k), fresh_dest) for k in self.TINY_THREADS}  # type: ignore[misc]
             best = min(t_v, key=lambda k: t_v[k])
+            # the last step of a stage alone, on the ready copy (sealed already: it changes nothing)
+            self.ds("stage", name, "--job-id", "1")
+            staged = json.loads(self.ds("verify", name, "--json").stdout)["path"]
+            wanted = set(hashes)
+            t_seal_made = self.time_median(lambda: self.seal(staged, wanted, wanted))
+            t_seal_all = self.time_median(lambda: self.seal(staged, wanted, frozenset()))
             self.add(label, "dsstage stage (incl. BLAKE3 verify)", t_ds, "s")
             self.add(label, "dsstage stage, the copier in Python (DSSTAGE_NATIVE_COPY=0)", t_py, "s")
             self.add(label, "cp -a", t_cp, "s")
@@ -1143,6 +1149,17 @@ class Bench:
                      f"bare verified copy, {best} threads, files/s", n / t_v[best], t_v[best] / t_ds, ">= 0.9x",
                      t_v[best] / t_ds >= 0.9)
             self.add(label, "dsstage files per second", n / t_ds, "files/s")
+            self.add(label, "its seal alone, in process, the copier's files named as made (publish.seal)",
+                     t_seal_made, "s", "every file checked (as after rsync)", t_seal_all, t_seal_made / t_seal_all)
+
+    @staticmethod
+    def seal(staged: str, wanted: set[str], made: Collection[str]) -> None:
+        """dsstage.node.publish.seal of the copy at ``staged``, as a stage ends with it."""
+        fd = os.open(staged, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            publish.seal(fd, 0, wanted=wanted, made=made)
+        finally:
+            os.close(fd)
 
     #: the sharded scenario's dataset: shards, and what the source serves (MiB/s, all nodes)
     SHARDED_SHARDS = 24

@@ -24,12 +24,16 @@ from dsstage.fs.beneath import Tree
 from dsstage.fs.safe import RootDir
 
 
-def seal(root_fd: int, gid: int = 0, wanted: Collection[str] | None = None) -> int:
+def seal(root_fd: int, gid: int = 0, wanted: Collection[str] | None = None,
+         made: Collection[str] = frozenset()) -> int:
     """Make the tree below ``root_fd`` root-owned and read-only: files 0444, directories
-    0555 (changing only what is not so already: the copier creates files that way), and
-    remove what is neither a regular file nor a directory. With ``wanted`` (a manifest's
-    paths), also remove whatever it does not list, in the same walk (a staging area is
-    walked once: stager.fill). The count of entries removed."""
+    0555 (changing only what is not so already), and remove what is neither a regular file
+    nor a directory. With ``wanted`` (a manifest's paths), also remove whatever it does not
+    list, in the same walk (a staging area is walked once: stager.fill). ``made``: files
+    known to be sealed as they were made (TransferStats.sealed: the verifying copier's own),
+    which are not looked at again where their directory hands its files no other group
+    than ``gid``; the rest of the tree is read from its directories' listings, and each
+    other file is checked. The count of entries removed."""
     def fix(fd: int, st: os.stat_result, want: int) -> None:
         if st.st_uid != 0 or st.st_gid != gid:
             os.fchown(fd, 0, gid)
@@ -39,22 +43,27 @@ def seal(root_fd: int, gid: int = 0, wanted: Collection[str] | None = None) -> i
     dirs = None if wanted is None else dirs_of(wanted)
     removed = 0
     with Tree(root_fd) as tree:
-        for dfd, found in tree.walk(descend=(lambda _rel: True) if dirs is None else dirs.__contains__):
-            for name, rel, st in found:
-                if stat.S_ISDIR(st.st_mode):
+        for dfd, found in tree.listing(descend=(lambda _rel: True) if dirs is None else dirs.__contains__):
+            dst = os.fstat(dfd)
+            # a set-group-ID directory gives its files its own group: then none is taken as made sealed
+            trusted = made if dst.st_gid == gid and not dst.st_mode & stat.S_ISGID else frozenset()
+            for name, rel, kind in found:
+                if kind == stat.S_IFDIR:
                     if dirs is not None and rel not in dirs:
                         safe.remove_at(dfd, name)
                         removed += 1
-                elif not stat.S_ISREG(st.st_mode) or (wanted is not None and rel not in wanted):
+                elif kind != stat.S_IFREG or (wanted is not None and rel not in wanted):
                     safe.unlink_at(dfd, name)  # never published: only the manifest's regular files are data
                     removed += 1
-                elif st.st_uid != 0 or st.st_gid != gid or stat.S_IMODE(st.st_mode) != 0o444:
-                    ffd = os.open(name, safe.O_READ, dir_fd=dfd)
-                    try:
-                        fix(ffd, os.fstat(ffd), 0o444)
-                    finally:
-                        os.close(ffd)
-            fix(dfd, os.fstat(dfd), 0o555)
+                elif rel not in trusted:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if st.st_uid != 0 or st.st_gid != gid or stat.S_IMODE(st.st_mode) != 0o444:
+                        ffd = os.open(name, safe.O_READ, dir_fd=dfd)
+                        try:
+                            fix(ffd, os.fstat(ffd), 0o444)
+                        finally:
+                            os.close(ffd)
+            fix(dfd, dst, 0o555)
     return removed
 
 

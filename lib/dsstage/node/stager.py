@@ -156,8 +156,11 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
     if bad:
         sweep_extras(dest_fd, manifest.entries)  # kept for the next stage: only what it lists
         raise VerifyError(mismatch_message(manifest.name, bad))
-    # what the manifest does not list goes, and the rest is sealed, in one walk
-    report.removed_extras = publish.seal(dest_fd, gid=0, wanted={e.path for e in manifest.entries})
+    # what the manifest does not list goes, and the rest is sealed, in one walk; the files the
+    # copier made sealed are not looked at again (with peers, what rsync brought from a peer
+    # may stand where a file was made: all are checked)
+    made = report.transferred.sealed if group is None else frozenset()
+    report.removed_extras = publish.seal(dest_fd, gid=0, wanted={e.path for e in manifest.entries}, made=made)
     return report
 
 

@@ -55,7 +55,7 @@ from dsstage.config.model import Transfer
 from dsstage.errors import OutOfTime, SourceError, local_error
 from dsstage.fs import beneath, safe
 from dsstage.fs.beneath import Tree
-from dsstage.fs.identity import Identity, acting_as
+from dsstage.fs.identity import Identity, acting_as, creates_as_root
 from dsstage.transfer import native, parallel
 from dsstage.transfer.ratelimit import RateLimit
 from dsstage.transfer.rsync import TransferStats
@@ -412,8 +412,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
             def one(e: Entry) -> int:
                 failure = _copy_one(src_fd, src_root, dest, e, limit, reader, hash_threads)
                 count(e, failure)
-                if progress:
-                    progress(e.size, total)
+                ranged(e.size)  # the progress of a whole file
                 late()  # sets stop once the deadline passed: no more files are handed out
                 return 0 if failure else e.size
 
@@ -444,6 +443,8 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
             if stop.is_set():
                 raise OutOfTime(f"copied {stats.files} of {len(todo)} files before the time budget ran out; "
                                 "the copy so far is kept and the next stage resumes")
+            if creates_as_root(0o444):  # what was made here (all but the failures) is sealed already
+                stats.sealed = {e.path for e in todo}.difference(m.path for m in failures)
     finally:
         os.close(src_fd)
     return stats, failures

@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dsstage import proc
 from dsstage.config.manifest import Entry
@@ -38,10 +38,15 @@ IO_TIMEOUT = 300
 class TransferStats:
     files: int = 0
     bytes: int = 0
+    #: paths of files this transfer made that are sealed already (root's, group 0, 0444),
+    #: which the seal (dsstage.node.publish.seal) need not look at again: the verifying
+    #: copier's, where it can tell (copier.copy_verified); never rsync's
+    sealed: set[str] = field(default_factory=set)
 
     def add(self, other: TransferStats) -> None:
         self.files += other.files
         self.bytes += other.bytes
+        self.sealed |= other.sealed
 
 
 def plan_streams(entries: Sequence[Entry], streams: int) -> list[list[Entry]]:
