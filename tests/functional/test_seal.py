@@ -54,28 +54,24 @@ def test_the_seal_removes_what_is_not_listed_without_following_links_and_seals_t
     assert stat.S_IMODE(os.stat(root).st_mode) == 0o555
 
 
-def test_fill_leaves_the_area_exactly_the_manifest_and_sealed(tmp_path):
-    src = write_tree(tmp_path / "src", {f"d{i % 2}/f{i}": os.urandom(50 + i) for i in range(10)})
-    manifest = transfer_build.build("ds", str(src)).manifest
-    area = tmp_path / "area"
-    write_tree(area, {"stray/x": b"x", "d0/extra": b"e"})
-    fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        report = stager.fill(fd, str(area), manifest, Source(str(src), "local", str(src)), Transfer())
-    finally:
-        os.close(fd)
-    assert report.removed_extras == 2 and report.transferred.files == 10
-    got = modes(area)
-    assert sorted(r for r, m in got.items() if stat.S_ISREG(m)) == sorted(e.path for e in manifest.entries)
-    assert all(stat.S_IMODE(m) == (0o555 if stat.S_ISDIR(m) else 0o444) for m in got.values())
-
-
 def _fill(area: Path, src: Path, manifest):
     fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY)
     try:
         return stager.fill(fd, str(area), manifest, Source(str(src), "local", str(src)), Transfer())
     finally:
         os.close(fd)
+
+
+def test_fill_leaves_the_area_exactly_the_manifest_and_sealed(tmp_path):
+    src = write_tree(tmp_path / "src", {f"d{i % 2}/f{i}": os.urandom(50 + i) for i in range(10)})
+    manifest = transfer_build.build("ds", str(src)).manifest
+    area = tmp_path / "area"
+    write_tree(area, {"stray/x": b"x", "d0/extra": b"e"})
+    report = _fill(area, src, manifest)
+    assert report.removed_extras == 2 and report.transferred.files == 10
+    got = modes(area)
+    assert sorted(r for r, m in got.items() if stat.S_ISREG(m)) == sorted(e.path for e in manifest.entries)
+    assert all(stat.S_IMODE(m) == (0o555 if stat.S_ISDIR(m) else 0o444) for m in got.values())
 
 
 def _sealed(area: Path) -> dict[str, tuple[int, int, int]]:
