@@ -45,13 +45,13 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 class RsyncDaemon:
     """``rsync --daemon`` serving one module, logging every file it sends with its length."""
 
-    def __init__(self, workdir: Path, module_path: Path, module: str = "data") -> None:
+    def __init__(self, workdir: Path, module_path: Path, module: str = "data", *, chroot: bool = True) -> None:
         self.port = free_port()
         self.module = module
         self.log = workdir / "rsyncd.log"
         conf = workdir / "rsyncd.conf"
         conf.write_text(
-            f"port = {self.port}\naddress = 127.0.0.1\nuse chroot = yes\npid file = {workdir}/rsyncd.pid\n"
+            f"port = {self.port}\naddress = 127.0.0.1\nuse chroot = {'yes' if chroot else 'no'}\npid file = {workdir}/rsyncd.pid\n"
             f"log file = {self.log}\ntransfer logging = yes\nlog format = %o %l %f\n"
             f"max connections = 0\n[{module}]\n  path = {module_path}\n  read only = yes\n"
             "  uid = root\n  gid = root\n")

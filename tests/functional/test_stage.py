@@ -79,6 +79,31 @@ def test_eight_concurrent_stages_read_the_source_once(env: Env, tmp_path):
         daemon.stop()
 
 
+@pytest.mark.parametrize("chroot", [False, True], ids=["use-chroot-no", "use-chroot-yes"])
+def test_a_dataset_below_a_daemon_module_stages_with_chroot_on_or_off(env: Env, tmp_path, chroot):
+    """rsync 3.5.0's daemon, with ``use chroot = no``, answers "file has vanished" for every
+    ``--files-from`` name below a module's subdirectory (issue 57): named from the module's
+    root (``sub/./name``) the same files arrive, verified, with either setting."""
+    from servers import RsyncDaemon
+    module = tmp_path / "export"
+    files = {"top.bin": b"t" * 3000, "a dir/with space.bin": b"s" * 10, "deep/er/x": b"x",
+             "odd\nname": b"n" * 7, "lead-./dot.bin": b"d" * 5}
+    for rel, data in files.items():
+        (module / "sets" / "coco" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (module / "sets" / "coco" / rel).write_bytes(data)
+    daemon = RsyncDaemon(tmp_path, module, chroot=chroot)
+    try:
+        env.add("coco", None, source=daemon.url("sets/coco"))
+        env.cli("manifest", "build", "coco", "--from", str(module / "sets" / "coco"))
+        res = staged(env, "coco", "150")
+        assert res["action"] == "staged" and res["transferred_files"] == len(files)
+        assert tree_hashes(Path(res["path"])) == tree_hashes(module / "sets" / "coco")
+        assert daemon.bytes_sent() == sum(map(len, files.values()))
+        assert "vanished" not in daemon.log.read_text()
+    finally:
+        daemon.stop()
+
+
 def test_kill_9_during_stage_resumes_and_never_looks_ready(env: Env):
     src = env.source("big")
     random_tree(src, 60, 1_000_000, fanout=10)

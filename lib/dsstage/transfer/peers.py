@@ -43,7 +43,7 @@ from dsstage.config.model import Peers
 from dsstage.errors import CommandError, ConfigError, OutOfTime
 from dsstage.fs import layout
 from dsstage.transfer.peerd import USER, address, read_secret
-from dsstage.transfer.rsync import PARTIAL, TransferStats, plan_streams
+from dsstage.transfer.rsync import PARTIAL, TransferStats, files_from, plan_streams
 
 log = logging.getLogger(__name__)
 
@@ -190,17 +190,17 @@ def fetch_round(group: Group, node: str, module: str, rel: str, dest_path: str, 
     At most the largest entry's size is accepted for any file."""
     timeout = group.conf.timeout
     largest = max((e.size for e in entries), default=0)
+    url, names = files_from(group.url(node, module, rel), (e.path for e in entries))
     argv = ["rsync", "-t", "--from0", "--files-from=-", "--no-perms", "--chmod=u+rw", f"--max-size={largest + 1}",
             f"--partial-dir={layout.partial_dir(dest_path)}", f"--timeout={int(timeout)}",
-            f"--contimeout={int(timeout)}",
-            group.url(node, module, rel), dest_path.rstrip("/") + "/"]
+            f"--contimeout={int(timeout)}", url, dest_path.rstrip("/") + "/"]
     limit = 6 * 3600.0
     if deadline is not None:
         limit = max(1.0, deadline - time.monotonic())
     try:
         res = proc.run(argv, timeout=limit, check=False, die_with_parent=True,
                        env=dict(os.environ, RSYNC_PASSWORD=group.secret),
-                       stdin=b"\0".join(os.fsencode(e.path) for e in entries) + b"\0")
+                       stdin=names)
     except CommandError as exc:
         return Round(None, str(exc))
     return Round(res.returncode, res.stderr)

@@ -4,6 +4,14 @@ Files are split into several lists balanced by bytes and each list goes to its o
 (``--files-from``, NUL-separated so any file name works). rsync writes every file to a
 temporary name and renames it when complete, so after a crash a file under its final
 name is whole, and a new run fetches only what is missing.
+
+How the files are named to an rsync daemon (``files_from``): rsync 3.5.0's daemon, in a
+module with ``use chroot = no``, refuses ``--files-from`` names below a source directory
+that is not the module's root: asked for ``f`` in ``rsync://h/mod/dir/`` it looks up
+``/dir/f`` from the real ``/`` and answers "file has vanished" for every file (exit 24),
+while the same request works with ``use chroot = yes``. Named from the module's root with
+rsync's ``/./`` marker (``dir/./f`` in ``rsync://h/mod/``), the same files arrive under the
+same names with either setting, so every daemon request (sources and peers) is made so.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -78,6 +86,25 @@ def parse_stats(output: str) -> TransferStats:
     return TransferStats(files=num(_STAT_FILES), bytes=num(_STAT_BYTES))
 
 
+def files_from(url: str, paths: Iterable[str]) -> tuple[str, bytes]:
+    """The source argument and the NUL-separated ``--files-from`` list that fetch ``paths``
+    (relative to the directory ``url`` names) into the destination under the same names.
+
+    For a daemon URL (``rsync://[user@]host[:port]/module/dir``) the request is made from the
+    module's root, each name as ``dir/./path``: the only form rsync 3.5.0's daemon serves from
+    a module with ``use chroot = no`` (see the module doc); ``/./`` tells rsync where the name
+    it recreates begins. Other URLs (``host:/path``) are asked as they are."""
+    if url.startswith("rsync://"):
+        host, _, rest = url[len("rsync://"):].partition("/")
+        module, _, sub = rest.partition("/")
+        sub = "/".join(p for p in sub.split("/") if p)
+        if sub:
+            prefix = os.fsencode(sub) + b"/./"
+            return (f"rsync://{host}/{module}/",
+                    b"".join(prefix + os.fsencode(p) + b"\0" for p in paths))
+    return url.rstrip("/") + "/", b"".join(os.fsencode(p) + b"\0" for p in paths)
+
+
 def rsync_argv(source: Source, dest: str, list_file: str, transfer: Transfer) -> list[str]:
     # no -l: a link on the source is skipped, never recreated in the staging area
     argv = ["rsync", "-t", "--from0", f"--files-from={list_file}", "--stats",
@@ -93,7 +120,7 @@ def rsync_argv(source: Source, dest: str, list_file: str, transfer: Transfer) ->
         argv.append(f"--bwlimit={transfer.bwlimit}")
     if source.kind == "ssh":
         argv += ["-e", transfer.rsh]
-    return argv + [source.rsync_base(), dest.rstrip("/") + "/"]
+    return argv + [files_from(source.rsync_base(), ())[0], dest.rstrip("/") + "/"]
 
 
 def cannot_hold(dest: str, entries: Sequence[Entry]) -> bool:
@@ -115,6 +142,22 @@ def cannot_hold(dest: str, entries: Sequence[Entry]) -> bool:
     return missing > 0 and st.f_bavail * st.f_frsize < missing
 
 
+def vanished(stderr: str) -> int:
+    """How many files rsync said had vanished (``file has vanished: "..."``)."""
+    return sum(1 for line in stderr.splitlines() if line.startswith("file has vanished: "))
+
+
+def all_vanished(source: Source, asked: int) -> str:
+    """Why a source that says every file asked for has vanished is the source's fault, not
+    the manifest's: a listing that just matched them says they are there."""
+    where = ("the rsync daemon's module (its path, that its uid may read the files; dsstage needs "
+             "`read only = yes` and nothing more: see the admin guide)" if source.kind == "daemon"
+             else "the remote path and that the remote login may read it")
+    return (f"{source.raw} says every one of the {asked} file(s) asked for has vanished: the source does not serve "
+            f"the files its manifest lists; check {where}. If they were really removed there, rebuild the "
+            "manifest with `dsstage manifest build`")
+
+
 def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfer, *,
           deadline: float | None = None, progress: Callable[[int, int], None] | None = None) -> TransferStats:
     """Copy ``entries`` from ``source`` into ``dest`` with parallel rsync streams; stop with
@@ -132,7 +175,7 @@ def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfe
         for i, lst in enumerate(lists):
             path = os.path.join(tmp, f"list{i}")
             with open(path, "wb") as fh:
-                fh.write(b"\0".join(os.fsencode(e.path) for e in lst) + b"\0")
+                fh.write(files_from(source.rsync_base(), (e.path for e in lst))[1])
             files.append(path)
             share[path] = sum(e.size for e in lst)
             listed[path] = lst
@@ -156,6 +199,9 @@ def fetch(source: Source, dest: str, entries: Sequence[Entry], transfer: Transfe
                 tail = " | ".join(res.stderr.strip().splitlines()[-2:])
                 raise SourceError(f"cannot copy from {source.raw} (rsync exit {res.returncode}: {tail}); "
                                   "check that the source is up and reachable from this node")
+            asked = len(listed[list_file])
+            if res.returncode == 24 and vanished(res.stderr) >= asked:
+                raise SourceError(all_vanished(source, asked))
             if res.returncode:
                 log.info("rsync could not copy some files from %s; verification will name them", source.raw)
             if progress:
