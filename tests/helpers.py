@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,21 @@ class Env:
     def popen(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "dsstage", *args], env=self.env(), text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def run_hook(env: Env, which: str, job: str, request: str = "coco",
+             timeout: float = 120) -> tuple[int, float, list[str]]:
+    """``python -I -m dsstage.hooks which`` as slurmd runs it: its exit code, its seconds and
+    the job's TaskProlog lines (if any)."""
+    run = Path(env.run)
+    proc_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DSSTAGE_CONFIG": str(env.config_path),
+                "DSSTAGE_RUN_DIR": str(run), "DSSTAGE_LOG": str(env.tmp / "hooks.log"),
+                "SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+                "SLURMD_NODENAME": env.node, "SLURM_JOB_NODELIST": env.node,
+                "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": request}
+    t = time.monotonic()
+    res = subprocess.run([sys.executable, "-I", "-m", "dsstage.hooks", which], env=proc_env, cwd="/",
+                         capture_output=True, text=True, timeout=timeout)
+    took = time.monotonic() - t
+    task = run / env.node / "jobs" / f"{job}.task"
+    return res.returncode, took, task.read_text().splitlines() if task.exists() else []

@@ -21,29 +21,13 @@ from dsstage.hooks.job import JobContext
 from dsstage.node import metrics
 from dsstage.slurm.fake import FakeSlurm
 from helpers import Env, write_tree
+from helpers import run_hook as hook
 from latencyfs import LatencyFS, require
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
 
 BUDGET = 12  # seconds: the hook gives up on its work after bounded.wait_limit(12) = 7 s
 FILES = {"a": b"1" * 5000, "d/b": b"2" * 70000, "d/c": b"3" * 10}
-
-
-def hook(env: Env, which: str, job: str, request: str = "coco") -> tuple[int, float, list[str]]:
-    """``python -I -m dsstage.hooks which`` as slurmd runs it: its exit code, its seconds and
-    the job's TaskProlog lines (if any)."""
-    run = Path(env.run)
-    proc_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DSSTAGE_CONFIG": str(env.config_path),
-                "DSSTAGE_RUN_DIR": str(run), "DSSTAGE_LOG": str(env.tmp / "hooks.log"),
-                "SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
-                "SLURMD_NODENAME": env.node, "SLURM_JOB_NODELIST": env.node,
-                "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": request}
-    t = time.monotonic()
-    res = subprocess.run([sys.executable, "-I", "-m", "dsstage.hooks", which], env=proc_env, cwd="/",
-                         capture_output=True, text=True, timeout=120)
-    took = time.monotonic() - t
-    task = run / env.node / "jobs" / f"{job}.task"
-    return res.returncode, took, task.read_text().splitlines() if task.exists() else []
 
 
 def log(env: Env) -> str:

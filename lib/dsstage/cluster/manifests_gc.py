@@ -12,6 +12,7 @@ evicted, never staged from.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from dsstage.cluster.reports import read_all
@@ -21,6 +22,8 @@ from dsstage.errors import DsstageError
 from dsstage.fs.layout import read_current, version_id
 from dsstage.shards import index as shard_index
 
+log = logging.getLogger(__name__)
+
 
 def held_versions(state_dir: str) -> set[tuple[str, str]]:
     """(dataset, version) of every copy in a node report, whatever its state."""
@@ -29,7 +32,10 @@ def held_versions(state_dir: str) -> set[tuple[str, str]]:
 
 
 def prune(conf: Config, now: float) -> list[tuple[str, str]]:
-    """Remove the manifests nobody needs any more (see the module doc); return (name, digest)."""
+    """Remove the manifests nobody needs any more (see the module doc); return (name, digest).
+    A dataset's directory that cannot be pruned (its data owner's entries are data: a FIFO
+    named ``CURRENT``, a directory named like a manifest) is logged and skipped, never a stop
+    for the datasets after it."""
     catalog = Catalog(conf.state_dir)
     held = held_versions(conf.state_dir)
     removed: list[tuple[str, str]] = []
@@ -39,32 +45,50 @@ def prune(conf: Config, now: float) -> list[tuple[str, str]]:
         return removed
     for name in names:
         try:
-            current = read_current(conf.state_dir, name)
-            superseded = os.stat(os.path.join(catalog.dir(name), CURRENT)).st_mtime
-        except (OSError, ValueError):
-            continue  # no CURRENT, or a damaged one: leave the directory to the admin
-        if current is None or now - superseded < conf.retention.manifest_keep:
-            continue
-        files = os.listdir(catalog.dir(name))
-        keep = {current} | current_shards(catalog, name, files, current)
-        for f in files:
-            digest = f[:-len(SUFFIX)] if f.endswith(SUFFIX) else ""
-            if not digest or digest in keep or (name, version_id(digest)) in held:
-                continue
-            try:
-                os.unlink(os.path.join(catalog.dir(name), f))
-            except FileNotFoundError:
-                continue
-            removed.append((name, digest))
-        # a version's shard indexes go with it (its shards' manifests went above, unless a node holds them)
-        left = set(os.listdir(catalog.dir(name)))
-        for f in files:
-            if shard_index.is_index(f) and shard_index.index_version(f) + SUFFIX not in left:
-                try:
-                    os.unlink(os.path.join(catalog.dir(name), f))
-                except FileNotFoundError:
-                    pass
+            removed += prune_one(catalog, conf, name, held, now)
+        except (OSError, ValueError) as exc:
+            log.warning("manifests of %s: not pruned: %s", name, exc)
     return removed
+
+
+def prune_one(catalog: Catalog, conf: Config, name: str, held: set[tuple[str, str]],
+              now: float) -> list[tuple[str, str]]:
+    """Prune dataset ``name``'s directory (see ``prune``)."""
+    try:
+        current = read_current(conf.state_dir, name)
+        superseded = os.lstat(os.path.join(catalog.dir(name), CURRENT)).st_mtime
+    except (OSError, ValueError):
+        return []  # no CURRENT, or a damaged one: leave the directory to the admin
+    if current is None or now - superseded < conf.retention.manifest_keep:
+        return []
+    removed: list[tuple[str, str]] = []
+    files = os.listdir(catalog.dir(name))
+    keep = {current} | current_shards(catalog, name, files, current)
+    for f in files:
+        digest = f[:-len(SUFFIX)] if f.endswith(SUFFIX) else ""
+        if not digest or digest in keep or (name, version_id(digest)) in held:
+            continue
+        if _unlink(catalog.dir(name), f):
+            removed.append((name, digest))
+    # a version's shard indexes go with it (its shards' manifests went above, unless a node holds them)
+    left = set(os.listdir(catalog.dir(name)))
+    for f in files:
+        if shard_index.is_index(f) and shard_index.index_version(f) + SUFFIX not in left:
+            _unlink(catalog.dir(name), f)
+    return removed
+
+
+def _unlink(directory: str, f: str) -> bool:
+    """Remove entry ``f`` (never followed: a link goes, not what it names); False, logged, if
+    it is gone or cannot go (a directory its data owner made there is theirs to remove)."""
+    try:
+        os.unlink(os.path.join(directory, f))
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        log.warning("%s: not removed (%s): remove it by hand", os.path.join(directory, f), exc.strerror)
+        return False
 
 
 def current_shards(catalog: Catalog, name: str, files: list[str], current: str) -> set[str]:

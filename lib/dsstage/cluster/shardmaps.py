@@ -9,7 +9,6 @@ with what the nodes hold when it starts. Shards are shown by number, in shard or
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from dsstage.config.manifest import Catalog
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError
+from dsstage.fs import untrusted
 from dsstage.hostlist import fold_nodes
 from dsstage.node import shardplan
 from dsstage.shards import index as shard_index
@@ -86,9 +86,4 @@ def _ranges(numbers: Sequence[int]) -> str:
 
 
 def _read(state_dir: str, name: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(state_dir, "jobs", name), encoding="utf-8") as fh:
-            record = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+    return untrusted.read_json(os.path.join(state_dir, "jobs", name))  # a node wrote it

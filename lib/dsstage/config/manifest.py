@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from dsstage.errors import ManifestError
-from dsstage.fs import jsontext
+from dsstage.fs import jsontext, untrusted
+from dsstage.fs.pathtext import escape, unescape
 from dsstage.fs.layout import read_current
 from dsstage.fs.safe import write_atomic
 
@@ -83,34 +84,6 @@ class Mismatch:
         if self.found.startswith("not "):
             return f"{self.path!r} is {self.found}"
         return f"{self.path!r} differs in content from the manifest"
-
-
-_ESC = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-_UNESC = {"\\": "\\", "n": "\n", "t": "\t", "r": "\r"}
-
-
-def escape(path: str) -> str:
-    if not any(c in path for c in _ESC):
-        return path
-    return "".join(_ESC.get(c, c) for c in path)
-
-
-def unescape(text: str) -> str:
-    if "\\" not in text:
-        return text
-    out, i = [], 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            nxt = text[i + 1:i + 2]
-            if nxt not in _UNESC:
-                raise ValueError(f"bad escape in {text!r}")
-            out.append(_UNESC[nxt])
-            i += 2
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
 
 
 def path_problem(path: str) -> str | None:
@@ -212,13 +185,38 @@ def write(manifest: Manifest, path: str) -> None:
                  + (MTIMES + "".join(f"{e.mtime_ns}\n" for e in manifest.entries)).encode())
 
 
+#: the largest manifest root reads (about 30 million files); a larger file is refused as
+#: damaged: its data owner writes it (dsstage.fs.untrusted)
+MANIFEST_MAX = 4 * 2**30
+#: the largest file a manifest may list (1 PiB): a size past it is a lie, not a file
+FILE_MAX = 2**50
+
+
+def _refused(path: str, exc: untrusted.Refused) -> ManifestError:
+    return ManifestError(f"{exc}; the manifest is not read: rebuild it with `dsstage manifest build`")
+
+
 def read_header(path: str) -> dict[str, object]:
+    """The header of the manifest at ``path``, read without blocking or following a link, at
+    most its first 64 KiB. Its ``files`` and ``bytes`` are not covered by the digest: a reader
+    that trusts them checks them (``header_bytes``)."""
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-            first = fh.readline()
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no such manifest; run `dsstage manifest build`") from None
-    return _parse_header(first, path)
+        first = untrusted.first_line(path)
+    except untrusted.Refused as exc:
+        raise _refused(path, exc) from None
+    if first is None:
+        raise ManifestError(f"{path}: no such manifest; run `dsstage manifest build`")
+    return _parse_header(first.decode("utf-8", "surrogateescape") + "\n", path)
+
+
+def header_bytes(header: dict[str, object], path: str) -> int:
+    """The header's ``bytes``: a whole number from 0 up to what a manifest can list, else a
+    ManifestError (it is not covered by the digest)."""
+    value = header.get("bytes", 0)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= FILE_MAX * 2**25:
+        raise ManifestError(f"{path}: its header says {value!r} bytes, not a size; rebuild it with "
+                            "`dsstage manifest build`")
+    return value
 
 
 def _parse_header(first: str, path: str) -> dict[str, object]:
@@ -250,12 +248,14 @@ def read(path: str, *, check: bool = True) -> Manifest:
 def _read(path: str, check: bool) -> Manifest:
     import blake3
     try:
-        with open(path, "rb") as fh:
-            first = fh.readline().decode("utf-8", "surrogateescape")
-            data = fh.read()
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no such manifest; run `dsstage manifest build`") from None
-    header = _parse_header(first, path)
+        raw = untrusted.read_bytes(path, MANIFEST_MAX)
+    except untrusted.Refused as exc:
+        raise _refused(path, exc) from None
+    if raw is None:
+        raise ManifestError(f"{path}: no such manifest; run `dsstage manifest build`")
+    head, _nl, data = raw.partition(b"\n")
+    del raw
+    header = _parse_header(head.decode("utf-8", "surrogateescape") + "\n", path)
     body, sep, mtimes_raw = data.partition(MTIMES.encode())
     if not sep and data:
         raise ManifestError(f"{path}: damaged (no {MTIMES.strip()} section); rebuild it with `dsstage manifest build`")
@@ -274,9 +274,10 @@ def _read(path: str, check: bool) -> Manifest:
         entries: list[Entry] = [new(Entry, (unescape(r[2]) if "\\" in r[2] else r[2], int(r[1]), int(m), r[0]))
                                 for r, m in zip(rows, mtimes)]
     except (ValueError, IndexError):
-        bad = next((n for n, r in enumerate(rows, start=2) if len(r) != 3 or not r[1].isdigit()), None)
+        bad = next((n for n, r in enumerate(rows, start=2) if len(r) != 3 or not _size_ok(r[1])), None)
         where = f"{path}:{bad}: malformed line" if bad else f"{path}: damaged mtimes"
         raise ManifestError(f"{where}; rebuild it with `dsstage manifest build`") from None
+    sizes_problem(rows, entries, path)
     if check:
         bad = next((n for n, r in enumerate(rows, start=2) if len(r[0]) != 64), None)
         if bad:
@@ -286,6 +287,26 @@ def _read(path: str, check: bool) -> Manifest:
                     total_bytes=sum(e.size for e in entries),
                     created=float(str(header.get("created") or 0)), source=str(header.get("source", "")),
                     shard_of=str(header.get("shard_of") or ""))
+
+
+def _size_ok(text: str) -> bool:
+    """A size as a manifest writes it: ASCII digits only (no sign, no ``_``, no space)."""
+    return text.isascii() and text.isdigit() and int(text) <= FILE_MAX
+
+
+def sizes_problem(rows: Sequence[Sequence[str]], entries: Sequence[Entry], path: str) -> None:
+    """Refuse a size that is not what a manifest writes, naming its line: a digest is only
+    as good as what it covers, and a data owner can write any line with a matching digest
+    (a negative size beside a huge one would sum to a few bytes and pass every space check).
+    Cheap at a million files: one join and two scans at C speed."""
+    if not entries:
+        return
+    text = "".join(r[1] for r in rows)
+    if text.isascii() and text.isdigit() and max(e.size for e in entries) <= FILE_MAX:
+        return
+    bad = next(n for n, r in enumerate(rows, start=2) if not _size_ok(r[1]))
+    raise ManifestError(f"{path}:{bad}: the size {rows[bad - 2][1]!r} is not a size of a file (digits, at most "
+                        f"{FILE_MAX}); rebuild it with `dsstage manifest build`")
 
 
 class Catalog:
@@ -304,6 +325,8 @@ class Catalog:
         """The digest of the current version, or None if no manifest was built (cheap)."""
         try:
             return read_current(os.path.dirname(self.root), name)
+        except untrusted.Refused as exc:
+            raise ManifestError(f"{exc}; then run `dsstage manifest build {name}`") from None
         except ValueError:
             raise ManifestError(f"{self.dir(name)}/{CURRENT}: damaged; rebuild with "
                                 f"`dsstage manifest build {name}`") from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from dsstage.fs import formats
+from dsstage.fs import formats, untrusted
 from dsstage.fs.safe import RootDir, read_json_at
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
@@ -47,16 +47,20 @@ def digest_ok(digest: object) -> bool:
     return isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
 
 
+#: ``CURRENT`` holds a digest and a newline; anything longer is not one
+CURRENT_MAX = 200
+
+
 def read_current(state_dir: str, name: str) -> str | None:
     """The digest in ``<state_dir>/manifests/<name>/CURRENT``; None if there is none.
-    Raises ValueError if the file is damaged, OSError if the state directory fails."""
-    try:
-        with open(os.path.join(state_dir, "manifests", name, "CURRENT")) as fh:
-            digest = fh.read(200).strip()
-    except FileNotFoundError:
+    Raises ValueError if the file is damaged or not a regular file of at most a few bytes
+    (its data owner writes it: dsstage.fs.untrusted), OSError if the state directory fails."""
+    data = untrusted.read_bytes(os.path.join(state_dir, "manifests", name, "CURRENT"), CURRENT_MAX)
+    if data is None:
         return None
+    digest = data.decode("ascii", "replace").strip()
     if not digest_ok(digest):
-        raise ValueError(digest)
+        raise ValueError(f"{os.path.join(state_dir, 'manifests', name, 'CURRENT')} does not hold a digest")
     return digest
 
 

@@ -41,7 +41,8 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from dsstage.errors import StoreError, UnsafeStore
-from dsstage.fs import jsontext
+from dsstage.fs import jsontext, untrusted
+from dsstage.fs.acl import ACCESS as ACCESS_ACL
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
@@ -310,8 +311,9 @@ def _read_json_fd(fd: int) -> dict[str, Any]:
 
 
 def write_at(dir_fd: int, name: str, data: str | bytes, *, mode: int = 0o644, fsync: bool = True,
-             owner: tuple[int, int] | None = None) -> None:
-    """Replace ``name`` atomically: a fresh temporary file (O_EXCL), then rename."""
+             owner: tuple[int, int] | None = None, acl: bytes | None = None) -> None:
+    """Replace ``name`` atomically: a fresh temporary file (O_EXCL), then rename; ``acl``: its
+    access ACL (dsstage.fs.acl), set before it has its name (OSError if the filesystem refuses)."""
     tmp = temp_name()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
@@ -320,6 +322,8 @@ def write_at(dir_fd: int, name: str, data: str | bytes, *, mode: int = 0o644, fs
             if owner is not None:
                 os.fchown(fd, *owner)
             os.fchmod(fd, mode)
+            if acl is not None:
+                os.setxattr(fd, ACCESS_ACL, acl)
             if fsync:
                 os.fsync(fd)
         finally:
@@ -353,14 +357,10 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 def read_json(path: str) -> dict[str, Any]:
-    """A JSON object from ``path``, or {} if it is missing, unreadable or not an object
-    (for files in the admins' state directory; the store uses read_json_at)."""
-    try:
-        with open(path, "rb") as fh:
-            data = jsontext.loads(fh.read())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """A JSON object from ``path``, or {} if it is missing, unreadable, not an object or not
+    a regular file of bounded size (for files in the shared state directory, which others
+    write: dsstage.fs.untrusted; the store uses read_json_at)."""
+    return untrusted.read_json(path)
 
 
 def write_atomic(path: str, data: str | bytes, *, fsync: bool = True, mode: int = 0o644) -> None:

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from dsstage.fs import formats, jsontext, safe
+from dsstage.fs import formats, jsontext, safe, untrusted
 from dsstage.fs.safe import RootDir
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
@@ -70,10 +70,11 @@ def ready_in_reports(state_dir: str, nodes: Sequence[str], name: str, versions: 
     wanted = set(versions)
     out: dict[str, set[str]] = {}
     for node in nodes:
-        try:
-            with open(published_path(state_dir, node), "rb") as fh:
-                rows = jsontext.loads(fh.read()).get("copies") or []
-        except (OSError, ValueError, AttributeError):
+        report = untrusted.read_json(published_path(state_dir, node))  # another node wrote it
+        if not report:
+            continue
+        rows = report.get("copies") or []
+        if not isinstance(rows, list):
             continue
         out[node] = {r["version"] for r in rows if isinstance(r, dict) and r.get("dataset") == name
                      and r.get("state") == "ready" and isinstance(r.get("version"), str) and r["version"] in wanted}

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 
 from dsstage.errors import ManifestError
-from dsstage.fs import formats, jsontext
+from dsstage.fs import formats, jsontext, untrusted
 
 KIND = "shard-index"
 
@@ -58,11 +58,11 @@ def read(directory: str, name: str, version: str, count: int) -> tuple[Shard, ..
     OSError where the state directory fails."""
     path = os.path.join(directory, index_name(version, count))
     try:
-        with open(path, encoding="utf-8") as fh:
-            record = jsontext.loads(fh.read())
-    except FileNotFoundError:
-        raise ManifestError(f"dataset {name!r}: version {version[:16]} was not split into {count} shards (its "
-                            f"shards: setting): an admin must run `dsstage manifest build {name}`") from None
+        data = untrusted.read_bytes(path, untrusted.JSON_MAX)  # its data owner writes it
+        if data is None:
+            raise ManifestError(f"dataset {name!r}: version {version[:16]} was not split into {count} shards (its "
+                                f"shards: setting): an admin must run `dsstage manifest build {name}`")
+        record = jsontext.loads(data)
     except ValueError as exc:
         raise ManifestError(f"{path}: unreadable ({exc}); rebuild with `dsstage manifest build {name}`") from None
     why = formats.problem(KIND, record, path) if isinstance(record, dict) else f"{path}: not a shard index"
@@ -73,7 +73,7 @@ def read(directory: str, name: str, version: str, count: int) -> tuple[Shard, ..
                              str(r["digest"])) for r in record["shards"])
     except (KeyError, TypeError, ValueError):
         raise ManifestError(f"{path}: damaged; rebuild with `dsstage manifest build {name}`") from None
-    if record.get("version") != version or len(shards) != count or \
+    if record.get("version") != version or len(shards) != count or any(s.bytes < 0 for s in shards) or \
             [s.index for s in shards] != list(range(count)) or not _chained(shards):
         raise ManifestError(f"{path}: does not describe {count} shards of version {version[:16]}; rebuild with "
                             f"`dsstage manifest build {name}`")

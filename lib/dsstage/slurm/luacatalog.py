@@ -40,7 +40,7 @@ def sizes(config: Config) -> dict[str, dict[str, Any]]:
     tier's capacity up to its high watermark) and, for a sharded dataset, the fewest nodes that
     hold it (dsstage.shards.split.least_nodes; None if one shard alone is too big). A dataset
     whose manifest or shards cannot be read here gets no check (the Prolog still refuses)."""
-    from dsstage.config.manifest import Catalog, read_header
+    from dsstage.config.manifest import Catalog, header_bytes, read_header
     from dsstage.shards import index as shard_index
     from dsstage.shards.split import least_nodes
     from dsstage.units import human
@@ -55,7 +55,8 @@ def sizes(config: Config) -> dict[str, dict[str, Any]]:
             digest = manifests.current(name)
             if digest is None:
                 continue
-            total = int(str(read_header(manifests.path(name, digest)).get("bytes") or 0))
+            path = manifests.path(name, digest)
+            total = header_bytes(read_header(path), path)
             row: dict[str, Any] = {"bytes": total, "room": room, "size": human(total), "room_text": human(room)}
             if ds.shards:
                 index = shard_index.load(manifests, name, digest, ds.shards)
