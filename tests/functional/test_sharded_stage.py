@@ -481,3 +481,61 @@ def test_the_nodes_of_a_job_wait_for_the_plan_of_the_node_that_claimed_it(env: E
     assert len(made) == 2
     jobrecord.forget(str(env.state), "161")
     assert not list((env.state / "jobs").glob("161.*"))
+
+
+def test_a_file_name_with_a_newline_stays_one_line_of_the_files_list(env: Env, tmp_path):
+    """A data owner's file named ``x\\n/etc/shadow`` (issue 51) is one escaped line of the
+    view's list, never a line ``/etc/shadow``; the user guide's recipe reads it back as the
+    file it is."""
+    import re
+    import subprocess
+    import sys
+    odd = {"x\n/etc/shadow": b"n" * 10, "back\\slash\tand tab": b"b" * 20, "plain": b"p" * 30}
+    env.add("odd", odd, shards=2)
+    env.cli("manifest", "build", "odd")
+    run = tmp_path / "run"
+    from dsstage.hooks import job as hooks
+    from dsstage.slurm.fake import FakeSlurm
+    e = {"SLURM_JOB_ID": "70", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+         "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1", "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "odd"}
+    assert hooks.prolog(e, run_dir=str(run), slurm=FakeSlurm(), load_config=env.config) == 0
+    got = exported((run / "n1" / "jobs" / "70.task").read_text().splitlines())
+    raw = Path(got["DSSTAGE_FILES"]).read_bytes().decode("utf-8", "surrogateescape").split("\n")[:-1]
+    assert len(raw) == 3 and "/etc/shadow" not in raw and not any(line.endswith("/etc/shadow") and
+                                                                     "\\n" not in line for line in raw), raw
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "user-guide.md").read_text()
+    recipe = re.search(r"Plain Python.*?```python\n(.*?)```", guide, re.S).group(1)
+    out = subprocess.run([sys.executable, "-c", recipe + "\nimport json; print(json.dumps(node_files))\n"], text=True,
+                         capture_output=True, check=True, env={**got, "PATH": "/usr/bin"})
+    view = got["DSSTAGE_DATASET_DIR"]
+    assert sorted(os.path.relpath(p, view) for p in json.loads(out.stdout)) == sorted(odd)
+    assert all(Path(p).read_bytes() == odd[os.path.relpath(p, view)] for p in json.loads(out.stdout))
+
+
+def test_a_restricted_view_is_never_open_to_others_while_it_is_made(env: Env, big, monkeypatch):
+    """Issue 51: the view of a group-only dataset was made in a 0755 directory under a 0755
+    ``views/<name>`` and restricted only afterwards, so a user who opened it meanwhile kept
+    reading through the descriptor. Now ``views/<name>`` carries the group's access before any
+    view is made in it, and the view's directory is 0700 until it is renamed into place."""
+    import grp
+    group = grp.getgrgid(os.getgid()).gr_name
+    env.datasets["big"]["groups"] = [group]
+    env.write()
+    store = env.store()
+    seen: list[tuple[int, int]] = []
+    real_link = os.link
+
+    def watching(src, dst, *a, **kw):  # every link made into the view: who could enter it then
+        top = Path(env.tier_root()) / "views" / "big"
+        making = [p for p in top.iterdir() if p.name.startswith(".dsstage-")]
+        assert len(making) == 1, making
+        seen.append((stat.S_IMODE(os.stat(top).st_mode), stat.S_IMODE(os.lstat(making[0]).st_mode)))
+        return real_link(src, dst, *a, **kw)
+    monkeypatch.setattr(os, "link", watching)
+    index = sharded.shards_of(store, "big", big["digest"])
+    part = sharded.stage_part(store, "big", big["digest"], [index.shards[0].id], user=User.lookup(0), job_id="9")
+    assert seen and all(top == 0o750 for top, _ in seen), seen  # restricted before the first link
+    assert stat.S_IMODE(os.stat(Path(part.view.path).parent).st_mode) == 0o750
+    assert all(mode == 0o700 for _, mode in seen), seen  # the view's own directory: 0700 while it is made
+    assert stat.S_IMODE(os.stat(part.view.path).st_mode) == 0o755  # and open to the group once in place
+

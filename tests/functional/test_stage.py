@@ -457,3 +457,25 @@ def test_the_steps_of_a_stage_each_on_its_own(env: Env):
         assert result.action == "staged" and result.transferred_bytes == 3000
         assert staging.reuse(store, tier, ds, digest, book, lease) is True  # ready now: leased without the lock
         assert (env.tier_root() / "leases" / "coco" / "7.json").exists()
+
+
+def test_a_dataset_that_becomes_restricted_is_closed_on_the_node_at_the_next_report(env: Env):
+    """Issue 51: ``groups:`` added by the admin reached only the copies staged afterwards;
+    a node's copies (and a sharded dataset's views) cached before stayed open to everyone.
+    The next report refresh applies it, and lifting it opens them again."""
+    import grp
+    env.add("coco", {"a": b"a" * 10})
+    env.cli("manifest", "build", "coco")
+    staged(env, "coco", "1")
+    top = env.tier_root() / "datasets" / "coco"
+    assert stat.S_IMODE(top.stat().st_mode) == 0o755
+    group = grp.getgrnam("daemon")  # in every Debian system: not root's group
+    env.datasets["coco"]["groups"] = [group.gr_name]
+    env.write()
+    assert "a change of groups reaches the copies" in env.cli("check-config").stdout
+    env.cli("report")
+    assert stat.S_IMODE(top.stat().st_mode) == 0o750 and top.stat().st_gid == group.gr_gid
+    del env.datasets["coco"]["groups"]
+    env.write()
+    env.cli("report")
+    assert stat.S_IMODE(top.stat().st_mode) == 0o755 and top.stat().st_gid == 0

@@ -31,6 +31,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     slurm, problems = slurm_conf.check_host(conf, series=installed_series(conf))
     problems += tier_problems(conf, args.node or node_name())
     problems += shard_problems(conf, slurm.get("largest_job"))
+    problems += access_notes(conf)
     errors = [p for p in problems if p.level == "error"]
     data = {"config": conf.origin, "ok": not errors, "state_dir": conf.state_dir, "on_failure": conf.on_failure,
             "slurm_bin": conf.slurm_bin, "prolog_budget": conf.prolog_budget, "source_user": conf.source_user,
@@ -64,6 +65,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for p in errors:
         print(f"dsstage: error: {conf.origin}: {p.key}: {p.message}", file=sys.stderr)
     return load.ConfigError.exit_code if errors else 0
+
+
+def access_notes(conf: model.Config) -> list[slurm_conf.Problem]:
+    """When the restricted datasets' access reaches the nodes (dsstage.node.inventory.reapply_access)."""
+    restricted = sorted(ds.name for ds in conf.datasets.values() if ds.groups is not None)
+    if not restricted:
+        return []
+    return [slurm_conf.Problem("note", "datasets.*.groups",
+                               f"{len(restricted)} restricted dataset(s) ({', '.join(restricted[:5])}"
+                               f"{', ...' if len(restricted) > 5 else ''}): a change of groups reaches the copies and "
+                               "views a node already holds at its next report refresh (a job's Prolog or Epilog, "
+                               "`dsstage report`, dsstage-report.timer), and every new copy at once")]
 
 
 def shard_problems(conf: model.Config, largest_job: int | None) -> list[slurm_conf.Problem]:

@@ -8,22 +8,13 @@ planted link is never followed.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
-import struct
 
 from dsstage.config.model import Dataset
 from dsstage.errors import ConfigError, StoreError
+from dsstage.fs import acl
 from dsstage.fs.safe import O_DIR, RootDir
-
-# POSIX ACL in the xattr format of linux/posix_acl_xattr.h: version 2, then
-# (tag u16, perm u16, id u32) entries sorted by tag and id.
-_ACL_VERSION = 2
-_USER_OBJ, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x04, 0x08, 0x10, 0x20
-_NO_ID = 0xFFFFFFFF
-_ACL = "system.posix_acl_access"
-
 
 def group_id(name: str) -> int:
     import grp
@@ -32,8 +23,9 @@ def group_id(name: str) -> int:
 
 def apply(tier: RootDir, ds: Dataset, *, origin: str, node: str, top: str = "datasets") -> None:
     """Make the dataset's top directory (in ``top``: its copies', or its views') reachable only
-    by its groups (if restricted)."""
-    fd = tier.dir(top, ds.name)
+    by its groups (if restricted). A directory made here is made 0700 and opened up only by
+    this call: nobody can enter it, nor keep a descriptor of it, before its access is right."""
+    fd = tier.dir(top, ds.name, mode=0o700)
     st = os.fstat(fd)
     if ds.groups is None:
         _set(fd, st, 0, 0o755)
@@ -53,6 +45,14 @@ def apply(tier: RootDir, ds: Dataset, *, origin: str, node: str, top: str = "dat
         remove_acl(fd)
 
 
+def reapply(tier: RootDir, ds: Dataset, *, origin: str, node: str) -> None:
+    """``apply`` to the dataset's copies and views that exist on this tier, creating nothing:
+    a change of ``groups:`` reaches what nodes cached before it (the report refresh calls it)."""
+    for top in ("datasets", "views"):
+        if tier.has_dir(top, ds.name) is not None:
+            apply(tier, ds, origin=origin, node=node, top=top)
+
+
 def _set(fd: int, st: os.stat_result, gid: int, mode: int) -> None:
     if st.st_uid != 0 or st.st_gid != gid:
         os.fchown(fd, 0, gid)
@@ -61,14 +61,11 @@ def _set(fd: int, st: os.stat_result, gid: int, mode: int) -> None:
 
 
 def acl_blob(gids: list[int]) -> bytes:
-    entries = [(_USER_OBJ, 7, _NO_ID), (_GROUP_OBJ, 0, _NO_ID)]
-    entries += [(_GROUP, 5, gid) for gid in sorted(set(gids))]
-    entries += [(_MASK, 5, _NO_ID), (_OTHER, 0, _NO_ID)]
-    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", t, p, i) for t, p, i in entries)
+    """A restricted copy's directory: root's, and read and search for each group."""
+    return acl.blob(7, groups=gids, grant=5)
 
 
-#: a filesystem without POSIX ACLs says so with these: a configuration problem, not a broken disk
-_NO_ACL = (errno.EOPNOTSUPP, errno.ENOTSUP)
+_NO_ACL = acl.UNSUPPORTED
 
 
 def set_group_acl(fd: int, gids: list[int], shown: str) -> None:
@@ -77,7 +74,7 @@ def set_group_acl(fd: int, gids: list[int], shown: str) -> None:
     A filesystem that has no POSIX ACLs is a configuration problem (ConfigError: the job is
     held with the reason, the node stays up); any other failure is the node's (StoreError)."""
     try:
-        os.setxattr(fd, _ACL, acl_blob(gids))
+        acl.set_on(fd, acl_blob(gids))
     except OSError as exc:
         if exc.errno in _NO_ACL:
             raise ConfigError(f"cannot restrict {shown} to several groups: its filesystem has no POSIX ACLs "
@@ -97,7 +94,7 @@ def acl_problem(root: str) -> str | None:
         try:
             fd = os.open(name, O_DIR, dir_fd=tier.fd)
             try:
-                os.setxattr(fd, _ACL, acl_blob([0]))
+                acl.set_on(fd, acl_blob([0]))
             except OSError as exc:
                 if exc.errno in _NO_ACL:
                     return (f"{root} is on a filesystem without POSIX ACLs ({exc.strerror}): mount it with ACL "
@@ -111,7 +108,4 @@ def acl_problem(root: str) -> str | None:
 
 
 def remove_acl(fd: int) -> None:
-    try:
-        os.removexattr(fd, _ACL)
-    except OSError:
-        pass
+    acl.remove(fd)

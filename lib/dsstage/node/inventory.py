@@ -7,6 +7,7 @@ the store call it (the store itself never does).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ from dsstage.errors import DsstageError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.safe import RootDir
-from dsstage.node import eviction, metrics, space, views
+from dsstage.node import access, eviction, metrics, space, views
 from dsstage.node.lease import LeaseBook
 from dsstage.node.lock import is_held, read_owner
 from dsstage.node.report import FORMAT, PREFETCH_KEPT, publish_target, replace
@@ -116,11 +117,35 @@ def _trash_rows(tier: RootDir, tier_name: str) -> list[dict[str, Any]]:
     return rows
 
 
+def reapply_access(store: Store) -> None:
+    """Give every copy and view of each dataset on this node its dataset's access as the
+    configuration says now: a ``groups:`` added (or removed) by the admin reaches what nodes
+    cached before, at their next refresh (the hooks, ``dsstage report`` and its timer). Root's
+    work only; a tier that cannot be opened, or a group this node does not know, is logged."""
+    if os.geteuid() != 0:
+        return
+    by_tier: dict[str, list[Any]] = {}
+    for ds in store.config.datasets.values():
+        by_tier.setdefault(ds.tier, []).append(ds)
+    for tier_name, datasets in by_tier.items():
+        try:
+            tier = open_tier(store.layout(tier_name), create=False)
+        except (DsstageError, OSError):
+            continue
+        with tier:
+            for ds in datasets:
+                try:
+                    access.reapply(tier, ds, origin=store.config.origin, node=store.node)
+                except (DsstageError, OSError) as exc:
+                    log.warning("access of %s on %s not brought up to date: %s", ds.name, tier_name, exc)
+
+
 def refresh(store: Store, run_dir: str | None = None) -> dict[str, Any]:
     """Rebuild this node's report from its store, write it and publish it, and write the
     metrics' textfile if configured (best effort: a failure is logged, never raised). The hooks
     and verbs that change the store call it; the store never does."""
     run_dir = run_dir or store.run_dir
+    reapply_access(store)
     try:
         rep = replace(run_dir, store.node, lambda prev: build(store, prev), publish_target(store.config))
     except DsstageError as exc:  # the store's own fault: the operation at hand meets and reports it

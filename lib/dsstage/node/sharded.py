@@ -84,11 +84,12 @@ def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], 
     ds = store.dataset(name)
     layout = store.layout(ds.tier)
     with open_tier(layout) as tier, local_errors(f"making the view of {name!r} in {layout.root}"):
+        # the views' top directory carries the dataset's access before any view is made in it
+        access.apply(tier, ds, origin=store.config.origin, node=store.node, top=views.TOP)
         view = views.find(tier, name, [s.id for s in shards])
         if view is None:
             with staging.dataset_lock(store, layout, name, staging.StageRequest(user=user, job_id=job_id,
                                                                                  deadline=deadline, prefetch=prefetch)):
                 manifests = [store.load_manifest(name, s.digest) for s in shards]
                 view = views.make(tier, name, manifests)
-        access.apply(tier, ds, origin=store.config.origin, node=store.node, top=views.TOP)
     return PartResult(name, version, shards, view, results, time.monotonic() - started)

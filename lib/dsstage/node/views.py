@@ -4,6 +4,8 @@ gave this node, at their dataset-relative paths, read-only, and a list of them.
     <tier>/views/<name>/<view id>/...     hard links to the files of the node's shard copies
     <tier>/views/<name>/<view id>.json    {"shards": [shard ids, in shard order], "files", "bytes"}
     <tier>/views/<name>/<view id>.files   the view's files: one absolute path per line, in shard order
+                                          (a name's backslash, newline, tab or carriage return is
+                                          escaped as the manifest escapes it: dsstage.fs.pathtext)
 
 A view id names a set of shards (the BLAKE3 of their ids), so the jobs that get the same
 shards on a node share one view, made once: the warm path only finds it. A view is made in a
@@ -21,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import blake3
 
-from dsstage.fs import safe
+from dsstage.fs import pathtext, safe
 from dsstage.fs.beneath import Tree
 from dsstage.fs.layout import version_id
 from dsstage.fs.safe import RootDir
@@ -105,9 +107,11 @@ def make(tier: RootDir, name: str, shards: Sequence[ShardFiles]) -> View:
     if found:
         return found
     vid = view_id(ids)
-    top = tier.dir(TOP, name)
+    top = tier.dir(TOP, name, mode=0o700)
     tmp = safe.temp_name()
-    os.mkdir(tmp, 0o755, dir_fd=top)
+    # made where nobody else can enter (0700: no descriptor of it, or of anything in it, can be
+    # had by another user while it is filled), opened up only as it is renamed into place
+    os.mkdir(tmp, 0o700, dir_fd=top)
     tmp_fd = os.open(tmp, safe.O_DIR, dir_fd=top)
     path = tier.path(TOP, name, vid)
     lines = []
@@ -118,18 +122,20 @@ def make(tier: RootDir, name: str, shards: Sequence[ShardFiles]) -> View:
                     for e in m.entries:
                         with src.parent(e.path) as (sfd, sname), dest.parent(e.path) as (dfd, dname):
                             os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
-                        lines.append(os.path.join(path, e.path))
+                        # one line a file, whatever its name holds (pathtext: as the manifest writes it)
+                        lines.append(pathtext.escape(os.path.join(path, e.path)))
+        files, nbytes = len(lines), sum(m.total_bytes for m in shards)
+        safe.write_at(top, f"{vid}.files", "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape"),
+                      fsync=False)
+        safe.write_json_at(top, f"{vid}.json", {"shards": ids, "files": files, "bytes": nbytes, "made": time.time()},
+                           fsync=False)
+        safe.remove_at(top, vid)  # a half view left by a crash between the rename and its record
+        os.fchmod(tmp_fd, 0o755)  # who may enter is decided by the top directory, restricted first
     except BaseException:
         os.close(tmp_fd)
         safe.remove_at(top, tmp)
         raise
     os.close(tmp_fd)
-    files, nbytes = len(lines), sum(m.total_bytes for m in shards)
-    safe.write_at(top, f"{vid}.files", "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape"),
-                  fsync=False)
-    safe.write_json_at(top, f"{vid}.json", {"shards": ids, "files": files, "bytes": nbytes, "made": time.time()},
-                       fsync=False)
-    safe.remove_at(top, vid)  # a half view left by a crash between the rename and its record
     os.rename(tmp, vid, src_dir_fd=top, dst_dir_fd=top)
     return View(vid, path, tier.path(TOP, name, f"{vid}.files"), files, nbytes)
 
@@ -222,7 +228,7 @@ def relink(tier: RootDir, name: str, shard_id: str, paths: Sequence[str]) -> int
 
 
 def listing(view: View) -> list[str]:
-    """The view's files list, as written."""
+    """The view's files, their names as they are (the list escapes them: pathtext)."""
     with open(view.files_list, encoding="utf-8", errors="surrogateescape") as fh:
-        return fh.read().splitlines()
+        return [pathtext.unescape(line) for line in fh.read().split("\n")[:-1]]
 
