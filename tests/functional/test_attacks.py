@@ -600,3 +600,32 @@ def test_a_run_directory_a_user_made_first_never_hosts_the_root_peer_daemon(env:
     line = one_error_line(subprocess.CompletedProcess([], proc.returncode, out, err))
     assert str(run) in line and "a user could steer it" in line
     assert os.listdir(run) == []  # nothing of root's was put there
+
+
+def test_the_files_the_prolog_leaves_for_a_job_are_read_by_its_user_alone(env: Env, playground: Path,
+                                                                           reader: Account, attacker: Account):
+    """Issue 51: the TaskProlog's file and the shard map were ``0440 root:<job's group>``, so
+    another user of the same primary group (``users`` at many sites) read them. Now the job's
+    user alone reads them (root's, with an ACL), and a user of its group is refused."""
+    from dsstage.hooks import job as hooks
+    from dsstage.slurm.fake import FakeSlurm
+    env.run = playground / "run"
+    env.add("coco", {"a": b"a" * 10})
+    env.add("parts", {f"p{i}": bytes([i]) * 10 for i in range(4)}, shards=2)
+    env.cli("manifest", "build", "coco")
+    env.cli("manifest", "build", "parts")
+    # the reader's job runs with the attacker's group as its primary group: a group they share
+    e = {"SLURM_JOB_ID": "77", "SLURM_JOB_UID": str(reader.uid), "SLURM_JOB_GID": str(attacker.gid),
+         "SLURM_JOB_USER": reader.name, "SLURMD_NODENAME": env.node, "SLURM_JOB_NODELIST": env.node,
+         "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "coco,parts"}
+    assert hooks.prolog(e, run_dir=str(env.run), slurm=FakeSlurm(), load_config=env.config) == 0
+    task = env.run / env.node / "jobs" / "77.task"
+    lines = task.read_text().splitlines()
+    shard_map = next(line.split("=", 1)[1] for line in lines if line.startswith("export DSSTAGE_SHARD_MAP_PARTS="))
+    for path in (str(task), shard_map):
+        st = os.stat(path)
+        assert st.st_uid == 0 and not st.st_mode & 0o002, (path, oct(st.st_mode))
+        job_user = Account(reader.name, reader.uid, attacker.gid)  # as the job's tasks run
+        assert job_user.run("cat", path).stdout  # the job's user reads it
+        res = attacker.run("cat", path, check=False)  # a user of the job's group does not
+        assert res.returncode != 0 and "Permission denied" in res.stderr, (path, res)

@@ -349,7 +349,7 @@ def test_replicas_of_a_shard_share_its_transfer_through_the_peers(env: Env, tmp_
         for n in NODES if with_peers else ():
             daemons.start(n)
         results = on_every_node(lambda node: shardjob.stage(
-            shardjob.Job("720", node, "n[1-3]", 0), env.store(node=node), "twin", {}, catalog.User.lookup(0), None))
+            shardjob.Job("720", node, "n[1-3]", 0, 0), env.store(node=node), "twin", {}, catalog.User.lookup(0), None))
         source_read = fs.stats()["bytes_read"]
     total = dataset_bytes(env)
     shards = {n: dict(results[n].exports)["SHARDS"] for n in NODES}  # type: ignore[attr-defined]

@@ -158,3 +158,27 @@ def test_what_a_hook_decides_when_its_work_did_not_answer():
     assert [v.action for v in abandoned.verdicts("coco", False, restricted, user, OutOfTime(why))] == ["hold"]
     assert [v.action for v in abandoned.verdicts("coco", False, restricted, User("bob", 1001, frozenset({"vision"})),
                                                  OutOfTime(why))] == ["fallback"]
+
+
+@pytest.mark.parametrize("err,action,rc", [
+    (OSError(24, "Too many open files"), "hold", 0),  # too few descriptors: the site's, never a drain
+    (OSError(28, "No space left on device"), "hold", 0),  # a full run directory: the site's
+    (OSError(5, "Input/output error"), "drain", 1),  # the node's own disk fails: drain
+])
+def test_a_task_file_that_cannot_be_written_drains_only_for_the_nodes_own_fault(monkeypatch, tmp_path, err, action,
+                                                                               rc):
+    """Issue 52: ``decide`` drained the node for any OSError writing the task file (EMFILE
+    included), deciding by exception type; it now follows the error's ``blame``."""
+    from dsstage.hooks import job
+    from dsstage.hooks.decisions import Verdict
+    from dsstage.slurm.fake import FakeSlurm
+
+    def failing(*_a, **_k):
+        raise err
+    monkeypatch.setattr(job.runfiles, "write_task_file", failing)
+    slurm = FakeSlurm()
+    ctx = job.JobContext(job_id="5", uid=0, gid=0, user="root", node="n1", request="coco")
+    got = job.decide(ctx, [Verdict("coco", "local", "/x", "ready")], run_dir=str(tmp_path), slurm=slurm)
+    assert got == rc
+    assert ("5" in slurm.held or "5" in slurm.notified) == (action == "hold")
+    assert ("n1" in slurm.drained) == (action == "drain")

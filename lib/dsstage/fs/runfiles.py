@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from dsstage.errors import StoreError, UnsafeStore
-from dsstage.fs import jsontext
+from dsstage.fs import acl, jsontext
 from dsstage.fs.layout import env_var, job_id_ok
 from dsstage.fs.safe import RootDir, _read_json_fd, open_regular, read_json_at, unlink_at, write_at, write_json_at
 
@@ -65,15 +65,32 @@ def job_file(run_dir: str, node: str, job_id: str, name: str) -> str:
     return os.path.join(run_dir, node or "node", "jobs", f"{job_id}.{name}")
 
 
-def write_job_file(run_dir: str, node: str, job_id: str, name: str, data: str, gid: int) -> str:
+def write_job_file(run_dir: str, node: str, job_id: str, name: str, data: str, reader: tuple[int, int]) -> str:
     """Readable by the job's tasks, by nobody else; its path. Removed with the task file."""
     parts, _task = _task_parts(node, job_id)
     if not name or "/" in name or name == "task":
         raise StoreError(f"bad job file name {name!r}")
     with RootDir(run_dir) as run:
-        write_at(run.dir(*parts), f"{job_id}.{name}", data, mode=0o440, fsync=False,
-                 owner=(0, gid if gid >= 0 else 0))
+        _write_for(run.dir(*parts), f"{job_id}.{name}", data, reader)
     return job_file(run_dir, node, job_id, name)
+
+
+def _write_for(dir_fd: int, name: str, data: str, reader: tuple[int, int]) -> None:
+    """Write a file for the job's tasks: root's, mode 0440 with an ACL that lets the job's user
+    (``reader``: its uid and gid) read it and nobody else, not even the users of its group
+    (``users`` at many sites). A user who owned it could rewrite it, or fill the run directory
+    through it, so it stays root's. Where the run directory's filesystem has no POSIX ACLs
+    (not /run's tmpfs on Debian), it falls back to root:<the job's group> 0440."""
+    uid, gid = reader
+    if uid < 0:  # no user known: root alone reads it (the TaskProlog then finds nothing)
+        write_at(dir_fd, name, data, mode=0o400, fsync=False, owner=(0, 0))
+        return
+    try:
+        write_at(dir_fd, name, data, mode=0o440, fsync=False, owner=(0, 0), acl=acl.blob(4, users=[uid], grant=4))
+    except OSError as exc:
+        if exc.errno not in acl.UNSUPPORTED:
+            raise
+        write_at(dir_fd, name, data, mode=0o440, fsync=False, owner=(0, gid if gid >= 0 else 0))
 
 
 def task_file(run_dir: str, node: str, job_id: str) -> str:
@@ -86,12 +103,11 @@ def _task_parts(node: str, job_id: str) -> tuple[tuple[str, str], str]:
     return (node or "node", "jobs"), f"{job_id}.task"
 
 
-def write_task_file(run_dir: str, node: str, job_id: str, lines: Iterable[str], gid: int) -> None:
-    """Readable by the job's tasks (they run as the user), by nobody else."""
+def write_task_file(run_dir: str, node: str, job_id: str, lines: Iterable[str], reader: tuple[int, int]) -> None:
+    """Readable by the job's tasks (they run as the user ``reader``: uid, gid), by nobody else."""
     parts, name = _task_parts(node, job_id)
     with RootDir(run_dir) as run:
-        write_at(run.dir(*parts), name, "\n".join(lines) + "\n", mode=0o440, fsync=False,
-                 owner=(0, gid if gid >= 0 else 0))
+        _write_for(run.dir(*parts), name, "\n".join(lines) + "\n", reader)
 
 
 def remove_task_file(run_dir: str, node: str, job_id: str) -> bool:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from dsstage.config import catalog as cat
 from dsstage.config import load
 from dsstage.config.model import Config
-from dsstage.errors import DsstageError, StoreError, UnsafeStore, VerifyError
+from dsstage.errors import DsstageError, UnsafeStore, VerifyError, local_error
 from dsstage.fs import runfiles
 from dsstage.hooks import bbrequest, bounded, joblog, jobrecord
 from dsstage.hooks.bounded import stage_deadline
@@ -102,7 +102,7 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
         try:
             if ds is not None and ds.shards:
                 cat.authorize(ds, user)
-                part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.gid)
+                part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.uid, ctx.gid)
                 outcomes.append(shardjob.stage(part_of, store, name, versions, user, deadline, sharded_names))
                 continue
             result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes,
@@ -228,13 +228,14 @@ def decide(ctx: JobContext, outcomes: list[Verdict], *, run_dir: str, slurm: Slu
         action = job_action(outcomes)
         bounded.tell(f"decided {action} {why_held(outcomes) if action == 'hold' else ''}")
     except (OSError, DsstageError) as exc:
-        # without its file the job would run without its variables and without a word
-        blame = "the run directory is unsafe" if isinstance(exc, UnsafeStore) else "the run directory is broken"
-        log.error("job %s: cannot write the TaskProlog's file in %s (%s): %s", ctx.job_id, run_dir, blame, exc)
-        if isinstance(exc, UnsafeStore) or not isinstance(exc, (OSError, StoreError)):
-            outcomes = [*outcomes, Verdict(ctx.request or "", "hold", None, f"{blame} on {ctx.node}: {exc}")]
-        else:
-            outcomes = [*outcomes, Verdict(ctx.request or "", "drain", None, f"{blame} on {ctx.node}: {exc}")]
+        # without its file the job would run without its variables and without a word; the
+        # error's blame decides (errors.py): only the node's own broken disk drains it, a full
+        # run directory or too few descriptors (the site's), an unsafe one (a user's) hold the job
+        err = local_error(exc, f"writing the TaskProlog's file in {run_dir}") if isinstance(exc, OSError) else exc
+        what = "the run directory is unsafe" if isinstance(err, UnsafeStore) else "the run directory cannot be written"
+        log.error("job %s: cannot write the TaskProlog's file in %s (%s): %s", ctx.job_id, run_dir, what, err)
+        action = "drain" if err.blame == "node" else "hold"
+        outcomes = [*outcomes, Verdict(ctx.request or "", action, None, f"{what} on {ctx.node}: {err}")]
     action = job_action(outcomes)
     if action == "hold" and not holds_it(ctx, store):
         pass  # another node of the job tells Slurm; this node's hold mark stops its tasks
@@ -326,7 +327,7 @@ def retain(store: Store, job_id: str) -> None:
 # -- files ----------------------------------------------------------------------------
 
 def write_task_file(run_dir: str, ctx: JobContext, lines: Sequence[str]) -> None:
-    runfiles.write_task_file(run_dir, ctx.node, ctx.job_id, lines, ctx.gid)
+    runfiles.write_task_file(run_dir, ctx.node, ctx.job_id, lines, (ctx.uid, ctx.gid))
 
 
 def remove_task_file(run_dir: str, ctx: JobContext) -> bool:

@@ -32,11 +32,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Job:
-    """What of the job this needs: its id, this node, all its nodes (a Slurm hostlist), its group."""
+    """What of the job this needs: its id, this node, all its nodes (a Slurm hostlist), its user
+    and group (who may read what the Prolog leaves for it)."""
 
     job_id: str
     node: str
     nodes: str
+    uid: int
     gid: int
 
 
@@ -76,7 +78,8 @@ def stage(ctx: Job, store: Store, name: str, versions: Mapping[str, str], user: 
         raise StateError(f"job {ctx.job_id}'s shard plan gives node {ctx.node} no shard of {name!r}: requeue the job")
     part = sharded.stage_part(store, name, version, mine, user=user, job_id=ctx.job_id, deadline=deadline,
                               nodes=ctx.nodes, replicas=shardplan.replicas(plan, mine))
-    map_path = shardmap.write_map(store.run_dir, ctx.node, ctx.job_id, ctx.gid, name, version, index.shards, plan)
+    map_path = shardmap.write_map(store.run_dir, ctx.node, ctx.job_id, (ctx.uid, ctx.gid), name, version, index.shards,
+                                  plan)
     log.info("job %s: %s shards %s of %d %s on %s (view %s, %d files; %d files from the source)", ctx.job_id, name,
              ",".join(str(s.index) for s in part.shards), index.count, part.action, ctx.node, part.view.path,
              part.view.files, part.transferred_files)

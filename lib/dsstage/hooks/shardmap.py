@@ -12,7 +12,7 @@ from dsstage.fs import jsontext, runfiles
 from dsstage.shards.indexfile import Shard
 
 
-def write_map(run_dir: str, node: str, job_id: str, gid: int, name: str, version: str, shards: Sequence[Shard],
+def write_map(run_dir: str, node: str, job_id: str, reader: tuple[int, int], name: str, version: str, shards: Sequence[Shard],
               plan: Mapping[str, Sequence[str]]) -> str:
     """The job's map (dataset, version, shard count, and each node's shards, files and bytes),
     written for the job's tasks on this node; its path."""
@@ -21,7 +21,7 @@ def write_map(run_dir: str, node: str, job_id: str, gid: int, name: str, version
                "nodes": {n: {"shards": sorted(by_id[s].index for s in ids), "files": sum(by_id[s].files for s in ids),
                              "bytes": sum(by_id[s].bytes for s in ids)} for n, ids in sorted(plan.items())}}
     return runfiles.write_job_file(run_dir, node, job_id, f"shards-{name}.json",
-                                   jsontext.dumps(job_map, indent=1, sort_keys=True) + "\n", gid)
+                                   jsontext.dumps(job_map, indent=1, sort_keys=True) + "\n", reader)
 
 
 def exports(mine: Sequence[Shard], count: int, shards: Sequence[Shard], plan: Mapping[str, Sequence[str]],

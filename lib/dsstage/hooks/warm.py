@@ -136,7 +136,7 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
         lines = runfiles.export_lines([(p.name, p.path) for p in picked])
         for p in picked:
             lines += runfiles.more_exports(p.name, p.exports, first=p is picked[0]) if p.exports else []
-        runfiles.write_task_file(run_dir, job.node, job.job_id, lines, job.gid)
+        runfiles.write_task_file(run_dir, job.node, job.job_id, lines, (job.uid, job.gid))
     except BaseException:
         give_back(picked, job.job_id)  # the full Prolog takes its own leases
         raise
@@ -193,7 +193,7 @@ def _part(name: str, version: str, tier: RootDir, run_dir: str, job: Job, part: 
     view = views.find(tier, name, [s.id for s in mine])
     if view is None:
         return None
-    map_path = shardmap.write_map(run_dir, job.node, job.job_id, job.gid, name, version, shards, plan)
+    map_path = shardmap.write_map(run_dir, job.node, job.job_id, (job.uid, job.gid), name, version, shards, plan)
     return Pick(name, version, tier, view.path, tuple(mine),
                 shardmap.exports(mine, len(shards), shards, plan, view.files_list, view.files, map_path))
 
