@@ -40,7 +40,9 @@
  *                             disk itself, EIO, EUCLEAN or EBADMSG): a failure that ends it (exit 2);
  *         "= FILES BYTES\n"   the totals, last.
  * Exit 3: openat2 is missing or refused; 4: out of memory or threads (the caller copies in
- * Python either way); 1: bad usage or input.
+ * Python either way); 5: the input ended before every file was handed out (the caller stopped
+ * it at its deadline, or died: the totals are of what was done, not of the plan); 1: bad usage
+ * or input.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -90,7 +92,10 @@ static int limit, bound, started, exited, stopping;
 static char fatal[256];
 /* not the store's nor the source's failure (memory, threads): the caller copies in Python */
 #define NO_RESOURCES 4
+#define INPUT_ENDED 5
 static int out_of_resources;
+/* the control input ended (the caller wants no more files, or is gone) */
+static int input_ended;
 
 static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t pending_files, pending_bytes, total_files, total_bytes;
@@ -656,6 +661,7 @@ static void *control(void *arg)
     }
     pthread_mutex_lock(&mu);  /* the caller is gone or wants no more files */
     stopping = 1;
+    input_ended = 1;
     pthread_cond_broadcast(&cv);
     pthread_mutex_unlock(&mu);
     free(line);
@@ -777,6 +783,7 @@ int main(int argc, char **argv)
     char last[256];
     snprintf(last, sizeof last, "%s", fatal);
     int short_of = out_of_resources;
+    int cut_short = input_ended && next_entry < n_entries;  /* files never handed out */
     pthread_mutex_unlock(&mu);
     pthread_mutex_lock(&out_mu);
     report_locked(1);
@@ -785,5 +792,5 @@ int main(int argc, char **argv)
     printf("= %llu %llu\n", (unsigned long long)total_files, (unsigned long long)total_bytes);
     fflush(stdout);
     pthread_mutex_unlock(&out_mu);
-    _exit(last[0] ? 2 : short_of ? NO_RESOURCES : 0);
+    _exit(last[0] ? 2 : short_of ? NO_RESOURCES : cut_short ? INPUT_ENDED : 0);
 }

@@ -304,3 +304,29 @@ def test_a_failure_while_reading_the_helpers_reports_stops_it_and_never_hangs(tm
     t.join(120)
     assert not t.is_alive(), "native.copy hung after the exception"
     assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError)
+
+
+def test_a_helper_whose_input_ends_before_its_plan_says_so_in_its_exit(tmp_path):
+    """Issue 51: when its input ended early the helper printed its totals and exited 0, as if
+    every file had been handled. It now exits INPUT_ENDED, with the totals of what it did;
+    the copier's own stop at its deadline (the one early close it makes) is told apart."""
+    native_copier()
+    program = native.helper()
+    assert program is not None
+    backing = write_tree(tmp_path / "backing", {f"f{i:03d}": os.urandom(100) for i in range(50)})
+    m = transfer_build.build("ds", str(backing)).manifest
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with LatencyFS(backing, tmp_path / "mnt", delay_us=20_000) as fs:
+        src_fd = os.open(fs.mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+        dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            res = subprocess.run([program.argv0, str(src_fd), str(dest_fd), "1", "1"], pass_fds=(src_fd, dest_fd,
+                                 program.fd), input=native._records(m.entries), capture_output=True, timeout=60)
+        finally:
+            os.close(src_fd)
+            os.close(dest_fd)
+    assert res.returncode == native.INPUT_ENDED, res
+    done = int(res.stdout.decode().splitlines()[-1].split()[1])
+    assert res.stdout.decode().splitlines()[-1].startswith("= ") and done < 50
+    assert len(published(dest)) == done

@@ -50,6 +50,9 @@ LIBEXEC = "/usr/libexec/dsstage"
 #: memory or threads (neither the source's nor the store's fault: the Python copier goes on)
 NO_OPENAT2 = 3
 NO_RESOURCES = 4
+#: the helper's exit status when its input ended before it had handed out every file: the
+#: caller closed it at its deadline (expected), or it ended early for another reason
+INPUT_ENDED = 5
 #: paths this long or longer are copied in Python (the helper keeps a directory's path
 #: in a buffer of PATH_MAX, and the kernel takes no longer path in one call)
 MAX_PATH = 4000
@@ -186,6 +189,8 @@ class Result:
     failures: list[tuple[Entry, str]] = field(default_factory=list)
     #: False when the helper did not run to its end (the caller copies the rest in Python)
     complete: bool = True
+    #: the caller stopped it at its deadline (``late()``): not complete, and not the helper's fault
+    cut_short: bool = False
 
 
 def _records(entries: Sequence[Entry]) -> bytes:
@@ -312,9 +317,12 @@ def _run(program: Helper, args: list[str], fds: tuple[int, ...], entries: Sequen
         stdout.close()
     if fatal is not None:
         raise fatal
+    if rc == INPUT_ENDED and closed and late():
+        result.complete, result.cut_short = False, True  # stopped at the deadline, as asked
+        return result
     if rc != 0 or not finished:
-        why = {NO_OPENAT2: "openat2 is missing or refused here",
-               NO_RESOURCES: "out of memory or threads"}.get(rc, f"it ended with status {rc}")
+        why = {NO_OPENAT2: "openat2 is missing or refused here", NO_RESOURCES: "out of memory or threads",
+               INPUT_ENDED: "its input ended before its plan did"}.get(rc, f"it ended with status {rc}")
         log.warning("the native copier %s stopped before its end (%s): going on in Python", program.path, why)
         result.complete = False
     return result
@@ -334,7 +342,8 @@ def copy_some(src_fd: int, src_root: str, dest: Tree, entries: list[Entry], gate
     fits, left = _fitting(entries)
     done = copy(program, src_fd, src_root, dest.root_fd, fits, gate, reader, late, progress)
     if not done.complete:
-        disable()
+        if not done.cut_short:
+            disable()
         failed = {e.path for e, _found in done.failures}
         try:
             have = dest.paths()
