@@ -5,6 +5,9 @@ unlink and chmod relative to directory descriptors (``RootDir``); ``beneath`` op
 a descriptor without following links (openat2, ``Tree``); ``layout`` is the store's shape on a
 tier (names, ready marks, what makes a copy ready); ``runfiles`` the TaskProlog's file and the
 configuration cache in the run directory; ``identity`` switches the file-system identity to
-read a source as its owner. The warm Prolog uses this package, so it imports only the
+read a source as its owner; ``untrusted`` reads what data owners and other nodes write
+(manifests, ``CURRENT``, reports, records) without blocking, following links or reading
+without bound; ``acl`` writes POSIX ACLs on a descriptor; ``pathtext`` escapes a path into
+one line (manifests, a view's files list). The warm Prolog uses this package, so it imports only the
 standard library and ``dsstage.errors``: nothing else of dsstage.
 """
