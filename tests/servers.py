@@ -51,7 +51,8 @@ class RsyncDaemon:
         self.log = workdir / "rsyncd.log"
         conf = workdir / "rsyncd.conf"
         conf.write_text(
-            f"port = {self.port}\naddress = 127.0.0.1\nuse chroot = {'yes' if chroot else 'no'}\npid file = {workdir}/rsyncd.pid\n"
+            f"port = {self.port}\naddress = 127.0.0.1\nuse chroot = {'yes' if chroot else 'no'}\n"
+            f"pid file = {workdir}/rsyncd.pid\n"
             f"log file = {self.log}\ntransfer logging = yes\nlog format = %o %l %f\n"
             f"max connections = 0\n[{module}]\n  path = {module_path}\n  read only = yes\n"
             "  uid = root\n  gid = root\n")

@@ -48,7 +48,8 @@ def check_safe(got: m.Manifest) -> None:
     assert len({e.path for e in got.entries}) == len(got.entries)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=ROWS, extra_mtimes=st.integers(min_value=-1, max_value=1),
        mtime=st.sampled_from(["0", "17", "-5", "x", "1e3"]))
 def test_any_body_with_a_matching_digest_is_read_safely_or_refused(tmp_path, rows, extra_mtimes, mtime):
@@ -62,7 +63,8 @@ def test_any_body_with_a_matching_digest_is_read_safely_or_refused(tmp_path, row
     check_safe(got)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=400), cut=st.integers(min_value=0, max_value=400))
 def test_any_bytes_at_all_are_refused_or_read_safely(tmp_path, data, cut):
     """Whole files of arbitrary bytes, and a valid manifest cut anywhere or with bytes spliced in."""

@@ -33,8 +33,8 @@ from typing import NamedTuple
 
 from dsstage.errors import ManifestError
 from dsstage.fs import jsontext, untrusted
-from dsstage.fs.pathtext import escape, unescape
 from dsstage.fs.layout import read_current
+from dsstage.fs.pathtext import escape, unescape
 from dsstage.fs.safe import write_atomic
 
 MAGIC = "#dsstage-manifest 2 "

@@ -12,8 +12,8 @@ from dsstage.fs import jsontext, runfiles
 from dsstage.shards.indexfile import Shard
 
 
-def write_map(run_dir: str, node: str, job_id: str, reader: tuple[int, int], name: str, version: str, shards: Sequence[Shard],
-              plan: Mapping[str, Sequence[str]]) -> str:
+def write_map(run_dir: str, node: str, job_id: str, reader: tuple[int, int], name: str, version: str,
+              shards: Sequence[Shard], plan: Mapping[str, Sequence[str]]) -> str:
     """The job's map (dataset, version, shard count, and each node's shards, files and bytes),
     written for the job's tasks on this node; its path."""
     by_id = {s.id: s for s in shards}

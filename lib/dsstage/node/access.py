@@ -16,6 +16,7 @@ from dsstage.errors import ConfigError, StoreError
 from dsstage.fs import acl
 from dsstage.fs.safe import O_DIR, RootDir
 
+
 def group_id(name: str) -> int:
     import grp
     return grp.getgrnam(name).gr_gid
