@@ -4,10 +4,13 @@ dsstage_submit.lua: submit-time checks of --dataset for slurmctld's job_submit/l
 Call it from your site's job_submit.lua:
 
     package.path = "/etc/slurm/?.lua;" .. package.path
-    local dsstage = require("dsstage_submit")
+    -- pcall: a module that fails to load must not stop slurmctld (see job_submit.lua, which
+    -- then refuses only the jobs that ask for a dataset)
+    local loaded, dsstage = pcall(require, "dsstage_submit")
     -- the catalog `dsstage export-catalog` writes: /var/lib/dsstage/dsstage_catalog.lua
 
     function slurm_job_submit(job_desc, part_list, submit_uid)
+        if not loaded then return slurm.SUCCESS end  -- or refuse a --dataset job, as job_submit.lua does
         local rc, msg = dsstage.check(job_desc, submit_uid)
         if rc ~= slurm.SUCCESS then
             slurm.log_user(msg)

@@ -478,3 +478,38 @@ def test_the_catalog_sizes_datasets_from_their_manifests(tmp_path):
     got = luacatalog.sizes(conf)
     assert got["big"]["least"] == 2 and got["big"]["room"] == 2700 and got["small"]["bytes"] == 300
     assert "none" not in got and "least" not in got["small"]
+
+
+LOADER = """
+slurm = {{ SUCCESS = 0, ERROR = -1, errors = {{}}, users = {{}} }}
+function slurm.log_error(fmt, ...) slurm.errors[#slurm.errors + 1] = string.format(fmt, ...) end
+function slurm.log_user(fmt, ...) slurm.users[#slurm.users + 1] = string.format(fmt, ...) end
+dofile("{job_submit}")
+for _, job in ipairs({{ {{}}, {{ spank_job_env = {{ [0] = "_SLURM_SPANK_OPTION_dsstage_dataset=coco" }} }},
+                       {{ script = "#!/bin/sh\\n#BB_LUA dataset=coco\\nhostname\\n" }},
+                       {{ spank_job_env = {{ [0] = "OTHER=1" }}, script = "#!/bin/sh\\nhostname\\n" }} }}) do
+    print(slurm_job_submit(job, {{}}, 1001))
+end
+print(#slurm.errors, slurm.errors[1] or "", slurm.users[1] or "")
+"""
+
+
+@pytest.mark.parametrize("module_there", [False, True])
+def test_job_submit_lua_without_its_module_refuses_only_dataset_jobs(tmp_path, module_there):
+    """Issue 54: ``require("dsstage_submit")`` was unprotected, so a job_submit.lua whose module
+    was purged (Puppet, the package removed) failed to load and slurmctld died at start or
+    takeover. Now loading succeeds either way; without the module only the jobs that ask for
+    a dataset are refused, saying why."""
+    shutil.copy(ROOT / "sbatch_ext" / "job_submit.lua", tmp_path / "job_submit.lua")
+    if module_there:
+        shutil.copy(ROOT / "sbatch_ext" / "dsstage_submit.lua", tmp_path / "dsstage_submit.lua")
+        (tmp_path / "dsstage_catalog.lua").write_text(render())
+    script = LOADER.format(job_submit=tmp_path / "job_submit.lua")
+    res = subprocess.run([LUA, "-e", script], capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    if module_there:
+        assert lines[0] == "0" and lines[3] == "0" and lines[4].startswith("0")  # the module decides the rest
+    else:
+        assert lines[:4] == ["0", "-1", "-1", "0"], lines  # refused: the --dataset and the #BB_LUA job only
+        assert "cannot load dsstage_submit.lua" in lines[4] and "submit without --dataset" in lines[4], lines
