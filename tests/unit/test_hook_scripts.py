@@ -277,3 +277,22 @@ def test_prolog_and_epilog_log_to_syslog_with_the_job_id(tmp_path):
     # and the file the defaults name has the same lines
     text = (tmp_path / "hooks.log").read_text()
     assert all(line.split(": ", 1)[1] in text for line in lines), (lines, text)
+
+
+def test_taskprolog_drops_what_dsstage_exports_inherited_by_any_job(installed, tmp_path):
+    """Issue 54: a job submitted from inside a dsstage job (a chain) inherits its parent's
+    DSSTAGE_* and read a copy it held no lease on; a node whose Prolog left no file ran its
+    tasks with the batch node's DSSTAGE_FILES_<NAME>. The TaskProlog now unsets every variable
+    dsstage exports, for every job (not only heterogeneous ones), before this node's own."""
+    inherited = {"DSSTAGE_DATASET_DIR": "/n1/views/big/x", "DSSTAGE_PATH_BIG": "/n1/views/big/x",
+                 "DSSTAGE_FILES_BIG": "/run/dsstage/n1/jobs/7.files", "DSSTAGE_FILES": "/f",
+                 "DSSTAGE_SHARDS_BIG": "0,3", "DSSTAGE_MIN_FILES": "8", "DSSTAGE_SHARD_MAP_BIG": "/m",
+                 "DSSTAGE_CONFIG": "/etc/mine.yaml"}
+    res = taskprolog(installed, **inherited)  # no file for job 42 on this node
+    assert res.returncode == 0
+    assert sorted(res.stdout.splitlines()) == sorted(f"unset {k}" for k in inherited if k != "DSSTAGE_CONFIG")
+    task_file(tmp_path, "42", "export DSSTAGE_PATH_COCO=/n2/coco\nexport DSSTAGE_DATASET_DIR=/n2/coco\n")
+    lines = taskprolog(installed, **inherited).stdout.splitlines()
+    assert lines[-2:] == ["export DSSTAGE_PATH_COCO=/n2/coco", "export DSSTAGE_DATASET_DIR=/n2/coco"]
+    assert all(line.startswith("unset ") for line in lines[:-2]) and "unset DSSTAGE_CONFIG" not in lines
+    assert taskprolog(installed, SLURM_JOB_ID="43").stdout == ""  # nothing inherited, no file: nothing
