@@ -25,7 +25,9 @@ need, so an empty directory is not recorded.
 
 from __future__ import annotations
 
+import codecs
 import gc
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -253,19 +255,23 @@ def _read(path: str, check: bool) -> Manifest:
         raise _refused(path, exc) from None
     if raw is None:
         raise ManifestError(f"{path}: no such manifest; run `dsstage manifest build`")
-    head, _nl, data = raw.partition(b"\n")
-    del raw
-    header = _parse_header(head.decode("utf-8", "surrogateescape") + "\n", path)
-    body, sep, mtimes_raw = data.partition(MTIMES.encode())
-    if not sep and data:
+    # slices of one buffer (a memoryview), not copies: a manifest near its bound is read once
+    start = raw.find(b"\n") + 1 or len(raw)
+    header = _parse_header(raw[:start].decode("utf-8", "surrogateescape"), path)
+    sep = raw.find(b"\n" + MTIMES.encode(), start - 1) + 1  # at a line's start: a file may be named #mtimes
+    if sep <= 0 and len(raw) > start:
         raise ManifestError(f"{path}: damaged (no {MTIMES.strip()} section); rebuild it with `dsstage manifest build`")
+    sep = len(raw) if sep <= 0 else sep
+    view = memoryview(raw)
+    body = view[start:sep]
     digest = blake3.blake3(body).hexdigest()
     if check and digest != header["digest"]:
         raise ManifestError(f"{path}: contents do not match the digest in its header (it was edited or damaged); "
                             "rebuild it with `dsstage manifest build`")
-    lines = body.decode("utf-8", "surrogateescape").split("\n")
+    lines = codecs.decode(body, "utf-8", "surrogateescape").split("\n")
     lines.pop()  # after the last newline
-    mtimes = mtimes_raw.split()
+    mtimes = bytes(view[sep + len(MTIMES):]).split()
+    del body, view, raw
     rows = [line.split("\t") for line in lines]
     new = tuple.__new__  # what Entry._make does, without a Python call per entry
     try:
@@ -278,15 +284,33 @@ def _read(path: str, check: bool) -> Manifest:
         where = f"{path}:{bad}: malformed line" if bad else f"{path}: damaged mtimes"
         raise ManifestError(f"{where}; rebuild it with `dsstage manifest build`") from None
     sizes_problem(rows, entries, path)
+    if entries and not -MTIME_MAX <= min(e.mtime_ns for e in entries) <= max(e.mtime_ns for e in entries) <= MTIME_MAX:
+        raise ManifestError(f"{path}: an mtime is out of range (a file's time in nanoseconds, 64 bits); rebuild it "
+                            "with `dsstage manifest build`")
     if check:
-        bad = next((n for n, r in enumerate(rows, start=2) if len(r[0]) != 64), None)
-        if bad:
+        hashes = "".join(r[0] for r in rows)
+        if len(hashes) != 64 * len(rows) or hashes.strip(_HEX):
+            bad = next(n for n, r in enumerate(rows, start=2) if len(r[0]) != 64 or r[0].strip(_HEX))
             raise ManifestError(f"{path}:{bad}: malformed hash; rebuild it with `dsstage manifest build`")
         check_entries(entries, path)
     return Manifest(name=str(header.get("name", "")), digest=digest, entries=entries,
-                    total_bytes=sum(e.size for e in entries),
-                    created=float(str(header.get("created") or 0)), source=str(header.get("source", "")),
-                    shard_of=str(header.get("shard_of") or ""))
+                    total_bytes=sum(e.size for e in entries), created=header_created(header, path),
+                    source=str(header.get("source", "")), shard_of=str(header.get("shard_of") or ""))
+
+
+_HEX = "0123456789abcdef"
+#: a file's mtime in nanoseconds must fit the 64 bits the copier and the native helper use
+MTIME_MAX = 2**63 - 1
+
+
+def header_created(header: dict[str, object], path: str) -> float:
+    """The header's ``created`` (seconds since the epoch; 0 if absent), else a ManifestError:
+    the digest does not cover the header."""
+    value = header.get("created") or 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ManifestError(f"{path}: its header says created {value!r}, not a time; rebuild it with "
+                            "`dsstage manifest build`")
+    return float(value)
 
 
 def _size_ok(text: str) -> bool:

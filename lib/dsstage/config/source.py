@@ -25,6 +25,10 @@ def parse_source(raw: str) -> Source:
         host, _, path = rest.partition("/")
         if not host or not path.strip("/"):
             raise ValueError(f"{raw!r} lacks a module: write rsync://host/module/path")
+        if any(part in (".", "..") for part in path.split("/")):
+            # files are asked for as <path>/./<file> (dsstage.transfer.rsync.files_from): a "."
+            # of its own would move where the names rsync recreates begin
+            raise ValueError(f"{raw!r} contains '.' or '..': give the module's real path")
         return Source(raw=raw, kind="daemon", path="/" + path)
     if raw.startswith("/"):
         if "/../" in raw + "/":

@@ -72,6 +72,9 @@ def open_file(path: str, limit: int, *, dir_fd: int | None = None) -> int | None
             raise Refused(f"{path} is a symbolic link: root does not follow it; replace it with the file") from None
         if exc.errno in (errno.ENXIO, errno.EISDIR, errno.ENODEV):  # a socket; a directory opened for writing
             raise Refused(f"{path} is not a regular file: root does not read it; replace it with the file") from None
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EWOULDBLOCK):  # its writer's modes or lease: theirs to fix
+            raise Refused(f"{path} cannot be read by root ({exc.strerror}; under NFS root_squash root reads as "
+                          "nobody): make it readable by everyone") from None
         raise
     try:
         st = os.fstat(fd)

@@ -39,11 +39,12 @@ def apply(tier: RootDir, ds: Dataset, *, origin: str, node: str, top: str = "dat
         except KeyError:
             raise ConfigError(f"{origin}: datasets.{ds.name}.groups: group {g!r} does not exist "
                               f"on node {node}; fix the name or add the group") from None
-    _set(fd, st, gids[0], 0o750)
+    # the ACL first: a group taken out of it loses access before the owner and mode change
     if len(gids) > 1:
         set_group_acl(fd, gids, tier.path(top, ds.name))
     else:
         remove_acl(fd)
+    _set(fd, os.fstat(fd), gids[0], 0o750)
 
 
 def reapply(tier: RootDir, ds: Dataset, *, origin: str, node: str) -> None:

@@ -145,8 +145,8 @@ def refresh(store: Store, run_dir: str | None = None) -> dict[str, Any]:
     metrics' textfile if configured (best effort: a failure is logged, never raised). The hooks
     and verbs that change the store call it; the store never does."""
     run_dir = run_dir or store.run_dir
-    reapply_access(store)
     try:
+        reapply_access(store)
         rep = replace(run_dir, store.node, lambda prev: build(store, prev), publish_target(store.config))
     except DsstageError as exc:  # the store's own fault: the operation at hand meets and reports it
         log.info("the node report of %s is not rebuilt: %s", store.node, exc)

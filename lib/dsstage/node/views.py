@@ -77,8 +77,13 @@ class View:
         return "View(id={!r}, path={!r}, files_list={!r}, files={!r}, bytes={!r})".format(*self._key())
 
 
+#: what a view's id covers besides its shards: the format of its files list, so that a view made
+#: by a dsstage whose list did not escape names is never found (and retires as unused)
+LIST_FORMAT = "files-list 2: escaped"
+
+
 def view_id(shard_ids: Sequence[str]) -> str:
-    return blake3.blake3("\n".join(sorted(shard_ids)).encode()).hexdigest()[:16]
+    return blake3.blake3("\n".join([*sorted(shard_ids), LIST_FORMAT]).encode()).hexdigest()[:16]
 
 
 def find(tier: RootDir, name: str, shard_ids: Sequence[str]) -> View | None:

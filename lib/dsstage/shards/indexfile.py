@@ -69,15 +69,27 @@ def read(directory: str, name: str, version: str, count: int) -> tuple[Shard, ..
     if why:
         raise ManifestError(why)
     try:
-        shards = tuple(Shard(int(r["index"]), int(r["start"]), int(r["stop"]), int(r["files"]), int(r["bytes"]),
-                             str(r["digest"])) for r in record["shards"])
-    except (KeyError, TypeError, ValueError):
+        shards = tuple(Shard(_count(r["index"]), _count(r["start"]), _count(r["stop"]), _count(r["files"]),
+                             _count(r["bytes"]), str(r["digest"])) for r in record["shards"])
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise ManifestError(f"{path}: damaged; rebuild with `dsstage manifest build {name}`") from None
-    if record.get("version") != version or len(shards) != count or any(s.bytes < 0 for s in shards) or \
+    if record.get("version") != version or len(shards) != count or \
             [s.index for s in shards] != list(range(count)) or not _chained(shards):
         raise ManifestError(f"{path}: does not describe {count} shards of version {version[:16]}; rebuild with "
                             f"`dsstage manifest build {name}`")
     return shards
+
+
+#: the largest count or size a shard index may say (its data owner writes it: a bound, not a fact)
+COUNT_MAX = 2**63 - 1
+
+
+def _count(value: object) -> int:
+    """A whole number from 0 to COUNT_MAX as JSON writes it (no float, no bool, no Infinity:
+    ``int(1e999)`` raises OverflowError, which no caller expects); ValueError otherwise."""
+    if type(value) is not int or not 0 <= value <= COUNT_MAX:
+        raise ValueError(value)
+    return value
 
 
 def _chained(shards: Sequence[Shard]) -> bool:
