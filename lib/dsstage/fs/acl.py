@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 from collections.abc import Iterable
 
 ACCESS = "system.posix_acl_access"
@@ -31,7 +30,9 @@ def blob(owner: int, *, users: Iterable[int] = (), groups: Iterable[int] = (), g
     entries += [(GROUP_OBJ, 0, _NO_ID)]
     entries += [(GROUP, grant, gid) for gid in sorted(set(groups))]
     entries += [(MASK, grant, _NO_ID), (OTHER, 0, _NO_ID)]
-    return struct.pack("<I", _VERSION) + b"".join(struct.pack("<HHI", t, p, i) for t, p, i in entries)
+    # (int.to_bytes, not struct: the warm Prolog writes the job's files and does not import it)
+    return _VERSION.to_bytes(4, "little") + b"".join(
+        t.to_bytes(2, "little") + p.to_bytes(2, "little") + i.to_bytes(4, "little") for t, p, i in entries)
 
 
 def set_on(fd: int, acl: bytes) -> None:

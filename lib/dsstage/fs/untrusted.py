@@ -63,6 +63,12 @@ def open_file(path: str, limit: int, *, dir_fd: int | None = None) -> int | None
     """A read descriptor of regular file ``path`` of at most ``limit`` bytes; None if it does
     not exist. Raises Refused (a link, a FIFO, a device, a directory, too large), or OSError
     where the filesystem fails."""
+    opened = _open(path, limit, dir_fd)
+    return None if opened is None else opened[0]
+
+
+def _open(path: str, limit: int, dir_fd: int | None) -> tuple[int, int] | None:
+    """``open_file``, with the size fstat found."""
     try:
         fd = os.open(path, O_READ, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -87,16 +93,17 @@ def open_file(path: str, limit: int, *, dir_fd: int | None = None) -> int | None
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st.st_size
 
 
-def read_fd(fd: int, limit: int, shown: str) -> bytes:
+def read_fd(fd: int, limit: int, shown: str, size: int | None = None) -> bytes:
     """Everything in ``fd`` up to ``limit`` bytes; Refused if there is more. The first read asks
-    for the size ``fstat`` gives (one buffer for a file that does not change: a manifest of a
-    million files is read without a second copy), later ones for what a growing file adds."""
+    for the size ``fstat`` gives (``size`` if known: one buffer for a file that does not change,
+    so a manifest of a million files is read without a second copy), later ones for what a
+    growing file adds."""
     chunks = []
     got = 0
-    want = min(limit, os.fstat(fd).st_size) + 1
+    want = min(limit, os.fstat(fd).st_size if size is None else size) + 1
     while True:
         chunk = os.read(fd, min(limit + 1 - got, max(want - got, 8 * 2**20)))
         if not chunk:
@@ -112,11 +119,12 @@ def read_fd(fd: int, limit: int, shown: str) -> bytes:
 def read_bytes(path: str, limit: int, *, dir_fd: int | None = None) -> bytes | None:
     """The contents of regular file ``path`` (at most ``limit`` bytes), None if it does not
     exist; Refused or OSError as ``open_file``."""
-    fd = open_file(path, limit, dir_fd=dir_fd)
-    if fd is None:
+    opened = _open(path, limit, dir_fd)
+    if opened is None:
         return None
+    fd, size = opened
     try:
-        return read_fd(fd, limit, path)
+        return read_fd(fd, limit, path, size)
     finally:
         os.close(fd)
 
