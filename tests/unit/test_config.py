@@ -89,6 +89,14 @@ def test_example_config_is_valid():
     assert c.prolog_budget == 300 and c.slurm_bin == "/usr/bin" and c.source_user is None
 
 
+def test_the_example_installed_as_the_live_configuration_has_no_ram_tier():
+    """Issue 54: the packages install the example as /etc/dsstage/dsstage.yaml, and it had a
+    64 GB tier in /dev/shm, memory outside every job's cgroup: shipped commented out now."""
+    c = load.from_dict(yaml.safe_load((ROOT / "conf" / "dsstage.yaml.example").read_text()))
+    assert not [t.name for t in c.tiers.values() if t.path.startswith(("/dev/shm", "/run", "/tmp"))]
+    assert "#   path: /dev/shm/dsstage" in (ROOT / "conf" / "dsstage.yaml.example").read_text()
+
+
 @pytest.mark.parametrize("data,needle", [
     (dataset(tier="nvm"), "datasets.x.tier: unknown tier 'nvm' (tiers: nvme, ram); did you mean 'nvme'?"),
     (dataset(source="datasets/x"), "datasets.x.source: 'datasets/x' is a relative path"),
