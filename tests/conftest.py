@@ -26,3 +26,27 @@ def env(tmp_path: Path) -> Env:
 @pytest.fixture
 def tree() -> Callable[..., Path]:
     return write_tree
+
+
+@pytest.fixture
+def on_root_filesystem():
+    """A fresh directory on the filesystem of ``/`` (as an unmounted disk's mount point is),
+    made by the test itself: ``tmp_path`` is on a tmpfs where /tmp is one (Debian 13's
+    default). Removed afterwards."""
+    import os
+    import shutil
+    import tempfile
+    root_dev = os.stat("/").st_dev
+    for parent in ("/var/tmp", "/var/cache", "/root", "/opt", "/srv", "/"):
+        try:
+            if os.stat(parent).st_dev == root_dev and os.access(parent, os.W_OK):
+                break
+        except OSError:
+            continue
+    else:
+        pytest.fail("no writable directory on the root filesystem")
+    where = Path(tempfile.mkdtemp(prefix="dsstage-rootfs-", dir=parent))
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)

@@ -375,15 +375,15 @@ def test_failed_lookups_leave_no_more_than_the_bound_of_directories_open(tmp_pat
 
 
 def test_a_tier_on_the_root_filesystem_is_an_unmounted_disk_the_node_drains_and_nothing_is_written(
-        env: Env, coco: Path, tmp_path):
+        env: Env, coco: Path, tmp_path, on_root_filesystem: Path):
     """/local/nvme not mounted: its directory is on /. A tier not meant to be there
     (no root_filesystem: true) is refused before anything is created: the Prolog exits 1 (the
     node's store is broken: drain), with the reason, and the tier's directory is never made."""
+    env.nvme = on_root_filesystem / "nvme"  # (not under tmp_path: /tmp may be a tmpfs)
     env.write()
     data = yaml.safe_load(env.config_path.read_text())
-    data["tiers"]["nvme"]["root_filesystem"] = False  # tmp_path is on the root filesystem here
+    data["tiers"]["nvme"]["root_filesystem"] = False
     env.config_path.write_text(yaml.safe_dump(data))
-    assert os.stat(tmp_path).st_dev == os.stat("/").st_dev, "this test needs tmp_path on the root filesystem"
     run = tmp_path / "run"
     slurm = FakeSlurm()
     assert prolog(env, run, slurm) == 1
@@ -391,7 +391,7 @@ def test_a_tier_on_the_root_filesystem_is_an_unmounted_disk_the_node_drains_and_
     # the reason, where the admin reads it (sinfo -R)
     assert "tier nvme: " in slurm.drained[env.node] and "is the disk mounted?" in slurm.drained[env.node]
     problem = safe.root_filesystem_problem(str(env.tier_root()))
-    assert problem and f"{env.tier_root()} (missing; {tmp_path} exists) is on the root filesystem: " \
+    assert problem and f"{env.tier_root()} (missing; {on_root_filesystem} exists) is on the root filesystem: " \
         "is the disk mounted?" in problem
     with pytest.raises(Exception, match="tier nvme: .* is on the root filesystem: is the disk mounted"):
         staging.stage(env.store(), "coco", user=__import__("dsstage.config.catalog", fromlist=["User"]).User.lookup(0),

@@ -435,14 +435,13 @@ def test_a_tier_says_whether_it_may_be_on_the_root_filesystem():
     assert "tiers.nvme.root_filesystem" in msg and "is not true or false" in msg
 
 
-def test_check_config_refuses_a_tier_found_on_the_root_filesystem(tmp_path, monkeypatch, capsys):
-    """tmp_path is on the root filesystem here, as an unmounted disk's mount point is."""
-    if os.stat(tmp_path).st_dev != os.stat("/").st_dev:
-        pytest.fail("this test needs tmp_path on the root filesystem")
-    (tmp_path / "nvme").mkdir()
+def test_check_config_refuses_a_tier_found_on_the_root_filesystem(tmp_path, monkeypatch, capsys, on_root_filesystem):
+    """A directory on the root filesystem, as an unmounted disk's mount point is (made by the
+    test: tmp_path is on a tmpfs where /tmp is one)."""
+    (on_root_filesystem / "nvme").mkdir()
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent.conf"))
     for flag, rc in ((False, 78), (True, 0)):
-        data = base(prolog_budget=600, tiers={"nvme": {"path": str(tmp_path / "nvme"), "capacity": "1GB",
+        data = base(prolog_budget=600, tiers={"nvme": {"path": str(on_root_filesystem / "nvme"), "capacity": "1GB",
                                                        "root_filesystem": flag}})
         path = write(tmp_path, yaml.safe_dump(data))
         assert cli.main(["--config", path, "check-config"]) == rc
