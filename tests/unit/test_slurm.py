@@ -470,3 +470,35 @@ def test_a_backwards_range_is_no_hostlist_rather_than_nothing():
         hostlist.count("n[1-100000000]x[5-1]")
     with pytest.raises(ValueError):
         hostlist.expand_nodes("n[1-100000000]x[5-1]")
+
+
+def _flaky(tmp_path, name: str, failures: int, message: str):
+    """A Slurm client ``name`` in tmp_path/bin that fails ``failures`` times with ``message``,
+    then succeeds with no output; the file counting its runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    count = tmp_path / f"{name}.count"
+    count.write_text("0")
+    script = bin_dir / name
+    script.write_text(f'#!/bin/sh\nn=$(cat {count}); echo $((n + 1)) > {count}\n'
+                      f'if [ "$n" -lt {failures} ]; then echo "{name}: error: {message}" >&2; exit 1; fi\nexit 0\n')
+    script.chmod(0o755)
+    return str(bin_dir), count
+
+
+def test_a_busy_controller_is_asked_again_with_backoff_within_the_timeout(tmp_path):
+    """Issue 54: ``scancel: ... Socket timed out on send/recv operation`` failed a hold on a
+    loaded machine. A client that failed because the controller did not answer is run again
+    after 0.5, 1, ... s while the timeout allows; any other failure is not."""
+    from dsstage.errors import CommandError
+    from dsstage.slurm.client import CliSlurm
+    bin_dir, count = _flaky(tmp_path, "squeue", 2, "slurm_load_jobs error: Socket timed out on send/recv operation")
+    assert CliSlurm(bin_dir=bin_dir, timeout=10).queue() == [] and count.read_text().strip() == "3"
+    bin_dir, count = _flaky(tmp_path, "squeue", 5, "Invalid user for SlurmUser")
+    with pytest.raises(CommandError, match="Invalid user"):
+        CliSlurm(bin_dir=bin_dir, timeout=10).queue()
+    assert count.read_text().strip() == "1"  # not the controller's silence: not asked again
+    bin_dir, count = _flaky(tmp_path, "squeue", 100, "Unable to contact slurm controller (connect failure)")
+    with pytest.raises(CommandError, match="Unable to contact"):
+        CliSlurm(bin_dir=bin_dir, timeout=2).queue()
+    assert 2 <= int(count.read_text()) <= 3  # 0.5 s, then 1 s: the timeout ends it

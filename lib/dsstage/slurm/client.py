@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -75,6 +76,16 @@ def client_env() -> dict[str, str]:
     return env
 
 
+#: what Slurm's clients print when the controller did not answer in time (MessageTimeout under
+#: load, a takeover in progress): the same request may succeed a moment later
+TRANSIENT = ("Socket timed out on send/recv operation", "Unable to contact slurm controller",
+             "Zero Bytes were transmitted or received", "Slurm backup controller in standby mode")
+
+
+def transient(stderr: str) -> bool:
+    return any(t in stderr for t in TRANSIENT)
+
+
 class CliSlurm:
     """Slurm through its command-line clients, called by absolute path in ``bin_dir``."""
 
@@ -88,7 +99,23 @@ class CliSlurm:
         return os.path.join(self.bin_dir, name)
 
     def _run(self, name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return proc.run([self._cmd(name), *args], timeout=self.timeout, check=check, env=client_env())
+        """Run a client; one that failed because the controller did not answer in time (a busy
+        slurmctld: TRANSIENT) is run again after 0.5, 1, 2, ... s, as Slurm's own clients
+        advise, while ``timeout`` seconds in all allow it."""
+        argv = [self._cmd(name), *args]
+        deadline = time.monotonic() + self.timeout
+        pause = 0.5
+        while True:
+            left = deadline - time.monotonic()
+            res = proc.run(argv, timeout=max(1.0, left), check=False, env=client_env())
+            if res.returncode == 0 or not transient(res.stderr) or time.monotonic() + pause >= deadline:
+                break
+            log.info("%s: the controller did not answer (%s); again in %.1f s", name, res.stderr.strip(), pause)
+            time.sleep(pause)
+            pause *= 2
+        if check and res.returncode != 0:
+            raise CommandError(argv, res.returncode, res.stdout, res.stderr)
+        return res
 
     def queue_argv(self) -> list[str]:
         """The one squeue command of ``queue``: every active job, in all partitions (``-a``:
@@ -100,8 +127,7 @@ class CliSlurm:
 
         Raises CommandError if squeue cannot be run or fails (slurmctld down, timeout).
         """
-        argv = self.queue_argv()
-        out = proc.run(argv, timeout=self.timeout, env=client_env()).stdout
+        out = self._run("squeue", *self.queue_argv()[1:]).stdout
         return list(parse_job_records(out, QUEUE_FORMAT).values())
 
     def nodes(self) -> dict[str, Node]:
