@@ -225,7 +225,9 @@ def test_of_two_pollers_one_acts_and_the_other_takes_over_when_it_stops(tmp_path
         def stop(_s: float) -> None:
             raise KeyboardInterrupt
         with pytest.raises(KeyboardInterrupt):
-            poller.run(c, Counting(host), clock=lambda: t[0], sleep=stop, me=leader.Me(host, 100))
+            # the lease's age by this test's clock (leader.server_age is tested on its own below)
+            poller.run(c, Counting(host), clock=lambda: t[0], sleep=stop, me=leader.Me(host, 100),
+                       lease_age=lambda _d, _me: None)
 
     for _ in range(3):  # both poll every 20 s; ctl1 started first
         one_round("ctl1")
@@ -252,6 +254,28 @@ def test_the_lease_rule(lease, act):
     from dsstage.cluster import leader
     decision = leader.decide(lease, leader.Me("me", 1), NOW, leader.ttl(3))
     assert decision.act is act and decision.reason
+
+
+def test_a_leases_age_is_the_state_directorys_not_a_comparison_of_two_hosts_clocks(tmp_path):
+    """Issue 54: the standby compared the holder's clock (the lease's time) with its own, so a
+    controller whose clock ran minutes behind looked stopped and was taken over every round.
+    The age is the lease file's, by the state directory's own clock (its mtime against a probe
+    touched now); the lease's time is shown, never compared."""
+    from dsstage.cluster import leader
+    state = str(tmp_path)
+    me = leader.Me("ctl2", 7)
+    now = time.time()
+    # the holder's clock is 10 min behind, but it wrote the lease just now: it acts, stand by
+    leader.write_json(leader.path(state), {"format": 1, "host": "ctl1", "pid": 5, "time": now - 600})
+    assert leader.server_age(state, me) < 5
+    assert leader.round_(state, me, now, leader.ttl(20)).act is False
+    # the holder's clock is 10 min ahead, but it has not written for 100 s: taken over
+    leader.write_json(leader.path(state), {"format": 1, "host": "ctl1", "pid": 5, "time": now + 600})
+    os.utime(leader.path(state), (now - 100, now - 100))
+    assert 99 < leader.server_age(state, me) < 110
+    decision = leader.round_(state, me, now, leader.ttl(20))
+    assert decision.act is True and "taken over" in decision.reason
+    assert leader.server_age(str(tmp_path / "absent"), me) is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")

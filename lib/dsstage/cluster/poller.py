@@ -89,9 +89,10 @@ def as_writer(conf: Config) -> AbstractContextManager[None]:
 
 def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float | None = None,
         clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-        me: leader.Me | None = None) -> int:
+        me: leader.Me | None = None, lease_age: Callable[[str, leader.Me], float | None] = leader.server_age) -> int:
     """Poll until stopped, acting in the rounds this poller holds the lease (``leader``);
-    ``once``: one round now, lease or not (an admin's command), exit code 1 if it failed."""
+    ``once``: one round now, lease or not (an admin's command), exit code 1 if it failed.
+    ``lease_age``: the lease's age by the state directory's clock (leader.server_age)."""
     interval = interval or conf.retention.poll_interval
     me = me or leader.Me.here()
     standing = ""
@@ -100,7 +101,7 @@ def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float
         if not once:
             try:
                 with as_writer(conf):
-                    decision = leader.round_(conf.state_dir, me, started, leader.ttl(interval))
+                    decision = leader.round_(conf.state_dir, me, started, leader.ttl(interval), lease_age)
             except (DsstageError, OSError) as exc:
                 decision = leader.Decision(False, f"cannot write the poller's lease in {conf.state_dir}: {exc}")
             if not decision.act:
