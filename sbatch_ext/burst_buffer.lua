@@ -13,10 +13,12 @@ records them as it records --dataset). What each callback does, and where it run
       directives with the catalog and the messages of the job_submit check; Slurm 22.05
       does not pass the user here, so restricted datasets are checked by job_submit (which
       is told the user) and by the Prolog.
-  slurm_bb_data_in      (slurmscriptd, while the job pends with an expected start) takes
-      a demand snapshot now (`dsstage demand-poller --once`), so that `dsstage prefetch` on
-      the nodes backfill planned for the job starts staging at its next round instead of
-      after the poller's next one. It never fails the job: pre-staging is an optimisation.
+  slurm_bb_data_in      (slurmscriptd, while the job pends with an expected start) asks
+      the acting demand poller for its next round now (`dsstage bb nudge`), so that
+      `dsstage prefetch` on the nodes backfill planned for the job starts staging at its
+      next round instead of after the poller's next one; no round runs here (only the
+      poller that holds the lease acts). It never fails the job: pre-staging is an
+      optimisation.
   slurm_bb_paths        (inside slurmctld: returns at once) sets DSSTAGE_BB_DATASETS in
       the job's environment; the node-local paths (DSSTAGE_PATH_<NAME>) come from the
       TaskProlog, since they depend on the node.
@@ -95,8 +97,8 @@ end
 function slurm_bb_data_in(job_id, job_script, uid, gid)
 	local names = requested(job_script)
 	if names and #names > 0 then
-		local rc = os.execute(command({ "demand-poller", "--once" }) .. " >/dev/null 2>&1")
-		slurm.log_info("dsstage: job %s wants %s: demand snapshot taken for the nodes' prefetch (exit %s)",
+		local rc = os.execute(command({ "bb", "nudge", tostring(job_id) }) .. " >/dev/null 2>&1")
+		slurm.log_info("dsstage: job %s wants %s: the demand poller asked for a round now (exit %s)",
 			tostring(job_id), table.concat(names, ","), tostring(rc))
 	end
 	return slurm.SUCCESS

@@ -102,3 +102,24 @@ def test_writer_uid():
     assert bbrequest.writer_uid("root") == 0
     with pytest.raises(ConfigError, match="burst_buffer.user 'nosuchuser-x' is not a user"):
         bbrequest.writer_uid("nosuchuser-x")
+
+
+def test_data_in_nudges_the_acting_poller_instead_of_running_a_round(tmp_path):
+    """Issue 54: data_in ran a whole poller round per job (``demand-poller --once``: snapshot,
+    features, waits, GC), outside the leader's lease. It now replaces a file the acting
+    poller watches while it waits between rounds: its wait ends early, and it takes the round."""
+    from dsstage.cluster import poller
+    state = str(tmp_path)
+    os.makedirs(bbrequest.directory(state))
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        if len(slept) == 3:  # a job's data_in, 3 s into a 30 s wait
+            bbrequest.nudge(state, "77")
+    assert poller.wait(state, 30, sleep) is True and len(slept) == 3
+    slept.clear()
+    assert poller.wait(state, 5.5, lambda s: slept.append(s)) is False  # nobody asked: the whole wait
+    assert slept == [1.0] * 5 + [0.5]
+    with pytest.raises(StateError):
+        bbrequest.nudge(state, "../x")

@@ -151,15 +151,22 @@ def test_poller_loop_sleeps_the_rest_of_its_interval(tmp_path):
     t = [NOW]
     slept: list[float] = []
 
-    def sleep(s: float) -> None:
+    rounds: list[int] = []
+
+    class Counting(FakeSlurm):
+        def queue(self) -> list[Job]:
+            rounds.append(len(slept))
+            return []
+
+    def sleep(s: float) -> None:  # the wait goes in steps of at most 1 s (it watches for a nudge)
         slept.append(s)
-        if len(slept) == 3:
+        if len(slept) == 41:
             raise KeyboardInterrupt
         t[0] += s
 
     with pytest.raises(KeyboardInterrupt):
-        poller.run(c, FakeSlurm(), clock=lambda: t[0], sleep=sleep)
-    assert slept == [20.0, 20.0, 20.0]
+        poller.run(c, Counting(), clock=lambda: t[0], sleep=sleep)
+    assert rounds == [0, 20, 40] and slept == [1.0] * 41  # a round, then 20 s, a round, 20 s, a round
 
 
 def manifest(state: Path, name: str, digest: str, *, current: bool = False, age: float = 0) -> Path:

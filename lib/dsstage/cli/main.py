@@ -49,6 +49,7 @@ _cmd_status = Lazy("cluster", "cmd_status")
 _cmd_bb_forget = Lazy("node", "cmd_bb_forget")
 _cmd_bb_record = Lazy("node", "cmd_bb_record")
 _cmd_bb_status = Lazy("node", "cmd_bb_status")
+_cmd_bb_nudge = Lazy("node", "cmd_bb_nudge")
 _cmd_evict = Lazy("node", "cmd_evict")
 _cmd_hook_dry_run = Lazy("node", "cmd_hook_dry_run")
 _cmd_peers_serve = Lazy("node", "cmd_peers_serve")
@@ -288,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "controller: pre_run records the job's datasets in <state_dir>/bb/<job id> for "
                                    "its Prolog (which cannot learn a #BB_LUA request otherwise), teardown forgets "
                                    "them.")
-    bsub = bbp.add_subparsers(dest="bb_command", metavar="record|forget|status")
+    bsub = bbp.add_subparsers(dest="bb_command", metavar="record|forget|nudge|status")
     b = bsub.add_parser("record", help="record the datasets a job asked for")
     b.add_argument("job_id", help="the job id")
     b.add_argument("datasets", help="NAME[,NAME...]: the job's #BB_LUA dataset= value")
@@ -296,6 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("forget", help="remove a job's record")
     b.add_argument("job_id", help="the job id")
     b.set_defaults(handler=_cmd_bb_forget)
+    b = bsub.add_parser("nudge", help="ask the acting demand poller for its next round now (data_in)",
+                        description="data_in runs this for a job whose data is wanted soon: the demand poller that "
+                                    "holds the lease takes its next round at once, so that the nodes' prefetch sees "
+                                    "the job; no round runs here.")
+    b.add_argument("job_id", help="the job id")
+    b.set_defaults(handler=_cmd_bb_nudge)
     b = bsub.add_parser("status", help="compute the answer to a `scontrol show bbstat` question, in the background",
                         description="burst_buffer.lua starts this when its answer to a question is missing or old; "
                                     "it reads only dsstage's own files, never asks Slurm, and writes the answer "

@@ -1,6 +1,6 @@
 """The verbs that act on this node's store (as root): ``stage``, ``release``, ``evict``,
 ``reclaim``, ``verify``, ``warm``, ``report``, and the daemons and records beside it
-(``peers serve``, ``bb record``/``bb forget``). Each refreshes the node report after a change.
+(``peers serve``, ``bb record``/``bb forget``/``bb nudge``). Each refreshes the node report after a change.
 Each imports the machinery of its own work when it runs: a ``release`` or a quick ``verify``
 does not pay for the staging machinery's imports, nor a ``stage`` for Slurm's client.
 """
@@ -197,6 +197,15 @@ def cmd_bb_forget(args: argparse.Namespace) -> int:
     need_write("bb forget", bbrequest.directory(conf.state_dir))
     gone = bbrequest.remove(conf.state_dir, args.job_id)
     print(f"job {args.job_id}: {'request forgotten' if gone else 'no request recorded'}")
+    return 0
+
+
+def cmd_bb_nudge(args: argparse.Namespace) -> int:
+    from dsstage.hooks import bbrequest
+    conf = load_config(args)
+    need_write("bb nudge", bbrequest.directory(conf.state_dir))
+    bbrequest.nudge(conf.state_dir, args.job_id)
+    print(f"job {args.job_id}: the acting demand poller takes its next round now")
     return 0
 
 

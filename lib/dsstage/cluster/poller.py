@@ -109,7 +109,7 @@ def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float
                     log.info("standing by: %s", decision.reason)
                 standing = decision.reason
                 export_metrics(conf, read(conf.state_dir).time, [], acting=False)
-                sleep(max(0.0, interval - (clock() - started)))
+                wait(conf.state_dir, max(0.0, interval - (clock() - started)), sleep)
                 continue
             if standing:
                 log.info("acting: %s", decision.reason)
@@ -125,4 +125,21 @@ def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float
                 return 1
         if once:
             return 0
-        sleep(max(0.0, interval - (clock() - started)))
+        wait(conf.state_dir, max(0.0, interval - (clock() - started)), sleep)
+
+
+def wait(state_dir: str, seconds: float, sleep: Callable[[float], None], step: float = 1.0) -> bool:
+    """Sleep ``seconds`` until the next round, in steps of ``step``, ending early when a
+    burst-buffer job's data_in asks for a round now (``dsstage bb nudge``: the nudge changed);
+    True if it did. Each step is one stat of the state directory."""
+    from dsstage.hooks import bbrequest
+    seen = bbrequest.nudge_key(state_dir)
+    left = seconds
+    while left > 0:
+        sleep(min(step, left))
+        left -= step
+        now = bbrequest.nudge_key(state_dir)
+        if now is not None and now != seen:
+            log.info("a job's data_in asked for a round now")
+            return True
+    return False
