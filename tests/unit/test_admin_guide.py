@@ -132,7 +132,7 @@ COVERAGE: dict[str, list[Runs]] = {
         Runs("tests/unit/test_demand.py", "test_the_systemd_unit_runs_the_poller_verb",
              ('args.handler.__name__ == "cmd_demand_poller" and not args.once',)),
         Runs("tests/unit/test_demand.py", "test_poller_loop_sleeps_the_rest_of_its_interval",
-             ("poller.run(c, FakeSlurm(), clock=", "sleep=sleep)"), note="the loop, with a fake Slurm")],
+             ("poller.run(c, Counting(), clock=", "sleep=sleep)"), note="the loop, with a fake Slurm")],
     "dsstage demand-poller --once": [Runs(PRESTAGE, "test_a_job_starts_where_its_data_is",
                                           ('cluster.dsstage("demand-poller", "--once")',))],
     "dsstage manifest list NAME": [Runs(LIFECYCLE, LIFE_TEST, ('env.cli("manifest", "list", "coco")',))],
@@ -245,6 +245,12 @@ COVERAGE: dict[str, list[Runs]] = {
         Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
              ('#BB_LUA dataset=bbd\\necho', 'any("#BB_LUA request bbd" in line for line in log)')),
         Runs("sbatch_ext/burst_buffer.lua", None, ('command({ "bb", "record", tostring(job_id), value })',))],
+    "dsstage bb nudge JOBID": [
+        Runs("tests/unit/test_bbrequest.py", "test_the_bb_nudge_verb_replaces_the_file_the_poller_watches",
+             ('cli.main(["--config", str(config), "bb", "nudge", "77"])',)),
+        Runs("tests/unit/test_bbrequest.py", "test_data_in_nudges_the_acting_poller_instead_of_running_a_round",
+             ("poller.wait(state, 30, sleep) is True",), note="the poller's wait ends on it"),
+        Runs("sbatch_ext/burst_buffer.lua", None, ('command({ "bb", "nudge", tostring(job_id) })',))],
     "dsstage bb forget JOBID": [
         Runs(PRESTAGE, "test_a_burst_buffer_directive_is_validated_and_staged",
              ('assert not record.exists(), "teardown left the job\'s #BB_LUA record"',)),

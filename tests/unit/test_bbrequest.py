@@ -116,10 +116,27 @@ def test_data_in_nudges_the_acting_poller_instead_of_running_a_round(tmp_path):
     def sleep(s: float) -> None:
         slept.append(s)
         if len(slept) == 3:  # a job's data_in, 3 s into a 30 s wait
-            bbrequest.nudge(state, "77")
+            poller.nudge(state, "77")
+    assert poller.NUDGE.split(os.sep)[0] == bbrequest.DIR  # where the callbacks' user may write
     assert poller.wait(state, 30, sleep) is True and len(slept) == 3
     slept.clear()
     assert poller.wait(state, 5.5, lambda s: slept.append(s)) is False  # nobody asked: the whole wait
     assert slept == [1.0] * 5 + [0.5]
     with pytest.raises(StateError):
-        bbrequest.nudge(state, "../x")
+        poller.nudge(state, "../x")
+
+
+def test_the_bb_nudge_verb_replaces_the_file_the_poller_watches(tmp_path, capsys):
+    """What burst_buffer.lua's data_in runs: ``dsstage bb nudge JOBID``."""
+    import yaml
+    from dsstage.cli import main as cli
+    from dsstage.cluster import poller
+    state = tmp_path / "state"
+    (state / bbrequest.DIR).mkdir(parents=True)
+    config = tmp_path / "dsstage.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(state), "tiers": {"n": {"path": "/l", "capacity": "1TB"}},
+                                      "datasets": {"a": {"source": "/d"}}}))
+    before = poller.nudge_key(str(state))
+    assert cli.main(["--config", str(config), "bb", "nudge", "77"]) == 0
+    assert poller.nudge_key(str(state)) not in (None, before)
+    assert "the acting demand poller takes its next round now" in capsys.readouterr().out

@@ -201,10 +201,11 @@ def cmd_bb_forget(args: argparse.Namespace) -> int:
 
 
 def cmd_bb_nudge(args: argparse.Namespace) -> int:
+    from dsstage.cluster import poller
     from dsstage.hooks import bbrequest
     conf = load_config(args)
     need_write("bb nudge", bbrequest.directory(conf.state_dir))
-    bbrequest.nudge(conf.state_dir, args.job_id)
+    poller.nudge(conf.state_dir, args.job_id)
     print(f"job {args.job_id}: the acting demand poller takes its next round now")
     return 0
 

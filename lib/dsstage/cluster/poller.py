@@ -19,7 +19,8 @@ from contextlib import AbstractContextManager
 from dsstage import privatedata
 from dsstage.cluster import leader
 from dsstage.config.model import Config
-from dsstage.errors import DsstageError
+from dsstage.errors import DsstageError, StateError
+from dsstage.fs.safe import write_atomic
 from dsstage.policy.demand import Snapshot, build, read, write
 from dsstage.slurm.client import SlurmClient
 from dsstage.slurm.records import Job
@@ -128,17 +129,43 @@ def run(conf: Config, slurm: SlurmClient, *, once: bool = False, interval: float
         wait(conf.state_dir, max(0.0, interval - (clock() - started)), sleep)
 
 
+#: where ``dsstage bb nudge`` asks the acting poller for a round now: in the burst-buffer
+#: records' directory (dsstage.hooks.bbrequest.DIR), which the callbacks' user may write
+NUDGE = os.path.join("bb", ".poll-now")
+
+
+def nudge(state_dir: str, job_id: str) -> str:
+    """Ask the acting demand poller for its next round now (a job's data_in: its data is
+    wanted soon), by replacing ``<state_dir>/bb/.poll-now``; the poller sees it change
+    (``nudge_key``). A file, not a round of our own: only the poller that holds the lease
+    acts, whoever asks."""
+    if not job_id.isdigit() or len(job_id) > 20:
+        raise StateError(f"{job_id!r} is not a job id")
+    path = os.path.join(state_dir, NUDGE)
+    write_atomic(path, job_id + "\n", fsync=False)
+    return path
+
+
+def nudge_key(state_dir: str) -> tuple[int, int] | None:
+    """What identifies the last nudge (inode and modification time: compared for a change,
+    never with a clock), None if there is none or it cannot be seen."""
+    try:
+        st = os.stat(os.path.join(state_dir, NUDGE), follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
 def wait(state_dir: str, seconds: float, sleep: Callable[[float], None], step: float = 1.0) -> bool:
     """Sleep ``seconds`` until the next round, in steps of ``step``, ending early when a
     burst-buffer job's data_in asks for a round now (``dsstage bb nudge``: the nudge changed);
     True if it did. Each step is one stat of the state directory."""
-    from dsstage.hooks import bbrequest
-    seen = bbrequest.nudge_key(state_dir)
+    seen = nudge_key(state_dir)
     left = seconds
     while left > 0:
         sleep(min(step, left))
         left -= step
-        now = bbrequest.nudge_key(state_dir)
+        now = nudge_key(state_dir)
         if now is not None and now != seen:
             log.info("a job's data_in asked for a round now")
             return True

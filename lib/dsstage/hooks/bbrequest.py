@@ -110,32 +110,6 @@ def write(state_dir: str, job_id: str, names: Sequence[str]) -> str:
     return path
 
 
-#: the file ``dsstage bb nudge`` replaces to ask the acting demand poller for a round now
-NUDGE = ".poll-now"
-
-
-def nudge(state_dir: str, job_id: str) -> str:
-    """Ask the acting demand poller for its next round now (a job's data_in: its data is
-    wanted soon), by replacing ``<state_dir>/bb/.poll-now``; the poller sees it change
-    (``nudge_key``). A file, not a round of our own: only the poller that holds the lease
-    acts, whoever asks."""
-    if not _job_ok(job_id):
-        raise StateError(f"{job_id!r} is not a job id")
-    path = os.path.join(directory(state_dir), NUDGE)
-    safe.write_atomic(path, job_id + "\n", fsync=False)
-    return path
-
-
-def nudge_key(state_dir: str) -> tuple[int, int] | None:
-    """What identifies the last nudge (inode and modification time: compared for a change,
-    never with a clock), None if there is none or it cannot be seen."""
-    try:
-        st = os.stat(os.path.join(directory(state_dir), NUDGE), follow_symlinks=False)
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns
-
-
 def remove(state_dir: str, job_id: str) -> bool:
     """Forget job ``job_id``'s record; False if there was none."""
     if not _job_ok(job_id):
