@@ -309,6 +309,8 @@ def _all_hex(rows: Sequence[Sequence[str]]) -> bool:
         return len(hashes) == 64 * len(rows) and not hashes.encode("ascii").translate(None, _HEX)
     except UnicodeEncodeError:
         return False
+
+
 #: a file's mtime in nanoseconds must fit the 64 bits the copier and the native helper use
 MTIME_MAX = 2**63 - 1
 

@@ -55,12 +55,13 @@ def read_current(state_dir: str, name: str) -> str | None:
     """The digest in ``<state_dir>/manifests/<name>/CURRENT``; None if there is none.
     Raises ValueError if the file is damaged or not a regular file of at most a few bytes
     (its data owner writes it: dsstage.fs.untrusted), OSError if the state directory fails."""
-    data = untrusted.read_bytes(os.path.join(state_dir, "manifests", name, "CURRENT"), CURRENT_MAX)
+    path = os.path.join(state_dir, "manifests", name, "CURRENT")
+    data = untrusted.read_bytes(path, CURRENT_MAX)
     if data is None:
         return None
     digest = data.decode("ascii", "replace").strip()
     if not digest_ok(digest):
-        raise ValueError(f"{os.path.join(state_dir, 'manifests', name, 'CURRENT')} does not hold a digest")
+        raise ValueError(f"{path} does not hold a digest")
     return digest
 
 

@@ -42,7 +42,7 @@ from types import TracebackType
 
 from dsstage.errors import StoreError, UnsafeStore
 from dsstage.fs import jsontext, untrusted
-from dsstage.fs.acl import ACCESS as ACCESS_ACL
+from dsstage.fs.acl import set_on as set_acl
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
@@ -323,7 +323,7 @@ def write_at(dir_fd: int, name: str, data: str | bytes, *, mode: int = 0o644, fs
                 os.fchown(fd, *owner)
             os.fchmod(fd, mode)
             if acl is not None:
-                os.setxattr(fd, ACCESS_ACL, acl)
+                set_acl(fd, acl)
             if fsync:
                 os.fsync(fd)
         finally:

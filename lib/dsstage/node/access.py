@@ -30,7 +30,7 @@ def apply(tier: RootDir, ds: Dataset, *, origin: str, node: str, top: str = "dat
     st = os.fstat(fd)
     if ds.groups is None:
         _set(fd, st, 0, 0o755)
-        remove_acl(fd)
+        acl.remove(fd)
         return
     gids = []
     for g in ds.groups:
@@ -43,7 +43,7 @@ def apply(tier: RootDir, ds: Dataset, *, origin: str, node: str, top: str = "dat
     if len(gids) > 1:
         set_group_acl(fd, gids, tier.path(top, ds.name))
     else:
-        remove_acl(fd)
+        acl.remove(fd)
     _set(fd, os.fstat(fd), gids[0], 0o750)
 
 
@@ -67,9 +67,6 @@ def acl_blob(gids: list[int]) -> bytes:
     return acl.blob(7, groups=gids, grant=5)
 
 
-_NO_ACL = acl.UNSUPPORTED
-
-
 def set_group_acl(fd: int, gids: list[int], shown: str) -> None:
     """Give each of ``gids`` read and search access to the directory ``fd``, and nobody else.
 
@@ -78,7 +75,7 @@ def set_group_acl(fd: int, gids: list[int], shown: str) -> None:
     try:
         acl.set_on(fd, acl_blob(gids))
     except OSError as exc:
-        if exc.errno in _NO_ACL:
+        if exc.errno in acl.UNSUPPORTED:
             raise ConfigError(f"cannot restrict {shown} to several groups: its filesystem has no POSIX ACLs "
                               f"({exc.strerror}); mount it with ACL support (mount -o acl) or give the dataset "
                               "a single group") from None
@@ -98,7 +95,7 @@ def acl_problem(root: str) -> str | None:
             try:
                 acl.set_on(fd, acl_blob([0]))
             except OSError as exc:
-                if exc.errno in _NO_ACL:
+                if exc.errno in acl.UNSUPPORTED:
                     return (f"{root} is on a filesystem without POSIX ACLs ({exc.strerror}): mount it with ACL "
                             "support (mount -o acl) or give each dataset on this tier a single group")
                 raise
@@ -107,7 +104,3 @@ def acl_problem(root: str) -> str | None:
         finally:
             os.rmdir(name, dir_fd=tier.fd)
     return None
-
-
-def remove_acl(fd: int) -> None:
-    acl.remove(fd)

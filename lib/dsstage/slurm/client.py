@@ -99,10 +99,13 @@ class CliSlurm:
         return os.path.join(self.bin_dir, name)
 
     def _run(self, name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self._run_argv([self._cmd(name), *args], check=check)
+
+    def _run_argv(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a client; one that failed because the controller did not answer in time (a busy
         slurmctld: TRANSIENT) is run again after 0.5, 1, 2, ... s, as Slurm's own clients
         advise, while ``timeout`` seconds in all allow it."""
-        argv = [self._cmd(name), *args]
+        name = os.path.basename(argv[0])
         deadline = time.monotonic() + self.timeout
         pause = 0.5
         while True:
@@ -127,7 +130,7 @@ class CliSlurm:
 
         Raises CommandError if squeue cannot be run or fails (slurmctld down, timeout).
         """
-        out = self._run("squeue", *self.queue_argv()[1:]).stdout
+        out = self._run_argv(self.queue_argv()).stdout
         return list(parse_job_records(out, QUEUE_FORMAT).values())
 
     def nodes(self) -> dict[str, Node]:
