@@ -11,7 +11,7 @@ Call it from your site's job_submit.lua:
 
     function slurm_job_submit(job_desc, part_list, submit_uid)
         if not loaded then return slurm.SUCCESS end  -- or refuse a --dataset job, as job_submit.lua does
-        local rc, msg = dsstage.check(job_desc, submit_uid)
+        local rc, msg = dsstage.check(job_desc, submit_uid, part_list)
         if rc ~= slurm.SUCCESS then
             slurm.log_user(msg)
             return rc
@@ -23,7 +23,8 @@ Call it from your site's job_submit.lua:
 check() rejects unknown datasets (with a suggestion), restricted datasets the user may not
 use, and malformed or conflicting values; an accepted request is recorded in the job's
 admin_comment as "dsstage=NAME[,NAME...]", which users cannot edit and dsstage reads back
-from the queue. The catalog is re-read when its file changes, so `dsstage export-catalog`
+from the queue. During a pilot (rollout.partitions), a job of another partition is checked
+but neither recorded nor given a preference (or refused, with rollout.outside: refuse). The catalog is re-read when its file changes, so `dsstage export-catalog`
 takes effect without restarting slurmctld.
 
 This runs inside slurmctld, for every submission: it must never wait. It starts no program
@@ -235,8 +236,9 @@ local function regenerated(cat)
 	return "; group changes take effect when `dsstage export-catalog` regenerates the catalog (" .. when .. ")"
 end
 
--- slurm.SUCCESS, or slurm.ERROR and a one-line message for the user.
-function M.check(job_desc, submit_uid)
+-- slurm.SUCCESS, or slurm.ERROR and a one-line message for the user. part_list: what
+-- slurm_job_submit is given (the default partition of a job that names none comes from it).
+function M.check(job_desc, submit_uid, part_list)
 	local value, err = requested(job_desc)
 	if err then return slurm.ERROR, err end
 	local bb, berr = M.bb_request(job_desc.script)
@@ -257,11 +259,62 @@ function M.check(job_desc, submit_uid)
 	if cat == nil then return slurm.ERROR, cerr end
 	local rc, msg = M.validate(cat, names, submit_uid)
 	if rc ~= slurm.SUCCESS then return rc, msg end
+	local partitions = M.partitions(job_desc, part_list)
+	if not M.in_rollout(cat, partitions) then
+		-- a pilot elsewhere: as if dsstage were not installed (the node side runs it from the
+		-- source), or refused where the admins chose so (rollout.outside: refuse)
+		if cat.rollout.outside == "refuse" then
+			return slurm.ERROR, "dsstage: datasets are staged only in partition(s) " .. M.pilot(cat) ..
+				" for now; submit to one of them (--partition=...) or without --dataset"
+		end
+		return slurm.SUCCESS
+	end
 	rc, msg = M.fits(cat, names, M.nodes(job_desc))
 	if rc ~= slurm.SUCCESS then return rc, msg end
 	M.record(job_desc, names)
 	M.prefer(job_desc, names, cat)
 	return slurm.SUCCESS
+end
+
+-- The partitions a job may run in: its --partition (a comma list), else the default partition
+-- (the one of part_list whose flag_default is set); an empty list when neither is known.
+function M.partitions(job_desc, part_list)
+	local out = {}
+	local given = job_desc.partition
+	if type(given) == "string" and given ~= "" then
+		for name in string.gmatch(given, "[^,%s]+") do out[#out + 1] = name end
+		return out
+	end
+	if type(part_list) ~= "table" then return out end
+	for key, part in pairs(part_list) do
+		-- slurmctld's partition records are read through a metatable: guard every field
+		local ok, flag = pcall(function() return part.flag_default end)
+		if ok and tonumber(flag) == 1 then
+			local named, name = pcall(function() return part.name end)
+			out[#out + 1] = (named and type(name) == "string" and name) or tostring(key)
+		end
+	end
+	return out
+end
+
+-- Whether dsstage acts for a job that may run in these partitions: every partition when the
+-- catalog names no pilot (rollout.partitions), or when the job's are not known; else when one
+-- of them is in the pilot (dsstage.node.rollout.job_in_scope, the same rule).
+function M.in_rollout(cat, partitions)
+	local r = cat.rollout
+	if type(r) ~= "table" or type(r.partitions) ~= "table" or #partitions == 0 then return true end
+	for _, p in ipairs(partitions) do
+		if r.partitions[p] then return true end
+	end
+	return false
+end
+
+-- The pilot's partitions, for a message.
+function M.pilot(cat)
+	local names = {}
+	for p, _ in pairs(cat.rollout.partitions) do names[#names + 1] = p end
+	table.sort(names)
+	return table.concat(names, ", ")
 end
 
 -- slurm.SUCCESS if every name is in the catalog cat (M.catalog()) and uid may use it (uid

@@ -41,7 +41,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 			"submit without --dataset (and #BB_LUA dataset=), or ask the admins to reinstall dsstage")
 		return slurm.ERROR
 	end
-	local rc, msg = dsstage.check(job_desc, submit_uid)
+	local rc, msg = dsstage.check(job_desc, submit_uid, part_list)
 	if rc ~= slurm.SUCCESS then
 		slurm.log_user(msg)
 	end

@@ -295,3 +295,31 @@ def test_a_tier_whose_disk_is_not_mounted_drains_the_node_and_nothing_is_written
     while cluster.node_state("n3") != "idle" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert cluster.node_state("n3") == "idle"
+
+
+def test_a_job_of_a_partition_outside_the_pilot_is_as_without_dsstage(cluster, request):
+    """rollout.partitions on the controller side: a job of the default partition (debug),
+    outside the pilot, gets no dsstage= record and no preference; with outside: refuse its
+    --dataset is refused (a job without one goes through); in the pilot it gets both. The
+    default partition comes from slurmctld's part_list (flag_default), on each series."""
+    catalog = str(cluster.etc / "dsstage_catalog.lua")
+
+    def pilot(rollout):
+        cluster.configure(rollout=rollout)
+        cluster.dsstage("export-catalog", "-o", catalog)
+
+    request.addfinalizer(lambda: pilot(None))
+    submitted: list[str] = []
+    request.addfinalizer(lambda: cluster.cancel_active(submitted))
+    pilot({"partitions": ["gpu-pilot"]})
+    submitted.append(cluster.submit("true\n", "--dataset=sample", "--hold"))
+    info = cluster.job(submitted[-1])
+    assert "dsstage=" not in info.get("AdminComment", "") and not any("ds_sample" in v for v in info.values()), info
+    pilot({"partitions": ["gpu-pilot"], "outside": "refuse"})
+    res = cluster.sbatch("true\n", "--dataset=sample", "--hold", check=False)
+    assert res.returncode != 0 and "datasets are staged only in partition(s) gpu-pilot" in res.stderr, res.stderr
+    submitted.append(cluster.submit("true\n", "--hold"))
+    pilot({"partitions": ["debug"], "outside": "refuse"})
+    submitted.append(cluster.submit("true\n", "--dataset=sample", "--hold"))
+    info = cluster.job(submitted[-1])
+    assert "dsstage=sample" in info["AdminComment"] and any("ds_sample" in v for v in info.values()), info

@@ -185,10 +185,13 @@ def idle(cluster, node: str, timeout: float = 60) -> None:
         time.sleep(0.3)
 
 
-def test_a_pending_job_waits_for_the_busy_node_that_holds_its_data(cluster, jobs):
-    """placement.wait_for_data (30 min by default): the poller excludes a pending job from the
-    nodes without its data while a node with it is expected free in time; a free node
-    without the data stays unused by it; the wait ends when the holder is drained."""
+def test_a_pending_job_waits_for_the_busy_node_that_holds_its_data(cluster, jobs, request):
+    """placement.wait_for_data (off by default; 30 min here, as a site turns it on): the poller
+    excludes a pending job from the nodes without its data while a node with it is expected
+    free in time; a free node without the data stays unused by it; the wait ends when the
+    holder is drained."""
+    before = cluster.configure(placement={"wait_for_data": "30m"})
+    request.addfinalizer(lambda: cluster.configure(**before))
     cluster.add_dataset("pwd", files("pwd"))
     cluster.dsstage("--node", "n3", "warm", "pwd")
     for node in ("n1", "n2"):

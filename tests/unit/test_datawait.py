@@ -271,15 +271,20 @@ def test_a_refused_update_is_logged_and_the_round_goes_on(tmp_path, caplog) -> N
 def test_poll_once_runs_the_wait_after_the_features(tmp_path) -> None:
     fake = _cluster()
     conf = _conf(tmp_path, "1h")
-    reports = tmp_path / "state" / "nodes"
-    reports.mkdir(parents=True, exist_ok=True)
-    import json
-    for n in ("n1", "n2", "n3"):
-        copies = [{"dataset": "img", "state": "ready", "current": True}] if n == "n3" else []
-        (reports / f"{n}.json").write_text(json.dumps({"node": n, "time": NOW - 5, "copies": copies}))
+    _n3_holds_img(tmp_path)
     poller.poll_once(conf, fake, clock=lambda: NOW)
     assert fake.nodes()["n3"].features == ("ds_img",)
     assert fake.exclusion_calls and fake.exclusion_calls[0][:2] == ("7", "n[1-2]")
+
+
+def _n3_holds_img(tmp_path) -> None:
+    """The nodes' reports: n3 holds img ready, n1 and n2 nothing."""
+    import json
+    reports = tmp_path / "state" / "nodes"
+    reports.mkdir(parents=True, exist_ok=True)
+    for n in ("n1", "n2", "n3"):
+        copies = [{"dataset": "img", "state": "ready", "current": True}] if n == "n3" else []
+        (reports / f"{n}.json").write_text(json.dumps({"node": n, "time": NOW - 5, "copies": copies}))
 
 
 def _conf(tmp_path, wait: str, features: bool = True):
@@ -300,3 +305,47 @@ def test_the_configuration_takes_a_duration_and_refuses_nonsense(tmp_path) -> No
     for bad in ("-1", "8d", "soon"):
         with pytest.raises(ConfigError, match="placement.wait_for_data"):
             _conf(tmp_path, bad)
+
+
+def _pilot_conf(tmp_path, partitions):
+    from dsstage.config.load import from_dict
+
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    return from_dict({"state_dir": str(state), "placement": {"wait_for_data": "1h"},
+                      "rollout": {"partitions": partitions},
+                      "tiers": {"nvme": {"path": str(tmp_path / "nvme"), "capacity": "1GB"}},
+                      "datasets": {"img": {"source": "/srv/img", "tier": "nvme"}}}, origin="dsstage.yaml")
+
+
+def test_a_job_outside_the_pilot_waits_for_nothing_and_one_waiting_is_let_go(tmp_path, caplog) -> None:
+    """rollout.partitions: a job of another partition behaves as if dsstage were not installed;
+    one that waits when the pilot shrinks is let go at the next round."""
+    caplog.set_level(logging.INFO)
+    fake = _cluster()
+    wanted = {"n1": set(), "n2": set(), "n3": {"ds_img"}}
+    assert cluster_datawait.sync(_pilot_conf(tmp_path, ["gpu-pilot"]), fake, fake.queue(), fake.nodes(), wanted,
+                                 NOW) == []
+    assert fake.exclusion_calls == []
+    # in the pilot it waits; the pilot then shrinks to another partition: the wait is lifted
+    [act] = cluster_datawait.sync(_pilot_conf(tmp_path, ["gpu-pilot", "batch"]), fake, fake.queue(), fake.nodes(),
+                                  wanted, NOW)
+    assert act.kind == "wait"
+    [act] = cluster_datawait.sync(_pilot_conf(tmp_path, ["gpu-pilot"]), fake, fake.queue(), fake.nodes(), wanted,
+                                  NOW + 30)
+    assert act.kind == "lift" and "outside the rollout" in act.reason
+    assert fake.exclusion_calls[-1] == ("7", "", f"dsstage=img dsstage-waited={int(NOW)}")
+
+
+def test_after_dsstage_disable_no_job_waits_and_no_node_keeps_a_dataset_feature(tmp_path) -> None:
+    from dsstage.node import rollout
+
+    fake = _cluster()
+    conf = _conf(tmp_path, "1h")
+    _n3_holds_img(tmp_path)
+    poller.poll_once(conf, fake, clock=lambda: NOW)
+    assert fake.nodes()["n3"].features == ("ds_img",) and fake.exclusion_calls[0][:2] == ("7", "n[1-2]")
+    rollout.write_switch(conf.state_dir, {"reason": "NFS maintenance", "by": "root"})
+    poller.poll_once(conf, fake, clock=lambda: NOW + 30)
+    assert fake.nodes()["n3"].features == ()
+    assert fake.exclusion_calls[-1] == ("7", "", f"dsstage=img dsstage-waited={int(NOW)}")

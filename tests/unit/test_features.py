@@ -53,3 +53,21 @@ def test_fake_slurm_records_one_call_per_group() -> None:
     fake.set_features("n[1-2]", ["ds_a", "x"], ["ds_a"])
     assert fake.feature_calls == [("n[1-2]", ["ds_a", "x"], ["ds_a"])]
     assert fake.nodes()["n2"].features == ("ds_a", "x") and fake.nodes()["n2"].active_features == ("ds_a",)
+
+
+def test_the_switches_take_every_dataset_feature_off_the_nodes_outside() -> None:
+    """A pilot (rollout) keeps features only on its nodes; `dsstage disable` on none. A node
+    outside loses ours even without a report (a copy left from before the pilot shrank), and
+    the site's own stay."""
+    from dsstage.cluster.features import in_scope
+
+    nodes = {"n1": Node("n1", "n1", "idle", partitions=("pilot", "batch")),
+             "n2": Node("n2", "n2", "idle", partitions=("batch",)),
+             "n3": Node("n3", "n3", "idle", partitions=("pilot",))}
+    wanted = {"n1": {"ds_a"}, "n2": {"ds_a"}}
+    assert in_scope(wanted, nodes, None, None, None) == wanted
+    assert in_scope(wanted, nodes, None, ("pilot",), None) == {"n1": {"ds_a"}, "n2": set()}
+    assert in_scope(wanted, nodes, None, None, ["n2", "n3"]) == {"n1": set(), "n2": {"ds_a"}}
+    assert in_scope(wanted, nodes, {"reason": "x"}, None, None) == {"n1": set(), "n2": set(), "n3": set()}
+    current = {"n1": (("gpu", "ds_a"),) * 2, "n2": (("ds_a",),) * 2, "n3": ((), ())}
+    assert changes(current, in_scope(wanted, nodes, None, ("pilot",), None), "ds_") == [(["n2"], [], [])]

@@ -56,7 +56,22 @@ if "{min_nodes}" ~= "" then job.min_nodes = tonumber("{min_nodes}") end
 local script = [==[{script}]==]
 if script ~= "" then job.script = script end
 if "{tasks}" ~= "" then job.num_tasks = tonumber("{tasks}"); job.ntasks_per_node = tonumber("{per_node}") end
-local rc, msg = d.check(job, {uid})
+if "{partition}" ~= "" then job.partition = "{partition}" end
+-- slurmctld's part_list: records keyed by name, read through a metatable that raises on a
+-- field it does not know ("NAME" or "NAME:default" per entry)
+local parts = nil
+if "{parts}" ~= "" then
+  parts = {{}}
+  for entry in string.gmatch("{parts}", "[^,]+") do
+    local name, dflt = string.match(entry, "^([^:]*):?(.*)$")
+    parts[name] = setmetatable({{}}, {{ __index = function(_, k)
+      if k == "name" then return name end
+      if k == "flag_default" then return (dflt == "default") and 1 or 0 end
+      error("no field " .. k)
+    end }})
+  end
+end
+local rc, msg = d.check(job, {uid}, parts)
 print(rc, msg or "", job.admin_comment or "", job.prefer or "")
 """
 
@@ -68,13 +83,15 @@ def check(tmp_path, env: list[str], uid: int = 0, admin: str = "") -> tuple[int,
 
 def run_check(tmp_path, env: list[str], uid: int = 0, admin: str = "", prefer: str = "",
               conf=CONF, array: str = "", features: str = "", nodes: str = "", min_nodes: str = "",
-              tasks: str = "", per_node: str = "", sized=None, script: str = "") -> tuple[int, str, str, str]:
+              tasks: str = "", per_node: str = "", sized=None, script: str = "", partition: str = "",
+              parts: str = "") -> tuple[int, str, str, str]:
     catalog = tmp_path / "dsstage_catalog.lua"
     if not catalog.exists():
         catalog.write_text(render(conf, sized=sized))
     script = HARNESS.format(sbatch_ext=ROOT / "sbatch_ext", catalog=catalog, env="|".join(env), uid=uid,
                             admin=admin, prefer=prefer, array=array, features=features, nodes=nodes,
-                            min_nodes=min_nodes, tasks=tasks, per_node=per_node, script=script)
+                            min_nodes=min_nodes, tasks=tasks, per_node=per_node, script=script,
+                            partition=partition, parts=parts)
     out = subprocess.run([LUA, "-e", script], capture_output=True, text=True, check=True).stdout
     rc, msg, comment, prefer_out = out.rstrip("\n").split("\t")
     return int(rc), msg, comment, prefer_out
@@ -513,3 +530,37 @@ def test_job_submit_lua_without_its_module_refuses_only_dataset_jobs(tmp_path, m
     else:
         assert lines[:4] == ["0", "-1", "-1", "0"], lines  # refused: the --dataset and the #BB_LUA job only
         assert "cannot load dsstage_submit.lua" in lines[4] and "submit without --dataset" in lines[4], lines
+
+
+def _pilot(outside: str = "source"):
+    return load.from_dict({**_BASE, "rollout": {"partitions": ["gpu-pilot"], "outside": outside}})
+
+
+_BASE = {"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
+         "datasets": {"coco": {"source": "/d/c"}}}
+
+
+@pytest.mark.parametrize("partition, parts, acts", [
+    ("gpu-pilot", "", True), ("batch", "", False), ("batch,gpu-pilot", "", True),
+    ("", "batch:default,gpu-pilot", False), ("", "batch,gpu-pilot:default", True),
+    ("", "", True),  # neither given nor known: as without a pilot
+])
+def test_outside_the_pilot_a_job_is_as_without_dsstage(tmp_path, partition, parts, acts):
+    """rollout.partitions: a job that can run only outside the pilot is checked (unknown names
+    are still refused) but gets no preference and no record; its default partition comes
+    from slurmctld's part_list."""
+    rc, msg, comment, prefer = run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], conf=_pilot(), partition=partition,
+                                         parts=parts)
+    assert (rc, msg) == (0, "")
+    assert (comment, prefer) == (("dsstage=coco", "ds_coco") if acts else ("", ""))
+    rc, msg, _c, _p = run_check(tmp_path, ["DSSTAGE_DATASETS=cocoa"], conf=_pilot(), partition=partition,
+                                parts=parts)
+    assert rc == -1 and "unknown dataset 'cocoa'" in msg
+
+
+def test_outside_the_pilot_the_admins_may_refuse_datasets(tmp_path):
+    rc, msg, comment, _p = run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], conf=_pilot("refuse"), partition="batch")
+    assert rc == -1 and msg == ("dsstage: datasets are staged only in partition(s) gpu-pilot for now; submit to "
+                                "one of them (--partition=...) or without --dataset")
+    assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], conf=_pilot("refuse"), partition="gpu-pilot")[0] == 0
+    assert run_check(tmp_path, [], conf=_pilot("refuse"), partition="batch")[:2] == (0, "")

@@ -6,12 +6,13 @@ the job's ExcNodeList and AdminComment). See the policy module for the rule.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 
 from dsstage.config.model import Config
 from dsstage.errors import CommandError
 from dsstage.hostlist import expand_nodes, fold_nodes
+from dsstage.node import rollout
 from dsstage.policy import datawait
 from dsstage.slurm.client import SlurmClient
 from dsstage.slurm.hold import OWN_PART
@@ -47,7 +48,7 @@ def sync(conf: Config, slurm: SlurmClient, jobs: list[Job], nodes: Mapping[str, 
     if not bound and not marked(jobs):
         return []
     placing = slurm.placing()
-    pending, by_id = candidates(jobs, placing)
+    pending, by_id = candidates(jobs, placing, off_reasons(conf, rollout.read_switch(conf.state_dir)))
     if not pending:
         return []
     actions = datawait.decide(pending, node_states(jobs, placing, nodes), holders(wanted, conf.placement.prefix),
@@ -72,10 +73,28 @@ def sync(conf: Config, slurm: SlurmClient, jobs: list[Job], nodes: Mapping[str, 
     return actions
 
 
-def candidates(jobs: list[Job], placing: Mapping[str, Placing]) -> tuple[list[datawait.PendingJob], dict[str, Job]]:
+def off_reasons(conf: Config, switch: Mapping[str, object] | None) -> Callable[[tuple[str, ...]], str]:
+    """Why dsstage does not act for a job in these partitions ("" if it does): the switch
+    (``dsstage disable``) or ``rollout.partitions``. A job outside waits for nothing."""
+    if switch is not None:
+        why = rollout.off_reason(switch, None, None, "", "") or ""
+        return lambda partitions: why
+
+    def off(partitions: tuple[str, ...]) -> str:
+        if rollout.job_in_scope(conf.rollout.partitions, partitions):
+            return ""
+        return (f"its partition {','.join(partitions)} is outside the rollout (rollout.partitions: "
+                f"{', '.join(conf.rollout.partitions or ())})")
+    return off
+
+
+def candidates(jobs: list[Job], placing: Mapping[str, Placing],
+               off: Callable[[tuple[str, ...]], str] = lambda partitions: "",
+               ) -> tuple[list[datawait.PendingJob], dict[str, Job]]:
     """The pending jobs with a dataset, as the policy sees them; and the jobs by id. Never
     a pending array not split yet, a heterogeneous job (an update reaches every component)
-    or a federated one (it would go to the origin cluster)."""
+    or a federated one (it would go to the origin cluster). ``off``: why dsstage does not act
+    for a job in these partitions (``off_reasons``)."""
     out, by_id = [], {}
     for j in jobs:
         p = placing.get(j.job_id)
@@ -83,11 +102,12 @@ def candidates(jobs: list[Job], placing: Mapping[str, Placing]) -> tuple[list[da
                 or p.heterogeneous or int(j.job_id) >= _FEDERATED):
             continue
         by_id[j.job_id] = j
+        partitions = tuple(x for x in j.partition.split(",") if x)
         out.append(datawait.PendingJob(
             job_id=j.job_id, datasets=j.datasets, nodes=max(p.nodes, 1),
-            partitions=tuple(x for x in j.partition.split(",") if x), held=j.priority == 0,
+            partitions=partitions, held=j.priority == 0,
             expected_start=j.start_time, req_nodes=p.req_nodes, exc_nodes=p.exc_nodes, constraint=p.constraint,
-            reservation=p.reservation, admin_comment=j.admin_comment))
+            reservation=p.reservation, admin_comment=j.admin_comment, off=off(partitions)))
     return out, by_id
 
 

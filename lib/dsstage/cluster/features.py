@@ -15,7 +15,8 @@ other feature, available or active, is written back as Slurm had it (slurm.conf'
 configuration management's, a NodeFeaturesPlugins' whose active features differ from the
 available ones), and a node whose own features are all that would change is not touched.
 A node whose report is stale or missing is left alone: what it holds is not known (a down
-node is not scheduled anyway).
+node is not scheduled anyway). While dsstage is disabled (``dsstage disable``) no node keeps a
+dataset feature, and during a pilot only the nodes within ``rollout`` do (``in_scope``).
 """
 
 from __future__ import annotations
@@ -67,13 +68,32 @@ def changes(current: Mapping[str, tuple[Sequence[str], Sequence[str]]], wanted: 
     return [(nodes, list(avail), list(act)) for (avail, act), nodes in by_lists.items()]
 
 
+def in_scope(wanted: Mapping[str, set[str]], nodes: Mapping[str, Node], switch: Mapping[str, Any] | None,
+             partitions: Sequence[str] | None, rollout_nodes: Sequence[str] | None) -> dict[str, set[str]]:
+    """``wanted`` as the switches allow: while dsstage is disabled (``switch`` on), no node keeps
+    a dataset feature; during a pilot, nodes outside ``rollout.nodes`` or every one of
+    ``rollout.partitions`` keep none (whatever their reports say: a copy left from before).
+    Those nodes' features are known (none), so they are removed even without a report."""
+    from dsstage.node.rollout import node_in_scope
+    out = dict(wanted)
+    for name, node in nodes.items():
+        if switch is not None or not node_in_scope(partitions, rollout_nodes, name, node.partitions):
+            out[name] = set()
+    return out
+
+
 def observe(conf: Any, slurm: Any, now: float) -> tuple[dict[str, Node], dict[str, set[str]]]:
-    """Slurm's nodes (one ``sinfo``) and the features their current reports want (``held``).
-    Raises CommandError if Slurm cannot be asked."""
+    """Slurm's nodes (one ``sinfo``) and the features their current reports want (``held``),
+    within the rollout and the cluster-wide switch (``in_scope``). Raises CommandError if Slurm
+    cannot be asked."""
+    from dsstage.hostlist import expand_nodes
+    from dsstage.node.rollout import read_switch
     nodes = slurm.nodes()
     wanted = held(cluster_reports.read_all(conf.state_dir), conf.placement.prefix, now, conf.report.max_age,
                   down_nodes(nodes))
-    return nodes, wanted
+    scope = conf.rollout
+    return nodes, in_scope(wanted, nodes, read_switch(conf.state_dir), scope.partitions,
+                           expand_nodes(scope.nodes) if scope.nodes is not None else None)
 
 
 Change = tuple[list[str], list[str], list[str]]

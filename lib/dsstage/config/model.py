@@ -155,6 +155,10 @@ class Rollout:
 
     partitions: tuple[str, ...] | None = None
     nodes: str | None = None  # a Slurm hostlist
+    #: what job_submit.lua does with a ``--dataset`` job outside ``partitions``: ``source``
+    #: (accept it as if dsstage were not installed: no preference, no record; it reads the
+    #: source) or ``refuse`` (refuse it at submit, naming the pilot partitions)
+    outside: str = "source"
 
 
 @dataclass(frozen=True)
@@ -165,8 +169,9 @@ class Placement:
     prefer: bool = True  # job_submit.lua adds --prefer for the requested datasets' features
     prefix: str = "ds_"  # feature name = prefix + dataset name
     #: seconds a pending job may wait for the nodes that hold its data (the demand poller
-    #: excludes the others meanwhile, dsstage.policy.datawait); 0: never, --prefer alone
-    wait_for_data: float = 1800.0
+    #: excludes the others meanwhile, dsstage.policy.datawait); 0: never, --prefer alone (off
+    #: until an admin turns it on: it changes where jobs start)
+    wait_for_data: float = 0.0
 
 
 @dataclass(frozen=True)

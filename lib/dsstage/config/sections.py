@@ -29,7 +29,8 @@ _FLEET_KEYS = ("user", "port", "key", "known_hosts", "connect_timeout", "timeout
 _METRICS_KEYS = ("textfile", "controller_textfile")
 _PREFETCH_KEYS = ("horizon", "interval", "bwlimit", "io_class")
 _PLACEMENT_KEYS = ("features", "prefer", "prefix", "wait_for_data")
-_ROLLOUT_KEYS = ("partitions", "nodes")
+_ROLLOUT_KEYS = ("partitions", "nodes", "outside")
+ROLLOUT_OUTSIDE = ("source", "refuse")
 _BURST_BUFFER_KEYS = ("user", "status_dir", "status_max_age")
 _PEERS_KEYS = ("enabled", "port", "hosts", "secret_file", "wait", "timeout", "parallel", "allow",
                "max_connections")
@@ -155,7 +156,8 @@ class Sections:
             except ValueError:
                 self.fail("rollout.nodes", f"{nodes!r}: a Slurm hostlist, e.g. gpu[001-008]; leave it out for every "
                           "node")
-        return Rollout(partitions=tuple(parts) if parts is not None else None, nodes=nodes)
+        outside = self.choice(spec.get("outside", Rollout().outside), "rollout.outside", ROLLOUT_OUTSIDE)
+        return Rollout(partitions=tuple(parts) if parts is not None else None, nodes=nodes, outside=outside)
 
     def placement(self, spec: Any) -> Placement:
         self._section(spec, "placement", _PLACEMENT_KEYS)

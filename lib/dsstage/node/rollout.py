@@ -57,6 +57,24 @@ def off_reason(switch: Mapping[str, Any] | None, partitions: Collection[str] | N
     return None
 
 
+def node_in_scope(partitions: Collection[str] | None, nodes: Collection[str] | None, node: str,
+                  node_partitions: Collection[str]) -> bool:
+    """Whether the controller side (node features, waits for data) acts for ``node``: it is in
+    ``rollout.nodes`` and in at least one of ``rollout.partitions`` (None: all). A node outside
+    keeps no dataset feature: no job is steered to it for its data, none waits for it."""
+    if nodes is not None and node not in nodes:
+        return False
+    return partitions is None or bool(set(partitions) & set(node_partitions))
+
+
+def job_in_scope(partitions: Collection[str] | None, job_partitions: Collection[str]) -> bool:
+    """Whether the controller side acts for a job submitted to ``job_partitions`` (several: it
+    runs in one of them, so it is in the pilot if any is; none known: in)."""
+    if partitions is None or not job_partitions:
+        return True
+    return bool(set(partitions) & set(job_partitions))
+
+
 def write_switch(state_dir: str, record: Mapping[str, Any]) -> str:
     path = switch_path(state_dir)
     safe.write_json(path, formats.stamp("switch", record), fsync=True)

@@ -20,7 +20,8 @@ as soon as any of these holds:
 - fewer holders than the job needs hold the data, are up, or are expected free by then;
 - backfill plans it on them only after then (another job takes them first, or they cannot
   run it: memory, GRES, a reservation);
-- the wait is switched off (``wait_for_data: 0``);
+- the wait is switched off (``wait_for_data: 0``), dsstage is disabled on the whole
+  cluster (``dsstage disable``), or the job's partitions are outside ``rollout.partitions``;
 - the job is held, names nodes or runs in a reservation; its constraint, exclusion or
   nodes were changed by someone else (the exclusion is then theirs: it is left as it is,
   only the marker goes).
@@ -106,6 +107,9 @@ class PendingJob:
     constraint: str = ""  # -C, as Slurm shows it
     reservation: str = ""  # --reservation
     admin_comment: str = ""
+    #: why dsstage does not act for this job ("": it does): the cluster-wide switch is on,
+    #: or its partitions are outside the rollout (dsstage.node.rollout)
+    off: str = ""
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,8 @@ def _why_not(job: PendingJob, nodes: Mapping[str, NodeState], holders: Mapping[s
     """Why ``job`` must not wait now ("" if it may), and the nodes it may wait for."""
     if bound <= 0:
         return "placement.wait_for_data is off", []
+    if job.off:
+        return job.off, []
     if mark is not None and now - mark.since >= bound:
         return f"waited {int(now - mark.since)} s, placement.wait_for_data is {bound:g} s", []
     deadline = mark.since + bound if mark is not None else now + bound

@@ -80,6 +80,15 @@ def _size_fields(row: dict[str, Any] | None) -> str:
     return ", " + ", ".join(fields)
 
 
+def _rollout_fields(config: Config) -> list[str]:
+    """The pilot's partitions for the submit check (none: every partition is in)."""
+    parts = config.rollout.partitions
+    if parts is None:
+        return []
+    names = ", ".join(f"[{_lua_str(p)}] = true" for p in parts)
+    return [f"  rollout = {{ partitions = {{ {names} }}, outside = {_lua_str(config.rollout.outside)} }},"]
+
+
 def render(config: Config, *,
            getgrnam: Callable[[str], Any] = grp.getgrnam,
            getpwnam: Callable[[str], Any] = pwd.getpwnam,
@@ -99,6 +108,7 @@ def render(config: Config, *,
             f"  generated = {int(now())},",
             f"  placement = {{ prefer = {'true' if config.placement.prefer else 'false'}, "
             f"prefix = {_lua_str(config.placement.prefix)} }},",
+            *_rollout_fields(config),
             "  command = {" + ", ".join(_lua_str(a) for a in command) + "},",
             *([f"  slurm_version = {_lua_str(slurm_version)},"] if slurm_version else []),
             f"  bbstat = {{ dir = {_lua_str(config.burst_buffer.status_dir)}, "

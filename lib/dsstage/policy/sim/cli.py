@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK, Placement
+from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK
 from dsstage.errors import DsstageError
 from dsstage.policy import retention as rt
 from dsstage.policy.sim import trace as tr
@@ -37,6 +37,9 @@ BOUND_METHOD = ("fractional relaxation (a copy may be kept in part) of the offli
 #: baseline (LRU, unaware) in bytes staged again, and in mean queue wait
 GOAL_VS_BASELINE, GOAL_WAIT = 0.6, 1.02
 BASELINE = ("lru", "unaware")
+
+#: the bounded wait the simulator measures by default (what the example suggests a site turns on)
+WAIT_FOR_DATA = 1800.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,11 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="unaware: the scheduler ignores the caches; prefer: a job starts on free nodes that hold "
                         "its dataset (their ds_<dataset> feature, as the poller last set it) where there are "
                         "enough, anywhere otherwise, as Slurm does with dsstage's --prefer; both (the default)")
-    c.add_argument("--wait-for-data", type=float, default=Placement().wait_for_data, metavar="SECONDS",
+    c.add_argument("--wait-for-data", type=float, default=WAIT_FOR_DATA, metavar="SECONDS",
                    help="with prefer: a job the poller saw pending waits for the nodes that hold its dataset when "
                         "enough of them do and are free or expected (by their jobs' time limits) to be free within "
                         f"SECONDS, at most SECONDS in all, as placement.wait_for_data makes it on a cluster "
-                        f"({Placement().wait_for_data:g}, its default); 0: never, as Slurm's --prefer alone")
+                        f"({WAIT_FOR_DATA:g}, the value a site turns it on with; off by default there); 0: never, "
+                        "as Slurm's --prefer alone")
     r = p.add_argument_group("policies")
     r.add_argument("--policies", default=",".join(POLICIES), help=f"which, comma-separated ({','.join(POLICIES)})")
     r.add_argument("--no-bound", action="store_true", help="do not compute the lower bound")
