@@ -72,6 +72,9 @@ def test_check_config_says_how_big_the_shards_are_and_when_parts_get_uneven(env:
     assert any("6 shards of" in line and "2 to 2 files" in line for line in notes), res.stdout
     assert any("a job on 4 nodes gets 1 or 2 shards per node" in line and "at least 40" in line for line in notes), \
         res.stdout
+    # what its on_failure means for a job whose node cannot stage its part
+    assert "note: datasets.big.on_failure: a node whose part fails to stage reads that part at the source" \
+        in res.stdout, res.stdout
     env.datasets["big"]["shards"] = 4
     env.write()
     res = check_config(env, conf)

@@ -539,3 +539,91 @@ def test_a_restricted_view_is_never_open_to_others_while_it_is_made(env: Env, bi
     assert all(mode == 0o700 for _, mode in seen), seen  # the view's own directory: 0700 while it is made
     assert stat.S_IMODE(os.stat(part.view.path).st_mode) == 0o755  # and open to the group once in place
 
+
+
+def _recipe_reads(got: dict[str, str], rank: int, size: int) -> list[str]:
+    """What the user guide's plain Python recipe reads as one rank with the job's exports."""
+    import re
+    import subprocess
+    import sys
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "user-guide.md").read_text()
+    recipe = re.search(r"Plain Python.*?```python\n(.*?)```", guide, re.S).group(1)
+    out = subprocess.run([sys.executable, "-c", recipe + "\nprint('\\n'.join(mine))\n"], text=True,
+                         capture_output=True, check=True,
+                         env={**got, "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(size), "PATH": "/usr/bin"})
+    return out.stdout.split()
+
+
+def _parts_of_a_job(env: Env, job: str, run: Path) -> dict[str, dict[str, str]]:
+    return {node: exported(prolog_on(env, node, job, "n[1-3]", run)) for node in ("n1", "n2", "n3")}
+
+
+def _assert_one_job_reads_each_file_once(env: Env, got: dict[str, dict[str, str]]) -> None:
+    """Every node of the job has its part (staged or at the source), the parts are disjoint and
+    together the dataset, and every rank of the recipe takes the same number of steps."""
+    parts, steps = {}, set()
+    src = str(env.source("big"))
+    for node, exports in got.items():
+        listed = Path(exports["DSSTAGE_FILES_BIG"]).read_text().splitlines()
+        root = exports["DSSTAGE_PATH_BIG"]
+        assert all(p.startswith(root + "/") for p in listed)
+        parts[node] = {os.path.relpath(p, root) for p in listed}
+        assert int(exports["DSSTAGE_NODE_FILES_BIG"]) == len(listed)
+        assert len({e["DSSTAGE_MIN_FILES_BIG"] for e in got.values()}) == 1
+        for rank in range(2):
+            read = _recipe_reads(exports, rank, 2)
+            assert all(os.path.isfile(f) and Path(f).read_bytes() == FILES[os.path.relpath(f, root)] for f in read)
+            steps.add(len(read))
+    assert sum(len(p) for p in parts.values()) == len(FILES) and set().union(*parts.values()) == set(FILES)
+    assert len(steps) == 1 and steps.pop() > 0
+    assert any(e["DSSTAGE_PATH_BIG"] == src for e in got.values())  # the case under test: one at the source
+
+
+def test_a_node_outside_the_pilot_reads_its_own_part_of_the_jobs_plan_at_the_source(env: Env, big, tmp_path):
+    """A 3-node job whose third node is outside rollout.nodes: n1 and n2 stage their parts, n3
+    reads its part at the source with the same variables (the user guide's recipe runs as is,
+    every file read once by the job, every rank the same number of steps), never the whole
+    dataset and never another node's list."""
+    import yaml
+    data = yaml.safe_load(env.config_path.read_text())
+    data["rollout"] = {"nodes": "n[1-2]"}
+    env.config_path.write_text(yaml.safe_dump(data))
+    got = _parts_of_a_job(env, "95", tmp_path / "run")
+    assert got["n1"]["DSSTAGE_PATH_BIG"].startswith(str(env.tier_root("n1") / "views" / "big"))
+    assert got["n3"]["DSSTAGE_PATH_BIG"] == str(env.source("big"))
+    _assert_one_job_reads_each_file_once(env, got)
+    assert not (env.tier_root("n3") / "datasets").exists()  # nothing staged where dsstage does not act
+
+
+def test_a_node_whose_part_fails_to_stage_falls_back_to_its_part_at_the_source(env: Env, big, tmp_path, monkeypatch):
+    """on_failure: fallback on a sharded dataset: the node that cannot stage its part (here its
+    stage fails as a full tier does) reads that part at the source, with every variable the
+    recipe needs; where its part cannot be told, the job is held instead."""
+    from dsstage.errors import NoSpace, StateError
+    from dsstage.hooks import shardjob as shardjob_mod
+    real = sharded.stage_part
+
+    def full_on_n2(store, *a, **kw):
+        if store.node == "n2":
+            raise NoSpace("tier nvme on n2 is full (a test)")
+        return real(store, *a, **kw)
+    monkeypatch.setattr(sharded, "stage_part", full_on_n2)
+    run = tmp_path / "run"
+    got = _parts_of_a_job(env, "96", run)
+    assert got["n2"]["DSSTAGE_PATH_BIG"] == str(env.source("big"))
+    _assert_one_job_reads_each_file_once(env, got)
+    task = (run / "n2" / "jobs" / "96.task").read_text()
+    assert "could not stage 'big'" in task and "DSSTAGE_FILES_BIG lists its files there" in task
+
+    def no_part(*a, **kw):
+        raise StateError("the shard index is gone (a test)")
+    monkeypatch.setattr(shardjob_mod, "from_source", no_part)
+    from dsstage.hooks import job as hooks
+    from dsstage.slurm.fake import FakeSlurm
+    e = {"SLURM_JOB_ID": "97", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+         "SLURMD_NODENAME": "n2", "SLURM_JOB_NODELIST": "n[1-3]", "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}
+    slurm = FakeSlurm()
+    assert hooks.prolog(e, run_dir=str(run), slurm=slurm, load_config=env.config) == 0
+    task = (run / "n2" / "jobs" / "97.task").read_text()
+    assert "DSSTAGE_PATH_BIG" not in task and "# dsstage: hold" in task and "cannot be told" in task
+    assert "97" in slurm.held

@@ -89,6 +89,7 @@ def shard_problems(conf: model.Config, largest_job: int | None) -> list[slurm_co
         if not ds.shards:
             continue
         key = f"datasets.{ds.name}.shards"
+        out.append(slurm_conf.Problem("note", f"datasets.{ds.name}.on_failure", failure_note(ds)))
         try:
             index = shard_index.load(manifests, ds.name, manifests.require_current(ds.name), ds.shards)
         except DsstageError as exc:
@@ -103,6 +104,18 @@ def shard_problems(conf: model.Config, largest_job: int | None) -> list[slurm_co
                 f"have up to {largest_job} nodes: choose shards of at least {10 * (largest_job or 1)} (ten per node "
                 "of the largest job), aligned with the dataset's own record files")))
     return out
+
+
+def failure_note(ds: model.Dataset) -> str:
+    """What a sharded dataset's on_failure means for a multi-node job (dsstage.hooks.shardjob.fallback)."""
+    if ds.on_failure == "fallback" and ds.source.kind == "local":
+        return ("a node whose part fails to stage reads that part at the source (the same variables, its files "
+                "listed there) and the job runs; choose hold if the source cannot take a node's part read during "
+                "training")
+    if ds.on_failure == "fallback":
+        return (f"fallback cannot read {ds.source.raw} directly (not mounted): a job whose part fails to stage is "
+                "held, as with on_failure: hold")
+    return "a job any of whose nodes cannot stage its part is held until its data can be staged"
 
 
 def tier_problems(conf: model.Config, node: str) -> list[slurm_conf.Problem]:

@@ -97,19 +97,22 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
     versions = pinned_versions(ctx, conf, store, names)
     sharded_names = [n for n in names if (d := conf.datasets.get(n)) is not None and d.shards]
     outcomes = []
+    part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.uid, ctx.gid)
     for name in names:
         ds = conf.datasets.get(name)
         try:
             if ds is not None and ds.shards:
                 cat.authorize(ds, user)
-                part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.uid, ctx.gid)
                 outcomes.append(shardjob.stage(part_of, store, name, versions, user, deadline, sharded_names))
                 continue
             result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes,
                                    digest=versions.get(name))
         except DsstageError as exc:
             log.warning("job %s: %s: %s", ctx.job_id, name, exc)
-            outcomes.append(on_failure(name, ds, exc))
+            verdict = on_failure(name, ds, exc)
+            if ds is not None and ds.shards:  # its part at the source, or the job held: never a rank without one
+                verdict = shardjob.fallback(part_of, store, verdict, versions, sharded_names)
+            outcomes.append(verdict)
             store.count(failure_events(name, outcomes[-1], exc) if ds else [])
             continue
         moved = ""
@@ -184,12 +187,28 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
     why = off_here(conf, ctx, env.get("SLURM_JOB_PARTITION", ""))
     if why:
         log.info("job %s: %s: not staged, the job reads its sources", ctx.job_id, why)
-        return decide(ctx, off_verdicts(ctx.request or "", conf, why), run_dir=run_dir, slurm=slurm)
+        return decide(ctx, off_parts(ctx, conf, off_verdicts(ctx.request or "", conf, why), run_dir),
+                      run_dir=run_dir, slurm=slurm)
     store = Store(conf, ctx.node or None, run_dir=run_dir)
     budget = conf.prolog_budget
     outcomes = stage_all(ctx, conf, store, deadline=started + stage_deadline(budget))
     write_config_cache(run_dir, conf)
     return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm, store=store)
+
+
+def off_parts(ctx: JobContext, conf: Config, outcomes: list[Verdict], run_dir: str) -> list[Verdict]:
+    """Where dsstage does not act: a sharded dataset read at its source still gets this node's
+    part of the job's plan (dsstage.hooks.shardjob.fallback), so that a job whose other nodes
+    staged theirs (in the rollout, or before ``dsstage disable``) reads each part once."""
+    sharded_names = [o.dataset for o in outcomes if (d := conf.datasets.get(o.dataset)) is not None and d.shards]
+    if not any(o.path for o in outcomes if o.dataset in sharded_names):
+        return outcomes
+    from dsstage.hooks import shardjob
+    store = Store(conf, ctx.node or None, run_dir=run_dir)
+    part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.uid, ctx.gid)
+    versions = pinned_versions(ctx, conf, store, sharded_names)
+    return [shardjob.fallback(part_of, store, o, versions, sharded_names, may_hold=False)
+            if o.dataset in sharded_names else o for o in outcomes]
 
 
 def off_here(conf: Config, ctx: JobContext, partition: str) -> str | None:

@@ -10,16 +10,23 @@ node's shard numbers), ``DSSTAGE_SHARD_COUNT_<NAME>``, ``DSSTAGE_NODE_FILES_<NAM
 data-parallel ranks need the same number of steps), and ``DSSTAGE_SHARD_MAP_<NAME>``: a
 file, readable by the job only, with the whole job's map. The unsuffixed forms name the
 job's first dataset, as ``DSSTAGE_DATASET_DIR`` does.
+
+A job's nodes end alike: where a node falls back to a mounted source (its stage failed, or
+dsstage does not act there: the rollout, ``dsstage disable``), it gets the same variables
+for its part of the same plan, its files listed at the source (``fallback``); where its
+part cannot be told, the job is held rather than run with ranks that read different data.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dsstage.config import catalog as cat
 from dsstage.errors import DsstageError, StateError
+from dsstage.fs import pathtext, runfiles
 from dsstage.hooks import jobrecord, shardmap
 from dsstage.hooks.decisions import Verdict
 from dsstage.hostlist import expand_nodes
@@ -89,3 +96,49 @@ def stage(ctx: Job, store: Store, name: str, versions: Mapping[str, str], user: 
     store.count([("misses", label, 1), ("staged_bytes", label, part.transferred_bytes),
                  ("staged_seconds", label, part.seconds)] if part.action == "staged" else [("hits", label, 1)])
     return Verdict(name, "local", part.view.path, part.action, exports)
+
+
+def from_source(ctx: Job, store: Store, name: str, versions: Mapping[str, str], sharded_names: Sequence[str],
+                source: str) -> tuple[tuple[str, str], ...]:
+    """The exports of this node's part of sharded dataset ``name`` read at its mounted
+    ``source``: the variables a staged part gets, from the job's one plan, with this node's
+    files listed at the source. Raises DsstageError where the plan or the shards cannot be had."""
+    indexes, plans = job_plans(ctx, store, list(dict.fromkeys([name, *sharded_names])), versions)
+    if name not in indexes:
+        sharded.shards_of(store, name, versions.get(name) or store.current(name))  # raises what went wrong
+    index, plan = indexes[name], plans[name]
+    by_id = index.by_id()
+    mine = sorted((by_id[s] for s in plan.get(ctx.node) or () if s in by_id), key=lambda s: s.index)
+    if not mine:
+        raise StateError(f"job {ctx.job_id}'s shard plan gives node {ctx.node} no shard of {name!r}")
+    lines = [pathtext.escape(os.path.join(source, e.path)) + "\n"
+             for s in mine for e in store.load_manifest(name, s.digest).entries]
+    files_list = runfiles.write_job_file(store.run_dir, ctx.node, ctx.job_id, f"files-{name}", "".join(lines),
+                                         (ctx.uid, ctx.gid))
+    map_path = shardmap.write_map(store.run_dir, ctx.node, ctx.job_id, (ctx.uid, ctx.gid), name, index.version,
+                                  index.shards, plan)
+    return shardmap.exports(mine, index.count, index.shards, plan, files_list, len(lines), map_path)
+
+
+def fallback(ctx: Job, store: Store, verdict: Verdict, versions: Mapping[str, str], sharded_names: Sequence[str],
+             *, may_hold: bool = True) -> Verdict:
+    """A sharded dataset's fallback ``verdict`` (its source mounted at ``verdict.path``) with
+    this node's part of the job's plan (``from_source``): every node of the job reads its own
+    part, staged here or not, and every rank takes the same number of steps. Where the part
+    cannot be told the job is held (``may_hold``; else, where dsstage does not act and never
+    holds, the fallback stays without its part, said in the job's output)."""
+    if verdict.action != "fallback" or not verdict.path:
+        return verdict
+    try:
+        exports = from_source(ctx, store, verdict.dataset, versions, sharded_names, verdict.path)
+    except (DsstageError, OSError) as exc:
+        log.warning("job %s: %s: this node's part cannot be told: %s", ctx.job_id, verdict.dataset, exc)
+        if may_hold:
+            return Verdict(verdict.dataset, "hold", None,
+                           f"{verdict.reason}; and this node's part of it cannot be told ({exc}): held, so that "
+                           "no rank reads another node's part or the whole dataset")
+        return replace(verdict, reason=f"{verdict.reason} (this node's part cannot be told: {exc}; "
+                                       "DSSTAGE_FILES is not set)")
+    listed = "DSSTAGE_FILES_" + runfiles.env_var(verdict.dataset)[len("DSSTAGE_PATH_"):]
+    return replace(verdict, exports=exports,
+                   reason=f"{verdict.reason} (this node's part of the job's plan: {listed} lists its files there)")
