@@ -166,9 +166,17 @@ def test_a_source_that_stops_answering_costs_the_budget_not_the_node(cluster):
         job = cluster.submit("#SBATCH --dataset=hung\necho DIR=$DSSTAGE_DATASET_DIR\n", "-w", "n3")
         info = cluster.wait(job, timeout=120)
         took = time.monotonic() - t
+        # its hook tripped the source's breaker: the next job, on another node, pays a probe at most
+        t = time.monotonic()
+        second = cluster.submit("#SBATCH --dataset=hung\necho DIR=$DSSTAGE_DATASET_DIR\n", "-w", "n2")
+        second_info = cluster.wait(second, timeout=120)
+        second_took = time.monotonic() - t
     finally:
         fs.answer()
         cluster.configure(**before)
+    assert second_info["JobState"] == "COMPLETED", second_info
+    assert "the breaker of dataset.hung is open" in cluster.output(second), cluster.output(second)
+    assert second_took < took and second_took < 30, (second_took, took)
     assert info["JobState"] == "COMPLETED", info
     out = cluster.output(job)
     assert f"DIR={src}\n" in out, out

@@ -68,6 +68,41 @@ def test_a_source_that_stops_answering_falls_back_within_the_budget(env: Env, hu
     assert not os.listdir(env.tier_root() / "reserved")  # the killed stage's reservation is reclaimed
 
 
+def test_a_hung_source_trips_its_breaker_and_later_prologs_spend_a_probe_at_most(env: Env, hung_source: LatencyFS):
+    """The first job pays the budget and its hook trips the source's breaker; the next Prolog
+    probes the source (bounded by PROBE_TIMEOUT) and decides, one that comes while a probe is
+    under way decides at once, and `dsstage status` shows the source; once the source answers,
+    the next stage probes it, closes the breaker and stages."""
+    from dsstage.node import breaker
+    state = str(env.state)
+    hung_source.hang()
+    rc, took, _ = hook(env, "prolog", "5")
+    assert rc == 0 and took < BUDGET, log(env)
+    record = breaker.read(state, "dataset.coco")
+    assert record and record["by"] == env.node and "did not finish within prolog_budget" in record["reason"], \
+        (record, log(env))
+    rc, took, lines = hook(env, "prolog", "6")
+    assert rc == 0 and took < breaker.PROBE_TIMEOUT + 3, (took, log(env))  # not the budget again
+    assert f"export DSSTAGE_DATASET_DIR={hung_source.mountpoint}" in lines, lines
+    assert any("the breaker of dataset.coco is open" in line and "probed again now" in line for line in lines), lines
+    breaker.write(state, "dataset.coco", {**breaker.read(state, "dataset.coco"), "probe_after": time.time() + 60,
+                                          "probe_by": "n9"})
+    rc, took, lines = hook(env, "prolog", "7")
+    assert rc == 0 and took < 3, (took, log(env))  # someone else probes: at once
+    assert any("node n9 is probing it now" in line for line in lines), lines
+    shown = env.cli("status", "--no-queue")
+    assert "Sources not answering" in shown.stdout and "dataset.coco" in shown.stdout, shown.stdout
+    status = json.loads(env.cli("status", "--no-queue", "--json").stdout)
+    assert status["sources_not_answering"]["dataset.coco"]["by"] == "n9" or \
+        status["sources_not_answering"]["dataset.coco"]["by"] == env.node
+    hung_source.answer()
+    breaker.write(state, "dataset.coco", {**breaker.read(state, "dataset.coco"), "probe_after": 0})
+    rc, _, lines = hook(env, "prolog", "8")
+    assert rc == 0 and any(line.startswith(f"export DSSTAGE_DATASET_DIR={env.tier_root()}") for line in lines), \
+        (lines, log(env))
+    assert breaker.read(state, "dataset.coco") is None
+
+
 def test_a_restricted_dataset_is_not_given_away_when_its_stage_hangs(env: Env, hung_source: LatencyFS, monkeypatch):
     """The hook's own decision keeps the catalog's rules: a user outside the dataset's groups
     gets a hold, never the source's path; an unknown name is held too."""

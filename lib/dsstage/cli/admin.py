@@ -82,6 +82,7 @@ def access_notes(conf: model.Config) -> list[slurm_conf.Problem]:
 def shard_problems(conf: model.Config, largest_job: int | None) -> list[slurm_conf.Problem]:
     """For each sharded dataset: how big its shards are, and how uneven a job's per-node
     parts get for the job sizes slurm.conf allows (``largest_job`` nodes at most)."""
+    from dsstage.hooks.shardjob import failure_note
     from dsstage.shards.split import worst_unevenness
     out = []
     manifests = config_manifest.Catalog(conf.state_dir)
@@ -104,18 +105,6 @@ def shard_problems(conf: model.Config, largest_job: int | None) -> list[slurm_co
                 f"have up to {largest_job} nodes: choose shards of at least {10 * (largest_job or 1)} (ten per node "
                 "of the largest job), aligned with the dataset's own record files")))
     return out
-
-
-def failure_note(ds: model.Dataset) -> str:
-    """What a sharded dataset's on_failure means for a multi-node job (dsstage.hooks.shardjob.fallback)."""
-    if ds.on_failure == "fallback" and ds.source.kind == "local":
-        return ("a node whose part fails to stage reads that part at the source (the same variables, its files "
-                "listed there) and the job runs; choose hold if the source cannot take a node's part read during "
-                "training")
-    if ds.on_failure == "fallback":
-        return (f"fallback cannot read {ds.source.raw} directly (not mounted): a job whose part fails to stage is "
-                "held, as with on_failure: hold")
-    return "a job any of whose nodes cannot stage its part is held until its data can be staged"
 
 
 def tier_problems(conf: model.Config, node: str) -> list[slurm_conf.Problem]:

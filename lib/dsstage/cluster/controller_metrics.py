@@ -56,9 +56,10 @@ def held_reason(job: Job) -> str | None:
 
 
 def families(*, snapshot_time: float, catalog_time: float | None, jobs: Sequence[Job],
-             ready: Mapping[str, int], acting: bool) -> list[Family]:
+             ready: Mapping[str, int], acting: bool, breakers: Mapping[str, float] | None = None) -> list[Family]:
     """The controller's metric families: (name, "gauge", help, label names, [(label values,
-    value)]). ``ready``: per dataset, the nodes whose reports show it ready."""
+    value)]). ``ready``: per dataset, the nodes whose reports show it ready; ``breakers``: the
+    sources whose breaker is open, and since when (dsstage.node.breaker)."""
     pending: dict[str, int] = {}
     held: dict[str, int] = {}
     for job in jobs:
@@ -80,6 +81,9 @@ def families(*, snapshot_time: float, catalog_time: float | None, jobs: Sequence
          [([k], float(c)) for k, c in sorted(held.items())]),
         (PREFIX + "poller_acting", "gauge", "1 where the demand poller acts (one of a controller pair).", [],
          [([], 1.0 if acting else 0.0)]),
+        (PREFIX + "source_breaker_open_since_timestamp_seconds", "gauge",
+         "Since when a source's breaker is open: it stopped answering, and stages from it decide at once "
+         "(epoch seconds).", ["source"], [([k], float(t)) for k, t in sorted((breakers or {}).items())]),
     ]
     if catalog_time is not None:
         out.append((PREFIX + "catalog_timestamp_seconds", "gauge",

@@ -69,11 +69,13 @@ def export_metrics(conf: Config, snapshot_time: float, jobs: list[Job], *, actin
     if not path:
         return
     from dsstage.cluster import controller_metrics, reports
+    from dsstage.node import breaker
     from dsstage.slurm.conf import slurm_conf_path
     try:
         fams = controller_metrics.families(
             snapshot_time=snapshot_time, jobs=jobs, acting=acting,
             ready=controller_metrics.ready_counts(reports.read_all(conf.state_dir)),
+            breakers={k: float(r.get("since") or 0) for k, r in breaker.all_open(conf.state_dir).items()},
             catalog_time=controller_metrics.catalog_time(
                 ["/var/lib/dsstage/dsstage_catalog.lua",
                  os.path.join(os.path.dirname(slurm_conf_path()), "dsstage_catalog.lua")]))

@@ -28,7 +28,7 @@ from dsstage.config.model import Config
 from dsstage.errors import DsstageError
 from dsstage.hostlist import expand_nodes
 from dsstage.hostlist import fold_nodes as fold
-from dsstage.node import report
+from dsstage.node import breaker, report
 from dsstage.policy import demand
 from dsstage.policy.demand import Snapshot
 from dsstage.slurm.client import SlurmClient
@@ -54,6 +54,8 @@ class Status:
     hidden: dict[str, dict[str, int]] | None = None
     #: sharded datasets: name -> shards (their copies are summed up as coverage)
     sharded: dict[str, int] = field(default_factory=dict)
+    #: sources whose breaker is open (dsstage.node.breaker): key -> its record
+    breakers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float] = time.time, *,
@@ -67,6 +69,7 @@ def collect(config: Config, slurm: SlurmClient | None, clock: Callable[[], float
     now = clock()
     st = Status(time=now, unreachable=dict(unreachable or {}),
                 sharded={name: ds.shards for name, ds in config.datasets.items() if ds.shards})
+    st.breakers = breaker.all_open(config.state_dir)
     raw = reports_of.read_all(config.state_dir) if reports is None else [reports_of.normalize(r) for r in reports]
     down: dict[str, str] = {}
     if slurm is not None and not offline:
@@ -251,6 +254,8 @@ def to_json(st: Status) -> dict[str, Any]:
                   "age": (st.time - st.demand_time) if st.demand_time else None, "error": st.queue_error or None,
                   "jobs": st.queue, "hidden": st.hidden},
         "datasets": dataset_rows(st),
+        "sources_not_answering": {k: {"since": r.get("since"), "by": r.get("by"), "reason": r.get("reason")}
+                                  for k, r in sorted(st.breakers.items())},
     }
 
 

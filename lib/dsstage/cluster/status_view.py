@@ -31,9 +31,20 @@ class Section:
 def sections(st: Status, *, show_queue: bool, plain: bool, all_rows: bool = False) -> list[Section]:
     limit = None if all_rows else MAX_ROWS
     out = [_datasets_section(st, limit), _tiers_section(st, plain, limit), _staging_section(st, limit)]
+    if st.breakers:
+        out.insert(0, _breakers_section(st))
     if show_queue:
         out.append(_queue_section(st, limit))
     return out
+
+
+def _breakers_section(st: Status) -> Section:
+    """The sources whose breaker is open (dsstage.node.breaker): jobs that need them decide at once."""
+    rows = [(key, f"{human_duration(st.time - float(r.get('since') or st.time))} ago", str(r.get("by") or "?"),
+             str(r.get("reason") or "")) for key, r in sorted(st.breakers.items())]
+    return Section("Sources not answering (breaker open)", ("source", "since", "found by", "why"), rows, flex=3,
+                   notes=["Jobs that must stage from them get their on_failure at once; the next Prolog that needs "
+                          "one probes it, and the first answer closes the breaker."])
 
 
 def headline(st: Status) -> str:

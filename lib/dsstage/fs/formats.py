@@ -31,6 +31,7 @@ CURRENT = {
     "switch": 1,  # <state_dir>/disabled.json
     "lease": 1,  # <tier>/leases/<dataset>/<job>.json
     "shard-index": 1,  # <state_dir>/manifests/<dataset>/<version>.shards-<N>.json
+    "breaker": 1,  # <state_dir>/sources/<key>.json
 }
 
 

@@ -89,6 +89,10 @@ def finish(which: str, outcome: bounded.Outcome, budget: float, started: float, 
         return 0
     out = bounded.run(lambda: decide_without(ctx, why, outcome.code is None, env, run_dir, config),
                       started + budget - time.monotonic())
+    suspect = hung_source(outcome)
+    if suspect and outcome.code is None:  # after the job's decision, with what is left of the budget
+        left = min(TRIP_SECONDS, started + budget - time.monotonic())
+        bounded.run(lambda: trip(suspect, ctx.node, why, config), left)
     if out.code == 0 or out.code == 1:
         return out.code
     if out.last("decided ") is None:  # not even that answered (slurm_bin or NSS hang too): the local mark
@@ -98,6 +102,39 @@ def finish(which: str, outcome: bounded.Outcome, budget: float, started: float, 
             write_task_file(run_dir, ctx, [runfiles.HOLD_MARK, f"print dsstage: error: {why}"])
         except (OSError, DsstageError) as exc:
             log.error("job %s: cannot write its TaskProlog file either: %s", ctx.job_id, exc)
+    return 0
+
+
+#: the most the hook spends tripping a breaker, after the job's decision
+TRIP_SECONDS = 2.0
+
+
+def hung_source(outcome: bounded.Outcome) -> str | None:
+    """The breaker key of the source the work was staging from when it stopped answering
+    (its last ``staging KEY`` with no ``staged`` after it), or None (pure)."""
+    current = None
+    for message in outcome.said:
+        if message.startswith("staging "):
+            current = message[len("staging "):].strip() or None
+        elif message == "staged":
+            current = None
+    return current
+
+
+def trip(key: str, node: str, why: str, config: Config | None) -> int:
+    """Open ``key``'s breaker (dsstage.node.breaker): the cluster's next stages from that source
+    decide at once. Run bounded: the state directory may be what hangs."""
+    from dsstage.fs.identity import writing_as
+    from dsstage.node import breaker
+    try:
+        conf = config or load.load()
+        with writing_as(conf.report.user):
+            breaker.trip(conf.state_dir, key, node, why, time.time())
+    except (OSError, DsstageError) as exc:
+        log.warning("cannot trip the breaker of %s: %s", key, exc)
+        return 0
+    log.error("the breaker of %s is open: the next stages from it, on every node, decide at once until a probe "
+              "finds it answering", key)
     return 0
 
 

@@ -39,7 +39,7 @@ from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used 
     why_held,
 )
 from dsstage.hostlist import expand_nodes
-from dsstage.node import eviction, inventory, rollout
+from dsstage.node import breaker, eviction, inventory, rollout
 from dsstage.node.store import Store
 
 if TYPE_CHECKING:
@@ -100,14 +100,18 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
     part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.uid, ctx.gid)
     for name in names:
         ds = conf.datasets.get(name)
+        if ds is not None:  # if this stage stops answering, the hook trips its source's breaker
+            bounded.tell(f"staging {breaker.key_of(conf, ds)}")
         try:
             if ds is not None and ds.shards:
                 cat.authorize(ds, user)
                 outcomes.append(shardjob.stage(part_of, store, name, versions, user, deadline, sharded_names))
+                bounded.tell("staged")
                 continue
             result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes,
                                    digest=versions.get(name))
         except DsstageError as exc:
+            bounded.tell("staged")
             log.warning("job %s: %s: %s", ctx.job_id, name, exc)
             verdict = on_failure(name, ds, exc)
             if ds is not None and ds.shards:  # its part at the source, or the job held: never a rank without one
@@ -115,6 +119,7 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
             outcomes.append(verdict)
             store.count(failure_events(name, outcomes[-1], exc) if ds else [])
             continue
+        bounded.tell("staged")
         moved = ""
         if result.action == "staged":
             moved = (f" ({result.transferred_files} files, {result.transferred_bytes} bytes from the source; "

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dsstage.config import catalog as cat
+from dsstage.config.model import Dataset
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import pathtext, runfiles
 from dsstage.hooks import jobrecord, shardmap
@@ -142,3 +143,15 @@ def fallback(ctx: Job, store: Store, verdict: Verdict, versions: Mapping[str, st
     listed = "DSSTAGE_FILES_" + runfiles.env_var(verdict.dataset)[len("DSSTAGE_PATH_"):]
     return replace(verdict, exports=exports,
                    reason=f"{verdict.reason} (this node's part of the job's plan: {listed} lists its files there)")
+
+
+def failure_note(ds: Dataset) -> str:
+    """What a sharded dataset's on_failure means for a multi-node job (dsstage.hooks.shardjob.fallback)."""
+    if ds.on_failure == "fallback" and ds.source.kind == "local":
+        return ("a node whose part fails to stage reads that part at the source (the same variables, its files "
+                "listed there) and the job runs; choose hold if the source cannot take a node's part read during "
+                "training")
+    if ds.on_failure == "fallback":
+        return (f"fallback cannot read {ds.source.raw} directly (not mounted): a job whose part fails to stage is "
+                "held, as with on_failure: hold")
+    return "a job any of whose nodes cannot stage its part is held until its data can be staged"

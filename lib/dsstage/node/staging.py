@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from dsstage.config import catalog as cat
 from dsstage.config.manifest import Manifest
 from dsstage.config.model import Dataset, Transfer
-from dsstage.errors import DsstageError, StateError
+from dsstage.errors import DsstageError, SourceError, StateError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs.layout import Layout, version_id
 from dsstage.fs.safe import RootDir
@@ -101,6 +101,8 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
         if not full and reuse(store, tier, ds, digest, book, lease):
             result.seconds = time.monotonic() - started
             return result
+        if not full:  # a source known to hang is not waited for again (a verification needs no source)
+            closed(store, ds)
         with dataset_lock(store, layout, name, job):
             with local_errors(f"staging {name!r} into {layout.root}"):
                 make_ready(store, tier, ds, digest, job, result, full=full, on_staging=on_staging,
@@ -108,6 +110,18 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
                 book.take(lease)
     result.seconds = time.monotonic() - started
     return result
+
+
+def closed(store: Store, ds: Dataset) -> None:
+    """Raise SourceError, at once, while the breaker of ``ds``'s source is open (dsstage.node.breaker:
+    its source stopped answering for a stage on some node, and no probe since has had an answer)."""
+    from dsstage.fs.identity import writing_as
+    from dsstage.node import breaker
+    conf = store.config
+    with writing_as(conf.report.user):
+        why = breaker.gate(conf, ds, store.node)
+    if why:
+        raise SourceError(f"{ds.name!r} is not staged: {why}")
 
 
 def authorize(store: Store, name: str, job: StageRequest, digest: str | None = None) -> tuple[Dataset, str]:
