@@ -267,13 +267,13 @@ def _versions(conf: model.Config, name: str) -> list[dict[str, Any]]:
             continue  # a shard of a version (dsstage.shards.index), not a version
         try:  # what the digest does not cover is checked where it is shown
             created, nbytes = config_manifest.header_created(header, path), config_manifest.header_bytes(header, path)
-            files = header.get("files") if type(header.get("files")) is int else 0
+            count = header["files"] if type(header.get("files")) is int else 0
         except DsstageError as exc:
             out.append({"version": digest[:16], "digest": digest, "problem": str(exc), "current": digest == current,
                         "created": 0.0, "files": 0, "bytes": 0, "nodes": {}})
             continue
         out.append({"version": digest[:16], "digest": digest, "current": digest == current,
-                    "created": created, "files": files, "bytes": nbytes,
+                    "created": created, "files": count, "bytes": nbytes,
                     "nodes": {state: fold_nodes(nodes) for state, nodes in
                               sorted(holders.get(digest[:16], {}).items())}})
     return sorted(out, key=lambda v: -v["created"])

@@ -271,7 +271,7 @@ def _connect(conf: Fleet, node: str, address: str, host_keys: paramiko.HostKeys,
     return client
 
 
-def _run_one(conf: Fleet, node: str, address: str, command: str, host_keys: paramiko.HostKeys,
+def _run_one(conf: Fleet, node: str, address: str, command: str, host_keys: paramiko.HostKeys,  # noqa: PLR0913
              pkey: paramiko.PKey | None, on_progress: ProgressFn | None, cancel: threading.Event,
              clock: Callable[[], float] = time.monotonic) -> Answer:
     start = clock()

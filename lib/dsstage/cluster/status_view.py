@@ -40,8 +40,9 @@ def sections(st: Status, *, show_queue: bool, plain: bool, all_rows: bool = Fals
 
 def _breakers_section(st: Status) -> Section:
     """The sources whose breaker is open (dsstage.node.breaker): jobs that need them decide at once."""
-    rows = [(key, f"{human_duration(st.time - float(r.get('since') or st.time))} ago", str(r.get("by") or "?"),
-             str(r.get("reason") or "")) for key, r in sorted(st.breakers.items())]
+    rows: list[tuple[str, ...]] = [
+        (key, f"{human_duration(st.time - float(r.get('since') or st.time))} ago", str(r.get("by") or "?"),
+         str(r.get("reason") or "")) for key, r in sorted(st.breakers.items())]
     return Section("Sources not answering (breaker open)", ("source", "since", "found by", "why"), rows, flex=3,
                    notes=["Jobs that must stage from them get their on_failure at once; the next Prolog that needs "
                           "one probes it, and the first answer closes the breaker."])

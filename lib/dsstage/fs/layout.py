@@ -162,7 +162,7 @@ def not_ready(tier: RootDir, name: str, digest: str) -> str | None:
     return None
 
 
-def lease_record(dataset: str, digest: str, job_id: str, user: str, node: str, *, taken: float,
+def lease_record(dataset: str, digest: str, job_id: str, user: str, node: str, *, taken: float,  # noqa: PLR0913
                  host: str = "", pid: int = 0, shards: Sequence[str] = ()) -> dict[str, Any]:
     """What a lease file holds (lease.Lease reads it back), in its format (dsstage.fs.formats)."""
     return {"format": formats.CURRENT["lease"], "dataset": dataset, "digest": digest, "job_id": job_id,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from dsstage.config import catalog as cat
 from dsstage.config.model import Dataset
 from dsstage.errors import DsstageError, StateError
-from dsstage.fs import pathtext, runfiles
+from dsstage.fs import layout, pathtext, runfiles
 from dsstage.hooks import jobrecord, shardmap
 from dsstage.hooks.decisions import Verdict
 from dsstage.hostlist import expand_nodes
@@ -140,7 +140,7 @@ def fallback(ctx: Job, store: Store, verdict: Verdict, versions: Mapping[str, st
                            "no rank reads another node's part or the whole dataset")
         return replace(verdict, reason=f"{verdict.reason} (this node's part cannot be told: {exc}; "
                                        "DSSTAGE_FILES is not set)")
-    listed = "DSSTAGE_FILES_" + runfiles.env_var(verdict.dataset)[len("DSSTAGE_PATH_"):]
+    listed = "DSSTAGE_FILES_" + layout.env_var(verdict.dataset)[len("DSSTAGE_PATH_"):]
     return replace(verdict, exports=exports,
                    reason=f"{verdict.reason} (this node's part of the job's plan: {listed} lists its files there)")
 

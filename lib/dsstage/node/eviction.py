@@ -115,7 +115,7 @@ def policy(store: Store) -> retention.Policy:
     return retention.Policy(min_keep=r.min_keep, max_idle=r.max_idle)
 
 
-def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, space: retention.Space | None = None,
+def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, space: retention.Space | None = None,  # noqa: PLR0913
          protect: tuple[str, ...] = (), evict: tuple[str, ...] = (), force: bool = False,
          released: str = "", have: list[retention.Copy] | None = None) -> retention.Plan:
     """The planner on this tier; ``space`` and ``have`` (its copies, as copies() gives them

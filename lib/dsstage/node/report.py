@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
+from dsstage.errors import UnsafeStore
 from dsstage.fs import formats, jsontext, safe, untrusted
 from dsstage.fs.safe import RootDir
 
@@ -126,7 +127,7 @@ def local(run_dir: str, node: str) -> dict[str, Any]:
     try:
         with RootDir(run_dir, create=False) as run:
             return safe.read_json_at(run.has_dir(REPORTS), f"{node}.json")
-    except (OSError, safe.UnsafeStore):
+    except (OSError, UnsafeStore):
         return {}
 
 
@@ -226,7 +227,7 @@ class ProgressNote:
     Called as ``note(phase, delta, total)`` from the stager (any thread): ``phase`` is
     "copying" (bytes) or "verifying" (files)."""
 
-    def __init__(self, run_dir: str, node: str, tier: str, dataset: str, version: str, job_id: str, *,
+    def __init__(self, run_dir: str, node: str, tier: str, dataset: str, version: str, job_id: str, *,  # noqa: PLR0913
                  interval: float, publish_to: tuple[str, str | None] | None,
                  clock: Callable[[], float] = time.time,
                  also: Callable[[str, int, int], None] | None = None) -> None:
@@ -261,7 +262,7 @@ class ProgressNote:
             row = progress_row(phase, "files" if phase == "verifying" else "bytes", self.done, total, self.since, now)
         try:
             update(self.run_dir, self.node, lambda r: self._apply(r, row), self.publish_to)
-        except (OSError, safe.UnsafeStore, ValueError):
+        except (OSError, UnsafeStore, ValueError):
             pass  # progress is informative; the stage goes on
 
     def _apply(self, report: dict[str, Any], progress: dict[str, Any]) -> bool:

@@ -57,7 +57,7 @@ def shards_of(store: Store, name: str, version: str) -> shard_index.Index:
         return shard_index.load(store.manifests, name, version, ds.shards)
 
 
-def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], *, user: cat.User, job_id: str,
+def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], *, user: cat.User, job_id: str,  # noqa: PLR0913
                deadline: float | None = None, nodes: str = "",
                progress: Callable[[str, int, int], None] | None = None, pid: int = 0, full: bool = False,
                prefetch: Prefetching | None = None, replicas: Mapping[str, str] | None = None) -> PartResult:

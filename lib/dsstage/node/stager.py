@@ -82,7 +82,7 @@ def link_reuse(dest: Tree, entries: Sequence[Entry], older: Sequence[tuple[int, 
     return linked
 
 
-def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, transfer: Transfer,
+def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, transfer: Transfer,  # noqa: PLR0913
          older: Sequence[tuple[int, Manifest]] = (), *, deadline: float | None = None,
          reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None,
          progress: Callable[[str, int, int], None] | None = None,

@@ -53,7 +53,7 @@ class StageRequest:
     replicas: str = ""
 
 
-def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,
+def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,  # noqa: PLR0913
           on_staging: Callable[[], None] | None = None, deadline: float | None = None,
           progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None,
           nodes: str = "", digest: str | None = None, shard_of: str = "",
@@ -175,7 +175,7 @@ def dataset_lock(store: Store, layout: Layout, name: str, job: StageRequest) -> 
                        action="prefetch" if job.prefetch else "stage", bound=bound)
 
 
-def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageRequest, result: StageResult, *,
+def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageRequest, result: StageResult, *,  # noqa: PLR0913
                full: bool = False, on_staging: Callable[[], None] | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> None:
     """Holding the dataset lock: verify a ready copy fully where asked, or fill and publish a new

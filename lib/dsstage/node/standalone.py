@@ -16,7 +16,7 @@ from dsstage.node.local import default_holder
 from dsstage.node.store import Prefetching, StageResult, Store
 
 
-def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, nodes: str = "",
+def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, nodes: str = "",  # noqa: PLR0913
           full: bool = False, prefetch: Prefetching | None = None, deadline: float | None = None,
           progress: Callable[[str, int, int], None] | None = None) -> StageResult:
     """``name`` ready on this node and leased to ``job_id``: the current version, or of a

@@ -192,7 +192,7 @@ class Plan:
 
 # -- the planner ------------------------------------------------------------------------
 
-def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,
+def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,  # noqa: PLR0913
          policy: Policy = Policy(), node: str = "", protect: Iterable[str] = (),
          evict: Iterable[str] = (), force: bool = False) -> Plan:
     """Keep or evict each of ``copies`` (one tier of node ``node``), with reasons.

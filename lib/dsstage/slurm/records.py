@@ -216,7 +216,7 @@ def _epoch(text: str) -> float | None:
     return float(text) if text.isdigit() else None
 
 
-def _job(*, job_id: str, user: str | None, state: str, partition: str | None, priority: Any, start: float | None,
+def _job(*, job_id: str, user: str | None, state: str, partition: str | None, priority: Any, start: float | None,  # noqa: PLR0913
          sched_nodes: str | None, nodes: str | None, batch: bool, requeue: bool, admin_comment: str | None) -> Job:
     """A Job from what a backend read, with Slurm's words for "none" made empty.
 

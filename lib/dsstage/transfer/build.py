@@ -100,7 +100,7 @@ def walk(root_fd: int, shown: str = "", limiter: parallel.Limiter | None = None,
     return out
 
 
-def build(name: str, root: str, *, source: str = "", previous: Manifest | None = None,
+def build(name: str, root: str, *, source: str = "", previous: Manifest | None = None,  # noqa: PLR0913
           threads: int = 0, progress: Callable[[int, int], None] | None = None,
           clock: Callable[[], float] = time.time, reader: Identity | None = None,
           max_parallel: int = 0) -> BuildReport:
@@ -125,7 +125,7 @@ def build(name: str, root: str, *, source: str = "", previous: Manifest | None =
         os.close(root_fd)
 
 
-def _build(name: str, root: str, root_fd: int, source: str, previous: Manifest | None, threads: int,
+def _build(name: str, root: str, root_fd: int, source: str, previous: Manifest | None, threads: int,  # noqa: PLR0913
            progress: Callable[[int, int], None] | None, clock: Callable[[], float],
            reader: Identity | None, max_parallel: int) -> BuildReport:
     old = {e.path: e for e in previous.entries} if previous else {}

@@ -210,7 +210,7 @@ class _Ranges:
         return got
 
 
-def _copy_large(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit, reader: Identity | None,
+def _copy_large(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit, reader: Identity | None,  # noqa: PLR0913
                 pool: ThreadPoolExecutor, streams: int, hash_threads: int, range_size: int,
                 progress: Callable[[int], None] | None = None) -> Mismatch | None:
     """Copy one large file as byte ranges on ``pool`` (at most ``streams`` ranges in flight),
@@ -346,7 +346,7 @@ def _finish(dfd: int, tmp: str, name: str, e: Entry) -> None:
         raise local_error(exc, f"publishing {e.path!r} in the staging area") from None
 
 
-def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads: int = THREADS,
+def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads: int = THREADS,  # noqa: PLR0913
                   bwlimit: float = 0, *, deadline: float | None = None,
                   reader: Identity | None = None,
                   progress: Callable[[int, int], None] | None = None,

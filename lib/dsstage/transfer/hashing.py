@@ -147,7 +147,7 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int
         os.close(fd)
 
 
-def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
+def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,  # noqa: PLR0913
               progress: Callable[[int], None] | None = None,
               reader: Identity | None = None, max_parallel: int = 0,
               disk_errors: bool = False, errors: dict[str, str] | None = None,

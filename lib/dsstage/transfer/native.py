@@ -212,7 +212,7 @@ def _fatal(fields: list[str], entries: Sequence[Entry], src_root: str) -> Except
     return local_error(OSError(err, os.strerror(err)), what)
 
 
-def copy(program: Helper, src_fd: int, src_root: str, dest_fd: int, entries: Sequence[Entry], gate: Limiter,
+def copy(program: Helper, src_fd: int, src_root: str, dest_fd: int, entries: Sequence[Entry], gate: Limiter,  # noqa: PLR0913
          reader: Identity | None, late: Callable[[], bool],
          progress: Callable[[int], None] | None = None) -> Result:
     """Copy ``entries`` (each smaller than the copier's split size, their directories made)
@@ -328,7 +328,7 @@ def _run(program: Helper, args: list[str], fds: tuple[int, ...], entries: Sequen
     return result
 
 
-def copy_some(src_fd: int, src_root: str, dest: Tree, entries: list[Entry], gate: Limiter,
+def copy_some(src_fd: int, src_root: str, dest: Tree, entries: list[Entry], gate: Limiter,  # noqa: PLR0913
               reader: Identity | None, late: Callable[[], bool], progress: Callable[[int], None],
               *, rate_limited: bool) -> tuple[list[Entry], Result]:
     """Copy what the helper can of ``entries`` (dsstage.transfer.copier's files below its

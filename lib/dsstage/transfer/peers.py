@@ -273,7 +273,7 @@ class _Cooperation:
     """One cooperative fill: this node's share from the source, each peer's share from it (one
     thread per peer), with what came from where kept under one lock."""
 
-    def __init__(self, group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,
+    def __init__(self, group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,  # noqa: PLR0913
                  present: Present, check: Check, remove: Remove, from_source: FromSource,
                  deadline: float | None, progress: Callable[[int], None] | None,
                  clock: Callable[[], float], sleep: Callable[[float], object] | None = None) -> None:
@@ -423,7 +423,7 @@ class _Cooperation:
         return self.out
 
 
-def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,
+def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,  # noqa: PLR0913
               present: Present, check: Check, remove: Remove, from_source: FromSource,
               deadline: float | None = None, progress: Callable[[int], None] | None = None,
               clock: Callable[[], float] = time.monotonic,

@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    {"trace": t_trace, "schedule": t_sched, "bound": t_bound, "total": time.perf_counter() - t0})
 
 
-def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity: int, fraction: float,
+def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity: int, fraction: float,  # noqa: PLR0913
             working_set: int, bandwidth: int, results: dict[tuple[str, str], Result],
             extra: dict[tuple[str, str], dict[str, Any]], bound: Bound | None,
             seconds: dict[str, float]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ class Planner(Policy):
 
     name = "planner"
 
-    def __init__(self, nodes: int, slots_per_node: int, capacity: int, *, high: float = HIGH_WATERMARK,
+    def __init__(self, nodes: int, slots_per_node: int, capacity: int, *, high: float = HIGH_WATERMARK,  # noqa: PLR0913
                  low: float = LOW_WATERMARK, policy: rt.Policy = rt.Policy(), interval: float = 30.0, depth: int = 100,
                  max_age: float = 300.0, shortcut: bool = True):
         self.space = rt.Space(capacity, high=high, low=low)

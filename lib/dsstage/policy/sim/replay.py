@@ -240,7 +240,7 @@ class Features:
         return self.held.get(job.dataset, frozenset())
 
 
-def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[str, int], capacity: int,
+def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[str, int], capacity: int,  # noqa: PLR0913
              bandwidth: float, policy: Policy, *, placement: str = "unaware", features_interval: float = 30.0,
              backfill_depth: int = 100, features_of: type[Features] | None = None,
              wait_for_data: float = 0.0) -> tuple[Result, Schedule]:
@@ -305,7 +305,7 @@ def _release(tiers: list[Tier], run: Run, policy: Policy, t: float) -> None:
         policy.job_ended(tier, n, ds, t)
 
 
-def _serve(tiers: list[Tier], link: list[float], seen: set[tuple[int, str]], run: Run, size: int, capacity: int,
+def _serve(tiers: list[Tier], link: list[float], seen: set[tuple[int, str]], run: Run, size: int, capacity: int,  # noqa: PLR0913
            bandwidth: float, policy: Policy, res: Result, t: float) -> None:
     """A job's start: its dataset on each of its nodes, a hit or a stage (the Prolog)."""
     ds = run.job.dataset

@@ -109,7 +109,7 @@ class Zipf:
 NODE_COUNTS = ((1, 0.70), (2, 0.15), (4, 0.10), (8, 0.05))
 
 
-def generate(*, jobs: int = 3000, nodes: int = 16, datasets: int = 40, zipf_s: float = 1.0, seed: int = 1,
+def generate(*, jobs: int = 3000, nodes: int = 16, datasets: int = 40, zipf_s: float = 1.0, seed: int = 1,  # noqa: PLR0913
              load: float = 0.9, sizes: SizeModel = SizeModel(), runtime_median: float = 7200.0,
              runtime_sigma: float = 1.0) -> Trace:
     """A seeded synthetic trace of whole-node jobs (one slot per node).
@@ -240,7 +240,7 @@ def assign_datasets(records: Iterable[SwfRecord], *, names: Sequence[str], zipf_
         yield r, (names[zipf.draw(rng)] if rng.random() < other else home[r.user])
 
 
-def read_swf(path: str, *, nodes: int | None = None, cores_per_node: int = 2, datasets: int = 40,
+def read_swf(path: str, *, nodes: int | None = None, cores_per_node: int = 2, datasets: int = 40,  # noqa: PLR0913
              zipf_s: float = 1.0, seed: int = 1, other: float = 0.1, start: int = 0, limit: int | None = None,
              sizes: SizeModel = SizeModel()) -> Trace:
     """Jobs from an SWF log (gzip if the name ends in .gz), with datasets assigned.
@@ -261,7 +261,7 @@ def read_swf(path: str, *, nodes: int | None = None, cores_per_node: int = 2, da
                          "(.swf or .swf.gz)") from None
 
 
-def _read_swf(fh: Iterable[str], path: str, nodes: int | None, cpn: int, datasets: int, zipf_s: float, seed: int,
+def _read_swf(fh: Iterable[str], path: str, nodes: int | None, cpn: int, datasets: int, zipf_s: float, seed: int,  # noqa: PLR0913
               other: float, start: int, limit: int | None, sizes: SizeModel) -> Trace:
     header, records = parse_swf(fh)
     procs = _header_int(header, "MaxProcs") or _header_int(header, "MaxNodes")
