@@ -225,6 +225,25 @@ def test_a_three_node_job_reads_its_dataset_from_the_source_once(cluster):
         assert verify["ok"] is True, verify
 
 
+def test_a_later_job_on_another_node_fetches_from_the_node_that_holds_the_dataset(cluster):
+    """Peers across jobs: a one-node job stages on n1; a one-node job of its own on n2 then
+    reads nothing from the source: n1's published report shows the copy ready, and n2 fetches
+    every file from n1's daemon, verified."""
+    import re
+    files = {f"part{i % 3}/f{i:03d}.bin": os.urandom(40_000 + i) for i in range(60)}
+    cluster.add_dataset("across", files)
+    first = cluster.submit("#SBATCH --dataset=across\ntrue\n", "-w", "n1")
+    assert cluster.wait(first)["JobState"] == "COMPLETED"
+    second = cluster.submit("#SBATCH --dataset=across\ntrue\n", "-w", "n2")
+    assert cluster.wait(second)["JobState"] == "COMPLETED"
+    log = (cluster.dir / "log" / "dsstage-hooks.log").read_text()
+    staged = re.findall(rf"job {second}: across staged at \S+/nvme/n2/\S+ in \S+ \((\d+) files, (\d+) bytes from "
+                        r"the source; (\d+) files, (\d+) bytes from peers\)", log)
+    assert staged == [("0", "0", str(len(files)), str(sum(len(v) for v in files.values())))], log[-3000:]
+    verify = json.loads(cluster.dsstage("--node", "n2", "verify", "across", "--full", "--json").stdout)
+    assert verify["ok"] is True, verify
+
+
 def test_job_without_dataset_gets_nothing(cluster):
     job = cluster.submit("env | grep -E '^DSSTAGE_(PATH|DATASET)' || echo NONE\n", "-w", "n1")
     assert cluster.wait(job)["JobState"] == "COMPLETED"

@@ -336,6 +336,46 @@ def test_the_nodes_a_pending_job_is_planned_on_prefetch_it_reading_the_source_on
         assert verified(env, n)
 
 
+def published(env: Env, node: str) -> None:
+    """The node's report rebuilt and published, as its Prolog and Epilog do after a stage."""
+    from dsstage.node import inventory
+    inventory.refresh(env.store(node=node))
+
+
+def test_any_nodes_ready_copy_serves_another_jobs_stage_and_the_source_serves_nothing(cluster, caplog):
+    """Peers across jobs: n1 staged the version for one job; n2, in a one-node job of its own,
+    fetches every file from n1 (its published report shows the copy ready), verifies each,
+    and the source serves nothing. A holder that evicted the copy since its report is given up
+    at once (not after peers.wait) and the source serves what it would have."""
+    env, fs, peers = cluster
+    stage(env, "n1", "1000", "")
+    published(env, "n1")
+    peers.start("n1")
+    fs.reset()
+    caplog.set_level(logging.INFO, logger="dsstage")
+    r = stage(env, "n2", "1001", "")
+    assert r.action == "staged" and r.peer_files == FILES and r.transferred_files == 0, r  # type: ignore[attr-defined]
+    assert fs.stats()["bytes_read"] == 0 and verified(env, "n2")
+    assert any("from peers (n1)" in m for m in caplog.messages), caplog.messages
+    # n1 evicts its copy; its published report still says ready: n3 asks it, finds nothing, goes on
+    from dsstage.node import eviction
+    store1 = env.store(node="n1")
+    store1.release_job("1000")
+    eviction.evict(store1, "shared")
+    env.extra["peers"]["wait"] = 60
+    env.write()
+    published(env, "n2")  # n2 is a holder too now: stopped, so that only n1 is asked
+    os.unlink(os.path.join(str(env.state), "nodes", "n2.json"))
+    fs.reset()
+    t = time.monotonic()
+    r = stage(env, "n3", "1002", "")
+    took = time.monotonic() - t
+    assert r.action == "staged" and r.peer_files == 0 and r.transferred_files == FILES, r  # type: ignore[attr-defined]
+    assert took < 30, took  # given up at once, not after peers.wait (60 s)
+    assert fs.stats()["bytes_read"] == dataset_bytes(env) and verified(env, "n3")
+    assert any("peer n1: it no longer holds the version" in m for m in caplog.messages), caplog.messages
+
+
 @pytest.mark.parametrize("with_peers", [True, False])
 def test_replicas_of_a_shard_share_its_transfer_through_the_peers(env: Env, tmp_path: Path, with_peers: bool):
     """A dataset of 2 shards for a 3-node job: one shard is on two nodes (replicas). With

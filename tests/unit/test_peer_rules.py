@@ -295,3 +295,26 @@ def test_a_source_that_is_gone_ends_the_stage_at_once_even_with_an_empty_share_o
                         present=lambda todo: [], check=lambda got: [], remove=lambda bad: None, from_source=source)
     assert asked == [[]]  # its own (empty) share asked, not the peer's file after peers.wait
     assert time.monotonic() - start < 30  # the peer thread's wait is cut short (real time)
+
+
+@pytest.mark.parametrize("rnd", [peers.Round(3, MISSING), peers.Round(23, "")])
+def test_a_holder_with_the_version_in_neither_place_is_given_up_at_once(rnd):
+    """A holder's report showed the version ready; it is not staging it, so nothing in either
+    place means it was evicted since: not waited for as a peer still staging is."""
+    first = peers.after_round(rnd, progressed=False, idle_for=1.0, wait=120.0, poll=0.5, holder=True)
+    assert first.action == "probe"
+    step = peers.after_round(rnd, progressed=False, idle_for=1.0, wait=120.0, poll=0.5, probed=True, holder=True)
+    assert step.action == "give up" and "no longer holds the version" in step.reason
+
+
+def test_holders_outside_the_job_make_the_split_and_spread_over_the_stagers():
+    conf = model.Peers(enabled=True, parallel=2)
+    chosen = {me: peers.choose_holders(["h1", "h2", "h3", "h4", "n1"], ["n1", "n2"], me, 2) for me in ("n1", "n2")}
+    assert all(len(c) == 2 and "n1" not in c for c in chosen.values())  # a node of the job is no holder
+    assert peers.choose_holders(["h1", "h2"], ["n1"], "n1", 2) == peers.choose_holders(["h2", "h1"], ["n1"], "n1", 2)
+    seen = {h for me in (f"x{i}" for i in range(20)) for h in peers.choose_holders(["h1", "h2", "h3", "h4"], [me],
+                                                                                    me, 1)}
+    assert len(seen) > 1  # twenty stagers do not all ask the same holder
+    g = peers.Group(nodes=("n1",), me="n1", conf=conf, secret="x", holders=("h2", "h1"))
+    assert g.others() == ["h2", "h1"] and g.split_among() == ("h2", "h1")
+    assert peers.Group(nodes=("n1", "n2"), me="n1", conf=conf, secret="x").split_among() == ("n1", "n2")

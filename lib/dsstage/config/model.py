@@ -131,8 +131,9 @@ class Prefetch:
 
 @dataclass(frozen=True)
 class Peers:
-    """Fan-out between the nodes of one job (dsstage.peers): each node reads a share of a
-    dataset from the source and the rest from the other nodes' rsync daemons."""
+    """Fan-out between the nodes of one job (dsstage.transfer.peers): each node reads a share of a
+    dataset from the source and the rest from the other nodes' rsync daemons; and from any
+    node whose report shows the version ready, whatever job staged it there."""
 
     enabled: bool = False  # sites that forbid node-to-node traffic leave it off
     port: int = 873  # where every node's `dsstage peers serve` listens: below 1024, so no user can take it

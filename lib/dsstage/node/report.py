@@ -82,6 +82,31 @@ def ready_in_reports(state_dir: str, nodes: Sequence[str], name: str, versions: 
     return out
 
 
+def holders(state_dir: str, name: str, version: str, now: float, max_age: float) -> list[str]:
+    """The nodes whose current published report (younger than ``max_age``) shows ``version``
+    (a version id; a shard's id) of ``name`` ready: the peers any node may fetch it from,
+    whichever job they staged it for. One bounded read per report; a report that cannot be
+    read, or names another node than its file, holds nothing."""
+    try:
+        files = sorted(f for f in os.listdir(os.path.join(state_dir, NODES))
+                       if f.endswith(".json") and not f.startswith("."))
+    except OSError:
+        return []
+    out = []
+    for f in files:
+        node = f[:-len(".json")]
+        rep = untrusted.read_json(published_path(state_dir, node))  # another node wrote it
+        when = rep.get("time")
+        rows = rep.get("copies")
+        if (rep.get("node") != node or not isinstance(when, (int, float)) or not 0 <= now - when <= max_age
+                or not isinstance(rows, list)):
+            continue
+        if any(isinstance(r, dict) and r.get("dataset") == name and r.get("version") == version
+               and r.get("state") == "ready" for r in rows):
+            out.append(node)
+    return out
+
+
 @contextmanager
 def _locked(run_dir: str, node: str) -> Iterator[int]:
     """Hold this node's report lock; yield the descriptor of the reports directory."""

@@ -234,7 +234,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
                                 publish_to=node_report.publish_target(store.config), also=progress),
                             # a shard: only the nodes that stage the same one (its replicas) are peers
                             group=peers.group_for(store.config.peers, job.replicas if job.shard else job.nodes,
-                                                  store.node),
+                                                  store.node, holders_of(store, name, digest)),
                             tier=tier_conf.name)
         versions = [version_id(m.digest) for _fd, m in older]
         publish.publish(tier, name, digest, {
@@ -243,6 +243,15 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
             **({"prefetched_for": prefetch.job_id, "expected_start": prefetch.start} if prefetch else {})})
     background.flush_later(Layout(tier.root), name, digest)
     return stats
+
+
+def holders_of(store: Store, name: str, digest: str) -> list[str]:
+    """The nodes whose published reports show this version (or shard) of ``name`` ready, for
+    any job: with ``peers.enabled``, the stage fetches it from them before the source."""
+    conf = store.config
+    if not conf.peers.enabled:
+        return []
+    return node_report.holders(conf.state_dir, name, version_id(digest), store.clock(), conf.report.max_age)
 
 
 def within_budget(store: Store, ds: Dataset, job: StageRequest) -> Transfer:

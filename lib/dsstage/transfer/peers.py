@@ -1,4 +1,5 @@
-"""Fan-out between the nodes of one job: the shared filesystem serves a dataset about once.
+"""Fan-out between the nodes of a job, and from any node that holds a version ready: the
+shared filesystem serves a dataset about once.
 
 When every node of a multi-node job stages the same dataset version at the same moment,
 each node reading the whole dataset makes the shared filesystem serve N times its bytes
@@ -11,6 +12,12 @@ and the job's node list decide it), and each node
   rsync daemon (``dsstage peers serve``), as the files land there: a file appears in a
   peer's staging area under its final name only once it is whole (and, from the verifying
   copier, verified), and once published the copy is served from the tier's datasets.
+
+Across jobs: nodes outside the job whose published reports show the version ready (its
+*holders*, ``Group.holders``, found by dsstage.node.staging from the node reports) serve the
+whole version, split among them; the node then copies nothing from the source itself, and
+the source serves only what the holders fail to give. A holder that no longer has it is
+given up at once.
 
 Every file that arrives from a peer is hashed against the manifest on this node, as any
 file from the source: a peer is trusted with nothing. A peer that serves a file that does
@@ -55,18 +62,29 @@ MAX_POLL = 4.0
 
 @dataclass(frozen=True)
 class Group:
-    """The nodes that stage together (a job's), this node among them, and how to reach them."""
+    """The nodes that stage together (a job's), this node among them, and how to reach them;
+    ``holders``: nodes outside the job whose published reports show the version ready, for
+    whichever job they staged it (then every file comes from them, the source serving only
+    what they fail to give)."""
 
     nodes: tuple[str, ...]
     me: str
     conf: Peers
     secret: str = field(repr=False)
+    holders: tuple[str, ...] = ()
 
     def others(self) -> list[str]:
-        """The other nodes, starting after this one: every node asks its peers in another
-        order, so that they do not all ask the first node first."""
+        """The nodes to fetch from: the holders where there are any, else the job's other
+        nodes, starting after this one: every node asks its peers in another order, so that
+        they do not all ask the first node first."""
+        if self.holders:
+            return list(self.holders)
         i = self.nodes.index(self.me)
         return list(self.nodes[i + 1:] + self.nodes[:i])
+
+    def split_among(self) -> tuple[str, ...]:
+        """The nodes whose shares make up the version: the holders, else the job's nodes."""
+        return self.holders or self.nodes
 
     def url(self, node: str, module: str, rel: str) -> str:
         return f"rsync://{USER}@{address(self.conf, node)}/{module}/{rel.strip('/')}/"
@@ -86,19 +104,24 @@ def plan(conf: Peers, nodes: Sequence[str], me: str) -> tuple[tuple[str, ...] | 
     return group, f"staging with {len(group) - 1} peer(s)"
 
 
-def group_for(conf: Peers, nodelist: str, me: str) -> Group | None:
-    """The group of a job's node list (a Slurm hostlist), or None (logged when it is not
-    for an ordinary reason such as a one-node job or peers off)."""
-    if not conf.enabled or not nodelist:
+def group_for(conf: Peers, nodelist: str, me: str, holders: Sequence[str] = ()) -> Group | None:
+    """The group of a job's node list (a Slurm hostlist) and the ``holders`` of the version
+    outside it (``choose_holders``), or None (logged when it is not for an ordinary reason such
+    as a one-node job or peers off)."""
+    if not conf.enabled or (not nodelist and not holders):
         return None
     from dsstage.hostlist import expand_nodes
     try:
-        nodes, why = plan(conf, expand_nodes(nodelist), me)
+        listed = expand_nodes(nodelist) if nodelist else [me]
+        nodes, why = plan(conf, listed, me)
     except ValueError as exc:
         log.warning("peers: %s; staging from the source alone", exc)
         return None
+    outside = choose_holders(holders, listed, me, conf.parallel)
+    if nodes is None and outside and me in listed:
+        nodes = (me,)  # one node of its own: it fetches from the holders alone
     if nodes is None:
-        if len(set(expand_nodes(nodelist))) > 1:
+        if len(set(listed)) > 1:
             log.warning("peers: %s; staging from the source alone", why)
         return None
     try:
@@ -106,7 +129,18 @@ def group_for(conf: Peers, nodelist: str, me: str) -> Group | None:
     except ConfigError as exc:
         log.warning("peers: %s; staging from the source alone", exc)
         return None
-    return Group(nodes=nodes, me=me, conf=conf, secret=secret)
+    return Group(nodes=nodes, me=me, conf=conf, secret=secret, holders=outside)
+
+
+def choose_holders(holders: Sequence[str], job_nodes: Sequence[str], me: str, most: int) -> tuple[str, ...]:
+    """The holders this node fetches from: those outside its job, at most ``most``, chosen by
+    rendezvous hashing of (node, holder), so that the nodes that stage a version at once spread
+    over its holders rather than all asking the same ones, and a node asks the same holders
+    again (pure)."""
+    import hashlib
+    outside = sorted(set(holders) - set(job_nodes) - {me})
+    outside.sort(key=lambda h: hashlib.blake2b(f"{me}\0{h}".encode(), digest_size=8).digest())
+    return tuple(outside[:max(1, most)])
 
 
 def shares(entries: Sequence[Entry], nodes: Sequence[str]) -> dict[str, list[Entry]]:
@@ -224,7 +258,7 @@ REFUSALS = 3
 
 
 def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, poll: float,
-                refused: int = 0, probed: bool = False) -> Step:
+                refused: int = 0, probed: bool = False, holder: bool = False) -> Step:
     """The next step of fetching a share from one peer, after a round that left files to come.
 
     A refusal (exit 5) is waited out up to REFUSALS times in a row (``refused`` counts them,
@@ -239,7 +273,10 @@ def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, p
     the probe, as dsstage did from f7d642e to 94519b2, spent every other poll on the place
     where the version was not: while a peer was still staging, each of its files reached
     the others one poll later, and a 3-node fan-out took 1.5x one node's stage, not 1.06x
-    (docs/benchmarks.md, "Many nodes, one read of the shared filesystem")."""
+    (docs/benchmarks.md, "Many nodes, one read of the shared filesystem").
+
+    A ``holder`` (its report showed the version ready, it is not staging it) that has it in
+    neither place has evicted it since: it is given up at once, never waited for."""
     failure = rnd.failure()
     if failure and rnd.rc == 5 and refused < REFUSALS and idle_for <= wait:
         return Step("wait", "its daemon refused this node: busy, maybe", delay=poll)
@@ -252,6 +289,8 @@ def after_round(rnd: Round, *, progressed: bool, idle_for: float, wait: float, p
         return Step("give up", f"no peer of the job added anything for {wait:g}s")
     if move and not probed:
         return Step("probe", "nothing here: the other place, at once (the version may have moved)", move=True)
+    if holder and move:
+        return Step("give up", "it no longer holds the version (evicted since its report)")
     return Step("wait", "nothing new yet", delay=poll, move=move)
 
 
@@ -278,7 +317,8 @@ class _Cooperation:
                  deadline: float | None, progress: Callable[[int], None] | None,
                  clock: Callable[[], float], sleep: Callable[[float], object] | None = None) -> None:
         self.group, self.where, self.dest_path = group, where, dest_path
-        self.split = shares(entries, group.nodes)
+        self.split = shares(entries, group.split_among())
+        self.split.setdefault(group.me, [])  # with holders, this node's own share is nothing
         self.present, self.check, self.remove, self.from_source = present, check, remove, from_source
         self.deadline, self.progress, self.clock = deadline, progress, clock
         self.out = PeerTransfer()
@@ -353,7 +393,9 @@ class _Cooperation:
         ``wait`` once, not ``wait`` for each wave of ``peers.parallel`` peers."""
         todo = _without(self.split[node], self.present(self.split[node]))
         places = self.where.places()
-        at, idle, refused, probed = 0, POLL, 0, False
+        holder = node in self.group.holders
+        # a holder's copy is published: asked there first
+        at, idle, refused, probed = (1 if holder else 0), POLL, 0, False
         why = ""
         while todo and not why:
             self.late()
@@ -366,7 +408,8 @@ class _Cooperation:
                 break
             refused = refused + 1 if rnd.rc == 5 else 0
             step = after_round(rnd, progressed=len(todo) < before, idle_for=self.idle(),
-                               wait=self.group.conf.wait, poll=idle, refused=refused, probed=probed)
+                               wait=self.group.conf.wait, poll=idle, refused=refused, probed=probed,
+                               holder=holder)
             if step.move:
                 at = (at + 1) % len(places)
             probed = step.action == "probe"
@@ -410,8 +453,9 @@ class _Cooperation:
             try:
                 # asked even when this node's share is empty (fewer files than nodes, or
                 # resumed): a source that is gone then ends the stage now, not after peers.wait
-                # spent on peers that fail the same way
-                self.source(_without(mine, self.present(mine)), probe=True)
+                # spent on peers that fail the same way; not with holders, which make the
+                # source needed only for what they fail to give
+                self.source(_without(mine, self.present(mine)), probe=not self.group.holders)
             except BaseException:
                 self.stop.set()
                 raise
