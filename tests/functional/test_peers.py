@@ -10,6 +10,7 @@ bytes read is what the source served.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -374,6 +375,29 @@ def test_any_nodes_ready_copy_serves_another_jobs_stage_and_the_source_serves_no
     assert took < 30, took  # given up at once, not after peers.wait (60 s)
     assert fs.stats()["bytes_read"] == dataset_bytes(env) and verified(env, "n3")
     assert any("peer n1: it no longer holds the version" in m for m in caplog.messages), caplog.messages
+
+
+def test_one_node_jobs_that_start_at_once_on_cold_nodes_read_the_source_once(env: Env, tmp_path: Path, caplog):
+    """The first wave of an array: three one-node jobs of their own start together on three
+    cold nodes. The first to get there claims the version (dsstage.node.stagers) and reads it
+    from the source; the two others fetch it from that node as its files land, verified. The
+    source serves the dataset once, not three times."""
+    from dsstage.config import catalog
+    with peered(env, tmp_path, "wave", options="rate=3000000") as (_backing, fs, daemons):
+        for n in NODES:
+            daemons.start(n)
+        caplog.set_level(logging.INFO, logger="dsstage")
+        results = on_every_node(lambda node: staging.stage(env.store(node=node), "wave", user=catalog.User.lookup(0),
+                                                           job_id=f"30{node[-1]}", nodes=""))
+        total = dataset_bytes(env)
+        assert fs.stats()["bytes_read"] <= 1.1 * total, (fs.stats()["bytes_read"], total)
+        assert sorted(r.transferred_files for r in results.values()) == [0, 0, FILES], results
+        for n in NODES:
+            assert results[n].peer_files + results[n].transferred_files == FILES, results[n]
+            assert verifying.verify(env.store(node=n), "wave", full=True).ok
+        # the claim stays with the node that read the source: it holds the copy now
+        [claim] = list((env.state / "staging").iterdir())
+        assert json.loads(claim.read_text())["node"] == next(n for n, r in results.items() if r.transferred_files)
 
 
 @pytest.mark.parametrize("with_peers", [True, False])

@@ -318,3 +318,17 @@ def test_holders_outside_the_job_make_the_split_and_spread_over_the_stagers():
     g = peers.Group(nodes=("n1",), me="n1", conf=conf, secret="x", holders=("h2", "h1"))
     assert g.others() == ["h2", "h1"] and g.split_among() == ("h2", "h1")
     assert peers.Group(nodes=("n1", "n2"), me="n1", conf=conf, secret="x").split_among() == ("n1", "n2")
+
+
+def test_a_claim_to_read_a_version_from_the_source_stands_while_its_node_shows_the_stage():
+    from dsstage.node.stagers import current
+    limits = (900.0, 3600.0, 120.0)  # report.max_age, lock_timeout, peers.wait
+    claim = {"node": "n1", "time": 1000.0}
+    staging_row = {"node": "n1", "time": 1500.0, "copies": [{"dataset": "d", "version": "v", "state": "staging"}]}
+    assert current(claim, {}, "d", "v", 1100.0, limits)  # within peers.wait: its report may lag
+    assert current(claim, staging_row, "d", "v", 1600.0, limits)
+    assert not current(claim, {**staging_row, "copies": []}, "d", "v", 1600.0, limits)  # it stopped
+    assert not current(claim, {**staging_row, "node": "n2"}, "d", "v", 1600.0, limits)
+    assert not current(claim, staging_row, "d", "v", 2500.0, limits)  # its report is stale
+    assert not current(claim, {**staging_row, "time": 4700.0}, "d", "v", 4700.0, limits)  # past lock_timeout
+    assert not current(None, staging_row, "d", "v", 1600.0, limits)

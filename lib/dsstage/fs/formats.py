@@ -32,6 +32,7 @@ CURRENT = {
     "lease": 1,  # <tier>/leases/<dataset>/<job>.json
     "shard-index": 1,  # <state_dir>/manifests/<dataset>/<version>.shards-<N>.json
     "breaker": 1,  # <state_dir>/sources/<key>.json
+    "stager-claim": 1,  # <state_dir>/staging/<dataset>.<version id>
 }
 
 

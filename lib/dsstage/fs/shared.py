@@ -112,6 +112,17 @@ def create_once(where: str, name: str, data: bytes, writers: Sequence[int]) -> b
         os.close(dfd)
 
 
+def writers(user: str | None) -> tuple[int, ...]:
+    """Who may have written a record: root, and ``user`` (``report.user``) where set and known."""
+    if not user:
+        return (0,)
+    import pwd
+    try:
+        return (0, pwd.getpwnam(user).pw_uid)
+    except KeyError:
+        return (0,)
+
+
 def remove(where: str, name: str, writers: Sequence[int] = (0,)) -> bool:
     """Remove record ``name`` from a directory that passes the same checks as ``read``;
     False if there was none."""

@@ -55,14 +55,7 @@ def _as_writer(user: str | None) -> AbstractContextManager[None]:
     return identity.writing_as(user)
 
 
-def _writers(user: str | None) -> tuple[int, ...]:
-    if not user:
-        return (0,)
-    import pwd
-    try:
-        return (0, pwd.getpwnam(user).pw_uid)
-    except KeyError:
-        return (0,)
+_writers = shared.writers
 
 
 def pin(state_dir: str, job_id: str, nodes: str, node: str, chosen: Mapping[str, str],

@@ -25,7 +25,7 @@ from dsstage.fs import layout as fs_layout
 from dsstage.fs.layout import Layout, version_id
 from dsstage.fs.safe import RootDir
 from dsstage.hostlist import expand_nodes
-from dsstage.node import background, eviction, inventory, publish, space, verifying
+from dsstage.node import background, eviction, inventory, publish, space, stagers, verifying
 from dsstage.node import report as node_report
 from dsstage.node.lease import Lease, LeaseBook, check_job_id
 from dsstage.node.store import Prefetching, StageResult, Store, local_errors, open_tier
@@ -223,8 +223,10 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
         # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
         transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
     linked: dict[int, tuple[int, int]] = {}
+    holders, ready, claimed = from_whom(store, name, digest)
     with space.reservation(tier, tier_conf.name, tier_conf.capacity, record, needed,
-                           f"dataset {name!r}", store.node):
+                           f"dataset {name!r}", store.node), stagers.claimed(store.config, name, version_id(digest),
+                                                                              store.node, claimed):
         sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
         stats = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, transfer,
                             [(fd, m) for fd, m in older], deadline=job.deadline, reader=store.reader(),
@@ -234,7 +236,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
                                 publish_to=node_report.publish_target(store.config), also=progress),
                             # a shard: only the nodes that stage the same one (its replicas) are peers
                             group=peers.group_for(store.config.peers, job.replicas if job.shard else job.nodes,
-                                                  store.node, holders_of(store, name, digest)),
+                                                  store.node, holders, ready),
                             tier=tier_conf.name)
         versions = [version_id(m.digest) for _fd, m in older]
         publish.publish(tier, name, digest, {
@@ -245,13 +247,24 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     return stats
 
 
-def holders_of(store: Store, name: str, digest: str) -> list[str]:
-    """The nodes whose published reports show this version (or shard) of ``name`` ready, for
-    any job: with ``peers.enabled``, the stage fetches it from them before the source."""
+def from_whom(store: Store, name: str, digest: str) -> tuple[list[str], bool, bool]:
+    """With ``peers.enabled``, whom a stage of this version (or shard) of ``name`` fetches it
+    from before the source, whatever job they stage it for: (the nodes whose published
+    reports show it ready, True, False); else, where none does, the node that claimed to read
+    it from the source now (dsstage.node.stagers), ([that node], False, False), or this node's
+    own claim ([], True, True: it gives it back when the stage ends)."""
     conf = store.config
     if not conf.peers.enabled:
-        return []
-    return node_report.holders(conf.state_dir, name, version_id(digest), store.clock(), conf.report.max_age)
+        return [], True, False
+    vid = version_id(digest)
+    ready = node_report.holders(conf.state_dir, name, vid, store.clock(), conf.report.max_age)
+    ready = [n for n in ready if n != store.node]
+    if ready:
+        return ready, True, False
+    claimer = stagers.claim(conf, name, vid, store.node)
+    if claimer is None or claimer == store.node:
+        return [], True, claimer == store.node
+    return [claimer], False, False
 
 
 def within_budget(store: Store, ds: Dataset, job: StageRequest) -> Transfer:

@@ -72,6 +72,9 @@ class Group:
     conf: Peers
     secret: str = field(repr=False)
     holders: tuple[str, ...] = ()
+    #: the holders hold the version ready (else: one is staging it now, dsstage.node.stagers):
+    #: a ready holder without it has evicted it, and is given up at once
+    ready: bool = True
 
     def others(self) -> list[str]:
         """The nodes to fetch from: the holders where there are any, else the job's other
@@ -104,7 +107,7 @@ def plan(conf: Peers, nodes: Sequence[str], me: str) -> tuple[tuple[str, ...] | 
     return group, f"staging with {len(group) - 1} peer(s)"
 
 
-def group_for(conf: Peers, nodelist: str, me: str, holders: Sequence[str] = ()) -> Group | None:
+def group_for(conf: Peers, nodelist: str, me: str, holders: Sequence[str] = (), ready: bool = True) -> Group | None:
     """The group of a job's node list (a Slurm hostlist) and the ``holders`` of the version
     outside it (``choose_holders``), or None (logged when it is not for an ordinary reason such
     as a one-node job or peers off)."""
@@ -129,7 +132,7 @@ def group_for(conf: Peers, nodelist: str, me: str, holders: Sequence[str] = ()) 
     except ConfigError as exc:
         log.warning("peers: %s; staging from the source alone", exc)
         return None
-    return Group(nodes=nodes, me=me, conf=conf, secret=secret, holders=outside)
+    return Group(nodes=nodes, me=me, conf=conf, secret=secret, holders=outside, ready=ready)
 
 
 def choose_holders(holders: Sequence[str], job_nodes: Sequence[str], me: str, most: int) -> tuple[str, ...]:
@@ -393,8 +396,8 @@ class _Cooperation:
         ``wait`` once, not ``wait`` for each wave of ``peers.parallel`` peers."""
         todo = _without(self.split[node], self.present(self.split[node]))
         places = self.where.places()
-        holder = node in self.group.holders
-        # a holder's copy is published: asked there first
+        holder = node in self.group.holders and self.group.ready
+        # a ready holder's copy is published: asked there first
         at, idle, refused, probed = (1 if holder else 0), POLL, 0, False
         why = ""
         while todo and not why:
