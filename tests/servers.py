@@ -79,8 +79,10 @@ class RsyncDaemon:
 class SshServer:
     """An OpenSSH server on loopback accepting one generated key for root."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, addresses: tuple[str, ...] = ("127.0.0.1",)) -> None:
+        """``addresses``: loopback addresses it listens on (the devcluster's nodes have their own)."""
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        self.addresses = addresses
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         os.chmod(workdir, 0o700)
@@ -93,7 +95,8 @@ class SshServer:
         os.chmod(auth, 0o600)
         conf = workdir / "sshd_config"
         conf.write_text(
-            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile {workdir}/sshd.pid\n"
+            f"Port {self.port}\n" + "".join(f"ListenAddress {a}\n" for a in addresses) +
+            f"HostKey {host_key}\nPidFile {workdir}/sshd.pid\n"
             f"AuthorizedKeysFile {auth}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UsePAM no\nPermitRootLogin prohibit-password\nStrictModes no\n"
             "Subsystem sftp internal-sftp\n")
@@ -109,9 +112,10 @@ class SshServer:
 
     @property
     def known_hosts_line(self) -> str:
-        """This server's line of a known_hosts file, as ``ssh-keyscan -p PORT 127.0.0.1`` prints it."""
+        """This server's lines of a known_hosts file, one per address it listens on, as
+        ``ssh-keyscan -p PORT ADDRESS`` prints them."""
         kind, blob = (self.host_key.with_suffix(".pub")).read_text().split()[:2]
-        return f"[127.0.0.1]:{self.port} {kind} {blob}"
+        return "\n".join(f"[{a}]:{self.port} {kind} {blob}" for a in self.addresses)
 
     def stop(self) -> None:
         stop(self.proc)

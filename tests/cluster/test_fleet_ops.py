@@ -1,8 +1,8 @@
-"""Fleet operations and `status --live` over SSH on the devcluster: a real OpenSSH server on
-127.0.0.1 (key auth, a non-default port, stopped by its pid) stands for every node's sshd
-(the devcluster's nodes all have NodeAddr 127.0.0.1; the remote dsstage is told its node
-with --node). n4 is no node of the cluster: its name does not resolve, so it is the
-unreachable node."""
+"""Fleet operations and `status --live` over SSH on the devcluster: a real OpenSSH server
+listening on every node's address (the devcluster's nodes have their own loopback addresses,
+Slurm's NodeAddr; key auth, a non-default port, stopped by its pid) stands for every node's
+sshd (the remote dsstage is told its node with --node). n4 is no node of the cluster: its
+name does not resolve, so it is the unreachable node."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ FILES = {f"part{i}/{j:02d}.bin": bytes([i * 16 + j]) * 30_000 for i in range(3) 
 
 @pytest.fixture(scope="module")
 def fleet(cluster, tmp_path_factory) -> Iterator[object]:
-    sshd = SshServer(tmp_path_factory.mktemp("sshd"))
+    listed = cluster.run("sinfo", "-h", "-N", "-o", "%o").stdout.split()
+    sshd = SshServer(tmp_path_factory.mktemp("sshd"), tuple(dict.fromkeys(["127.0.0.1", *listed])))
     conf_path = cluster.etc / "dsstage.yaml"
     original = conf_path.read_text()
     try:
