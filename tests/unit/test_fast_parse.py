@@ -14,6 +14,8 @@ from dsstage.cli.fast import parse
      {"config": "/c.yaml", "node": "n2", "job_id": "9", "names": "coco"}),
     (["verify", "coco", "--json"], {"verb": "verify", "names": "coco", "json": True}),
     (["--node", "n3", "verify", "coco"], {"verb": "verify", "node": "n3", "names": "coco"}),
+    # the global options after the verb too, as the full command line takes them
+    (["stage", "coco", "--config", "/c.yaml", "--node=n4"], {"config": "/c.yaml", "node": "n4", "names": "coco"}),
     (["verify", "--full", "coco", "--json"], {"verb": "verify", "names": "coco", "full": True, "json": True}),
 ])
 def test_the_plain_form_is_parsed(argv, want):
@@ -30,7 +32,6 @@ def test_the_plain_form_is_parsed(argv, want):
     ["stage", "coco", "--with", "n[1-2]"],
     ["-v", "stage", "coco"],
     ["--debug", "stage", "coco"],
-    ["stage", "coco", "--config", "/c.yaml"],  # a global option after the verb: argparse refuses it
     ["--job-id", "7", "stage", "coco"],
     ["stage", "coco", "other"],
     ["stage", "coco", "--job-id"],
@@ -57,3 +58,26 @@ def test_ctrl_c_in_the_fast_path_reads_as_in_the_full_command(monkeypatch, capsy
     monkeypatch.setattr(fast, "answer", interrupted)
     assert main.main(["verify", "coco", "--full"]) == 130
     assert capsys.readouterr().err == "dsstage: interrupted\n"
+
+
+@pytest.mark.parametrize(("argv", "node", "config"), [
+    (["prolog", "--dry-run", "--job", "5", "--node", "n1"], "n1", None),
+    (["--node", "n2", "prolog", "--dry-run", "--job", "5"], "n2", None),
+    (["--node", "n2", "stage", "coco", "--node", "n3"], "n3", None),  # after the verb wins
+    (["manifest", "build", "coco", "--config", "/c.yaml"], None, "/c.yaml"),
+    (["stage", "coco", "--config", "/c.yaml", "--node", "n4"], "n4", "/c.yaml"),
+])
+def test_the_full_command_line_takes_the_global_options_after_the_verb(argv, node, config):
+    """As the README's table writes them: `dsstage prolog --dry-run --job 5 --node n1`."""
+    from dsstage.cli.main import build_parser
+    args = build_parser().parse_args(argv)
+    assert (args.node, args.config) == (node, config)
+    fast = parse(argv)
+    if fast is not None:  # the fast path reads them the same way
+        assert (fast["node"], fast["config"]) == (node, config)
+
+
+def test_status_keeps_its_own_node_option_a_hostlist():
+    from dsstage.cli.main import build_parser
+    args = build_parser().parse_args(["status", "--node", "n[1-2]"])
+    assert args.nodes == "n[1-2]" and args.node is None

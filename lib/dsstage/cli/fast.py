@@ -50,7 +50,8 @@ def parse(argv: Sequence[str]) -> dict[str, Any] | None:
     while args:
         arg = args.pop(0)
         key, eq, value = arg.partition("=")
-        valued, flags = VERBS[opts["verb"]] if opts["verb"] else (GLOBAL, ())
+        # the global options are taken after the verb too, as the full command line takes them
+        valued, flags = (VERBS[opts["verb"]][0] + GLOBAL, VERBS[opts["verb"]][1]) if opts["verb"] else (GLOBAL, ())
         if key in valued:
             if not eq:
                 if not args:

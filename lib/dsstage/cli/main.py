@@ -321,7 +321,30 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--nodes", metavar="HOSTLIST", help="on these nodes, over SSH (fleet settings)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=_cmd_verify)
+    _globals_after_verbs(p)
     return p
+
+
+#: the options every verb takes, before or after its name (``dsstage prolog --dry-run --job 5
+#: --node n1``); ``status`` has a ``--node`` of its own (a hostlist of nodes to show)
+GLOBAL = (("--config", "configuration file (as before the command)"),
+          ("--node", "node name for {node} in tier paths (as before the command)"))
+
+
+def _globals_after_verbs(parser: argparse.ArgumentParser) -> None:
+    """Give every verb the global options too, where it has none of its own of that name:
+    given after the verb they win, left out they leave the global value (SUPPRESS)."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for verb in set(action.choices.values()):
+                _globals_after_verbs(verb)
+            return
+    if parser.prog == "dsstage":
+        return
+    for option, text in GLOBAL:
+        if option not in parser._option_string_actions:
+            parser.add_argument(option, default=argparse.SUPPRESS, help=text)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
