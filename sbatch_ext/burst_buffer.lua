@@ -1,8 +1,9 @@
 --[[
 burst_buffer.lua: dsstage datasets the burst-buffer way, for slurmctld's burst_buffer/lua
-(BurstBufferType=burst_buffer/lua; this file, dsstage_submit.lua and the generated
-dsstage_catalog.lua next to slurm.conf). A job asks for datasets with a directive in its
-script or on the command line:
+(BurstBufferType=burst_buffer/lua; this file beside slurm.conf, linked from the package with
+dsstage_submit.lua; the catalog is the one `dsstage export-catalog` keeps in /var/lib/dsstage,
+a catalog beside this file only a development cluster's). A job asks for datasets with a
+directive in its script or on the command line:
 
     #BB_LUA dataset=imagenet22t,coco          sbatch --bb "#BB_LUA dataset=coco"
 
@@ -42,8 +43,26 @@ uid and gid (and a job_info table), which job_process then uses for the access c
 
 local here = string.match(debug.getinfo(1, "S").source, "^@(.*/)") or "/etc/slurm/"
 package.path = here .. "?.lua;" .. package.path
-local dsstage = require("dsstage_submit")
-table.insert(dsstage.catalog_search, here .. "dsstage_catalog.lua")  -- a catalog kept next to slurm.conf
+-- A module that fails to load (purged by configuration management, the package removed) must
+-- cost only #BB_LUA dataset= requests, as in job_submit.lua: slurmctld loads this file at start
+-- and takeover, and an error here would stop the burst-buffer plugin with every job it sees.
+local loaded, dsstage = pcall(require, "dsstage_submit")
+if loaded then
+	table.insert(dsstage.catalog_search, here .. "dsstage_catalog.lua")  -- a development cluster's catalog
+else
+	slurm.log_error("dsstage: cannot load dsstage_submit.lua (%s): #BB_LUA dataset= requests are refused " ..
+		"until it is back beside burst_buffer.lua", (string.gsub(tostring(dsstage), "%s+", " ")))
+	local why = "dsstage: datasets cannot be requested now: the controller cannot load dsstage_submit.lua; " ..
+		"submit without #BB_LUA dataset=, or ask the admins to reinstall dsstage"
+	-- what the callbacks below use of the module: every request is refused, saying why
+	dsstage = {
+		bb_request = function(text)
+			if type(text) == "string" and string.find(text, "#BB_LUA", 1, true) then return nil, why end
+			return nil
+		end,
+		catalog = function() return nil, why end,
+	}
+end
 
 -- the job script's text: Slurm passes the path of the script file
 local function script_text(script)
@@ -124,8 +143,11 @@ end
 
 -- the Prolog waits for this: record the request where the job's Prologs read it
 function slurm_bb_pre_run(job_id, job_script, uid, gid)
-	local names = requested(job_script)
-	if names == nil or #names == 0 then return slurm.SUCCESS end
+	local names, err = requested(job_script)
+	-- a request that cannot be read now (the module is gone) stops the job: without its record it
+	-- would run without its datasets and without a word
+	if names == nil then return slurm.ERROR, err end
+	if #names == 0 then return slurm.SUCCESS end
 	local value = table.concat(names, ",")
 	local p = io.popen(command({ "bb", "record", tostring(job_id), value }) .. " 2>&1; echo \"dsstage-exit=$?\"")
 	local out = p and p:read("*a") or ""

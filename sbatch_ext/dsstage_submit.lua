@@ -39,8 +39,8 @@ local M = {}
 
 -- The generated catalog: dsstage's own state directory, which configuration management
 -- that owns /etc/slurm does not purge (the catalog timer writes it there). A loader may add
--- a place to look (job_submit.lua: the directory it is loaded from, for a catalog written
--- next to slurm.conf); the first that exists is read. catalog_path, if set, is the only one.
+-- a place to look (job_submit.lua: the directory it is loaded from, where a development
+-- cluster keeps its catalog); the first that exists is read. catalog_path, if set, is the only one.
 M.catalog_search = { "/var/lib/dsstage/dsstage_catalog.lua" }
 M.catalog_path = nil
 M.value_max = 1024

@@ -1,8 +1,10 @@
 --[[
 job_submit.lua for sites without one of their own: the dsstage checks only.
-Install next to slurm.conf with dsstage_submit.lua and the generated dsstage_catalog.lua,
-and set JobSubmitPlugins=lua. Sites with their own job_submit.lua: see the header of
-dsstage_submit.lua for the three lines to add.
+Link it beside slurm.conf with dsstage_submit.lua (from the package's Lua directory, as
+docs/install.md says) and set JobSubmitPlugins=lua; the catalog is the one
+`dsstage export-catalog` keeps in /var/lib/dsstage (its timer runs on every controller), a
+catalog beside this file only a development cluster's. Sites with their own job_submit.lua:
+see the header of dsstage_submit.lua for the three lines to add.
 ]]
 
 local here = string.match(debug.getinfo(1, "S").source, "^@(.*/)") or "/etc/slurm/"
@@ -12,7 +14,7 @@ package.path = here .. "?.lua;" .. package.path
 -- plugin"), and with it every submission of the cluster.
 local loaded, dsstage = pcall(require, "dsstage_submit")
 if loaded then
-	table.insert(dsstage.catalog_search, here .. "dsstage_catalog.lua")  -- a catalog kept next to slurm.conf
+	table.insert(dsstage.catalog_search, here .. "dsstage_catalog.lua")  -- a development cluster's catalog
 else
 	slurm.log_error("dsstage: cannot load dsstage_submit.lua (%s): jobs that ask for a dataset are refused " ..
 		"until it is back beside job_submit.lua", (string.gsub(tostring(dsstage), "%s+", " ")))

@@ -564,3 +564,38 @@ def test_outside_the_pilot_the_admins_may_refuse_datasets(tmp_path):
                                 "one of them (--partition=...) or without --dataset")
     assert run_check(tmp_path, ["DSSTAGE_DATASETS=coco"], conf=_pilot("refuse"), partition="gpu-pilot")[0] == 0
     assert run_check(tmp_path, [], conf=_pilot("refuse"), partition="batch")[:2] == (0, "")
+
+
+BB_LOADER = """
+slurm = {{ SUCCESS = 0, ERROR = -1, errors = {{}} }}
+function slurm.log_error(fmt, ...) slurm.errors[#slurm.errors + 1] = string.format(fmt, ...) end
+function slurm.log_info() end
+dofile("{bb}")
+local asking = "{asking}"
+local plain = "{plain}"
+print(slurm_bb_job_process(plain, 1001, 1001))
+print(slurm_bb_job_process(asking, 1001, 1001))
+print(slurm_bb_pre_run(7, asking, 1001, 1001))
+print(slurm_bb_pre_run(8, plain, 1001, 1001))
+print(#slurm.errors, slurm.errors[1] or "")
+"""
+
+
+def test_burst_buffer_lua_without_its_module_refuses_only_dataset_requests(tmp_path):
+    """Issue 54, item 4, for burst_buffer.lua too: its require was unprotected, so a purged
+    dsstage_submit.lua broke the burst-buffer plugin at slurmctld's start or takeover. Now it
+    loads; a #BB_LUA dataset= job is refused at submit, saying why, and one that was accepted
+    before stops at pre_run rather than run without its datasets; other jobs pass."""
+    shutil.copy(ROOT / "sbatch_ext" / "burst_buffer.lua", tmp_path / "burst_buffer.lua")
+    asking, plain = tmp_path / "asking.sh", tmp_path / "plain.sh"
+    asking.write_text("#!/bin/sh\n#BB_LUA dataset=coco\nhostname\n")
+    plain.write_text("#!/bin/sh\nhostname\n")
+    script = BB_LOADER.format(bb=tmp_path / "burst_buffer.lua", asking=asking, plain=plain)
+    res = subprocess.run([LUA, "-e", script], capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "0", lines
+    assert lines[1].startswith("-1\tdsstage: datasets cannot be requested now") and "#BB_LUA" in lines[1], lines
+    assert lines[2].startswith("-1\tdsstage: datasets cannot be requested now"), lines
+    assert lines[3] == "0", lines
+    assert lines[4].startswith("1\tdsstage: cannot load dsstage_submit.lua"), lines
