@@ -112,3 +112,36 @@ def test_three_nodes_staging_at_once_share_the_sources_budget(env: Env, slow_sou
     alone = stage_on(("n4",), "2")
     assert alone["peak_opens_in_flight"] > 12 // 3, alone  # the whole budget is its own
     assert alone["peak_opens_in_flight"] <= 12, alone
+
+
+def test_separate_jobs_on_separate_nodes_stay_within_the_sources_budget_together(env: Env,
+                                                                                slow_source: tuple[LatencyFS, Path]):
+    """The budget is the cluster's, not one job's: two one-node jobs of their own staging from
+    the source at once on two nodes keep within max_in_flight together (before, each took the
+    whole budget: twice it in flight); the grants are given back when the stages end."""
+    import threading
+
+    from dsstage.config.catalog import User
+    from dsstage.node import staging
+    fs, _backing = slow_source
+    env.extra["sources"] = {"nfs": {"prefix": str(fs.mountpoint), "max_in_flight": 6}}
+    env.write()
+    env.cli("manifest", "build", "remote")
+    fs.remount()
+    fs.reset()
+    errors: list[BaseException] = []
+
+    def one(node: str, job: str) -> None:
+        try:
+            staging.stage(env.store(node=node), "remote", user=User.lookup(0), job_id=job)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=one, args=(n, j)) for n, j in (("n1", "11"), ("n2", "12"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    stats = fs.stats()
+    assert stats["peak_opens_in_flight"] <= 6, stats
+    assert not [p for p in (env.state / "budget" / "nfs").iterdir() if p.name.endswith(".json")]

@@ -411,11 +411,6 @@ def test_sources_budgets_are_checked_and_matched_by_the_longest_prefix():
     assert "sources.a.prefix: " in error(base(sources={"a": {"prefix": "", "max_in_flight": 3}}))
 
 
-def test_a_nodes_share_of_a_sources_budget():
-    from dsstage.transfer.parallel import source_share
-    assert [source_share(12, n) for n in (1, 3, 5, 100)] == [12, 4, 2, 1]
-
-
 def test_watermarks_default_to_95_and_90_and_a_high_mark_alone_stays_valid():
     def marks(**spec: str) -> tuple[float, float]:
         t = load.from_dict(base(tiers={"nvme": {"path": "/l", "capacity": "1TB", **spec}})).tiers["nvme"]

@@ -189,7 +189,8 @@ class BurstBuffer:
 @dataclass(frozen=True)
 class SourceBudget:
     """A shared filesystem or server many datasets come from, and the requests in flight it
-    takes from all nodes at once (``sources.<name>``): each node staging from it gets a share."""
+    takes from all nodes at once (``sources.<name>``): every stage from it holds slots of that
+    budget, the cluster's (dsstage.node.budget)."""
 
     name: str
     prefix: str  # the datasets whose source begins with it: /lustre/, host:/export/, rsync://host/

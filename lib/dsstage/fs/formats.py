@@ -33,6 +33,7 @@ CURRENT = {
     "shard-index": 1,  # <state_dir>/manifests/<dataset>/<version>.shards-<N>.json
     "breaker": 1,  # <state_dir>/sources/<key>.json
     "stager-claim": 1,  # <state_dir>/staging/<dataset>.<version id>
+    "budget-grant": 1,  # <state_dir>/budget/<source>/<node>.<token>.json
 }
 
 

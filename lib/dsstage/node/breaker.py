@@ -47,10 +47,8 @@ PROBE_TIMEOUT = 5.0
 def key_of(conf: Config, ds: Dataset) -> str:
     """The breaker a dataset's stage goes through: its declared source's (``source.<name>``,
     the longest matching prefix), else its own (``dataset.<name>``)."""
-    matching = [s for s in conf.sources.values() if ds.source.raw.startswith(s.prefix)]
-    if matching:
-        return "source." + max(matching, key=lambda s: len(s.prefix)).name
-    return "dataset." + ds.name
+    budget = conf.budget_of(ds.source)
+    return f"source.{budget.name}" if budget is not None else f"dataset.{ds.name}"
 
 
 def path(state_dir: str, key: str) -> str:

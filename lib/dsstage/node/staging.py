@@ -12,8 +12,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -29,7 +29,7 @@ from dsstage.node import background, eviction, inventory, publish, space, stager
 from dsstage.node import report as node_report
 from dsstage.node.lease import Lease, LeaseBook, check_job_id
 from dsstage.node.store import Prefetching, StageResult, Store, local_errors, open_tier
-from dsstage.transfer import parallel, peers
+from dsstage.transfer import peers
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
     from dsstage.node.stager import FillStats
@@ -218,15 +218,15 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     tier_conf = store.config.tiers[ds.tier]
     eviction.make_room(store, tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
                        resumed=record, job_id=job.job_id)
-    transfer = within_budget(store, ds, job)
-    if prefetch and prefetch.bwlimit:
-        # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
-        transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
     linked: dict[int, tuple[int, int]] = {}
     holders, ready, claimed = from_whom(store, name, digest)
     with space.reservation(tier, tier_conf.name, tier_conf.capacity, record, needed,
                            f"dataset {name!r}", store.node), stagers.claimed(store.config, name, version_id(digest),
-                                                                              store.node, claimed):
+                                                                              store.node, claimed), \
+            within_budget(store, ds, job, peers_first=bool(holders)) as transfer:
+        if prefetch and prefetch.bwlimit:
+            # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
+            transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
         sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
         stats = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, transfer,
                             [(fd, m) for fd, m in older], deadline=job.deadline, reader=store.reader(),
@@ -267,22 +267,30 @@ def from_whom(store: Store, name: str, digest: str) -> tuple[list[str], bool, bo
     return [claimer], False, False
 
 
-def within_budget(store: Store, ds: Dataset, job: StageRequest) -> Transfer:
-    """The transfer settings for this stage: where the dataset's source has a cluster-wide
-    budget (``sources``), this node's share of it while all the job's nodes stage from it at
-    once bounds the requests in flight (the copier's limit, rsync's streams)."""
+@contextmanager
+def within_budget(store: Store, ds: Dataset, job: StageRequest, *, peers_first: bool = False) -> Iterator[Transfer]:
+    """The transfer settings for this stage, held for its duration: where the dataset's source
+    has a budget (``sources``), the slots this stage got of the cluster's ``max_in_flight``
+    (dsstage.node.budget) bound the requests in flight (the copier's limit, rsync's streams).
+    ``peers_first``: the version comes from peers, the source only for what they fail to give
+    (one slot is enough)."""
+    from dsstage.node import budget as source_budget
     transfer = store.config.transfer
     budget = store.config.budget_of(ds.source)
     if budget is None:
-        return transfer
-    try:
+        yield transfer
+        return
+    try:  # a job's nodes that stage together each want an equal share of the budget
         nodes = len(expand_nodes(job.nodes)) if job.nodes else 1
     except ValueError:
         nodes = 1
-    share = parallel.source_share(budget.max_in_flight, nodes)
-    log.info("staging %s from %s: at most %d request(s) in flight from this node (sources.%s: %d over %d node(s))",
-             ds.name, ds.source.raw, share, budget.name, budget.max_in_flight, nodes)
-    return replace(transfer, max_parallel=min(transfer.max_parallel, share), streams=min(transfer.streams, share))
+    share = max(1, budget.max_in_flight // max(1, nodes))
+    want = 1 if peers_first else min(share, transfer.max_parallel if ds.source.kind == "local" else transfer.streams)
+    with source_budget.held(store.config, budget, store.node, want, job.deadline) as grant:
+        log.info("staging %s from %s: at most %d request(s) in flight from this stage (sources.%s: %d in the "
+                 "cluster)", ds.name, ds.source.raw, grant.slots, budget.name, budget.max_in_flight)
+        yield replace(transfer, max_parallel=min(transfer.max_parallel, grant.slots),
+                      streams=min(transfer.streams, grant.slots))
 
 
 def to_fetch(manifest: Manifest, older: list[Manifest]) -> int:

@@ -254,10 +254,3 @@ def run(items: Sequence[T], fn: Callable[[T], R], gate: Limiter, *,
     if errors:
         raise errors[0]
     return results
-
-
-def source_share(max_in_flight: int, nodes: int) -> int:
-    """This node's part of a source's cluster-wide budget of requests in flight
-    (``sources.<name>.max_in_flight``) while ``nodes`` nodes stage from it at once: an equal
-    share, at least one. Each node's limiter still climbs within its share."""
-    return max(1, max_in_flight // max(1, nodes))

@@ -1,0 +1,59 @@
+"""A source's budget of requests in flight, the cluster's (dsstage.node.budget): what is free,
+how grants expire, a dead taker's lock, and the wait that ends at the deadline."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dsstage.config.load import from_dict
+from dsstage.errors import OutOfTime
+from dsstage.node import budget
+
+
+def test_free_slots_are_the_budget_less_the_unexpired_grants() -> None:
+    grants = {"a": {"slots": 4, "until": 110.0}, "b": {"slots": 3, "until": 90.0},  # b expired
+              "c": {"slots": "x", "until": 200.0}, "d": {"slots": True, "until": 200.0}, "e": {}}
+    assert budget.free(grants, 100.0, 10) == 6
+    assert budget.free(grants, 120.0, 10) == 10  # a dead node's grant expires by itself
+    assert budget.free({"a": {"slots": 12, "until": 200.0}}, 100.0, 10) == 0
+
+
+def _conf(tmp_path):
+    import os
+    import pwd
+    # the grants' directory must be root's or report.user's: as an ordinary user, that user is it
+    me = {} if os.geteuid() == 0 else {"report": {"user": pwd.getpwuid(os.geteuid()).pw_name}}
+    return from_dict({**me, "state_dir": str(tmp_path), "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
+                      "sources": {"nfs": {"prefix": "/nfs/", "max_in_flight": 5}},
+                      "datasets": {"d": {"source": "/nfs/d"}}})
+
+
+def test_grants_add_up_to_the_budget_and_a_full_one_waits_until_its_deadline(tmp_path) -> None:
+    conf = _conf(tmp_path)
+    nfs = conf.sources["nfs"]
+    first = budget.take(conf, nfs, "n1", 4, None)
+    second = budget.take(conf, nfs, "n2", 4, None)
+    assert (first.slots, second.slots) == (4, 1)  # what is free, at least one
+    slept: list[float] = []
+    with pytest.raises(OutOfTime, match="sources.nfs has no request in flight to spare"):
+        budget.take(conf, nfs, "n3", 1, time.monotonic() + 2.5, sleep=slept.append)
+    assert slept  # it waited before it gave up
+    budget.release(first)
+    assert budget.take(conf, nfs, "n3", 8, None).slots == 4
+    # a node that died holding its slots: they are free again once its grant expires
+    later = budget.take(conf, nfs, "n4", 5, time.monotonic() + 1.5,
+                        clock=lambda: time.time() + budget.TTL + 1, sleep=lambda s: None)
+    assert later.slots == 5
+
+
+def test_a_dead_takers_lock_is_broken(tmp_path) -> None:
+    conf = _conf(tmp_path)
+    where = tmp_path / "budget" / "nfs"
+    where.mkdir(parents=True)
+    (where / budget.LOCK).write_text('{"time": 1.0, "pid": 1}')  # left by a taker that died
+    grant = budget.take(conf, conf.sources["nfs"], "n1", 2, time.monotonic() + 5)
+    assert grant.slots == 2 and not (where / budget.LOCK).exists()
+    assert budget.renew(grant) and grant.record["until"] > time.time()
+    budget.release(grant)
+    assert not budget.renew(grant)  # gone: a stall past TTL is said
