@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dsstage.fs import layout, runfiles
 from dsstage.hooks import job as hooks
-from dsstage.hooks import jobrecord
+from dsstage.node import jobrecord
 from dsstage.slurm.fake import FakeSlurm
 from helpers import Env
 
@@ -115,3 +115,18 @@ def test_a_hold_claim_left_for_other_nodes_is_not_taken(env: Env):
     assert jobrecord.claim_hold(str(env.state), "95", "n[1-2]", "n2") == (False, "n1")
     assert jobrecord.claim_hold(str(env.state), "95", "n[1-2]", "n1") == (True, "n1")  # its own claim
     assert jobrecord.claim_hold(str(env.state), "95", "n[7-8]", "n7") == (True, "n7")  # a job id used again
+
+
+def test_status_reads_a_jobs_records_as_its_nodes_do(env: Env):
+    """One reader of the job records (dsstage.node.jobrecord.recorded): what `status --job`
+    shows is what the job's nodes took, and a record nobody but root or report.user could have
+    written counts as none there too (before, status read it with no writer check)."""
+    env.add("coco", {"a": b"1"})
+    env.cli("manifest", "build", "coco")
+    assert jobrecord.pin(str(env.state), "91", "n[1-2]", "n1", {"coco": "a" * 64}) == {"coco": "a" * 64}
+    assert jobrecord.recorded(str(env.state), "91", ["n1", "n2"]) == ({"coco": "a" * 64}, None)
+    forged = env.state / "jobs" / "92.json"
+    forged.write_text('{"format": 1, "job": "92", "nodes": "n[1-2]", "versions": {"coco": "' + "f" * 64 + '"}}')
+    os.chown(forged, 65534, 65534)  # a user's file in a directory it should not have reached
+    assert jobrecord.recorded(str(env.state), "92", ["n1", "n2"]) == ({}, None)
+    assert jobrecord.recorded(str(env.state), "../x", ["n1"]) == ({}, None)

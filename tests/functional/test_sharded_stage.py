@@ -66,7 +66,7 @@ def test_shards_of_another_version_are_refused(env: Env, big):
 
 
 def test_a_jobs_nodes_agree_on_one_shard_plan(env: Env, big):
-    from dsstage.hooks import jobrecord
+    from dsstage.node import jobrecord
     store = env.store()
     ids = [s.id for s in sharded.shards_of(store, "big", big["digest"]).shards]
     nodes = ["n1", "n2", "n3"]
@@ -305,10 +305,10 @@ def test_the_warm_path_leaves_a_part_it_cannot_answer_to_the_full_prolog(env: En
 
 
 def test_a_multi_node_job_on_the_warm_path_uses_the_version_its_first_node_chose(env: Env, tmp_path):
-    """The versions every node of a job uses are recorded once (dsstage.hooks.jobrecord.pin),
+    """The versions every node of a job uses are recorded once (dsstage.node.jobrecord.pin),
     on the warm path too: a node whose CURRENT moved on uses what the first node chose."""
     from dsstage.hooks import job as hooks
-    from dsstage.hooks import jobrecord
+    from dsstage.node import jobrecord
     from dsstage.slurm.fake import FakeSlurm
     env.add("coco", {"a": b"1" * 10})
     first = env.cli_json("manifest", "build", "coco")["digest"]
@@ -331,7 +331,7 @@ def test_retention_values_a_shard_by_the_pending_jobs_whose_plan_gives_it_this_n
     """n1 holds every shard (a one-node job's); a pending job planned on n1 and n2 will give
     n1 three of them (what n1 holds, its larger share): the retention planner counts that
     job's demand for those three only, and they are the ones its plan gives n1."""
-    from dsstage.hooks import jobrecord
+    from dsstage.node import jobrecord
     from dsstage.policy import demand
     from dsstage.slurm.records import Job
     run = tmp_path / "run"
@@ -458,8 +458,7 @@ def test_the_nodes_of_a_job_wait_for_the_plan_of_the_node_that_claimed_it(env: E
     makes one itself (the first record written is the plan)."""
     import threading
 
-    from dsstage.hooks import jobrecord
-    from dsstage.node import shardplan
+    from dsstage.node import jobrecord, shardplan
     ids = [s.id for s in sharded.shards_of(env.store(), "big", big["digest"]).shards]
     nodes = ["n1", "n2", "n3"]
     env.state.mkdir(exist_ok=True)

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dsstage.hooks import bbrequest, jobrecord
-from dsstage.node import report
+from dsstage.hooks import bbrequest
+from dsstage.node import jobrecord, report
 from guides import TOP, Runs, check_coverage, check_parses, check_runs, fenced, inline_commands, prose
 
 GUIDE = TOP / "docs" / "admin-guide.md"

@@ -15,7 +15,7 @@ from helpers import WARM_HEAVY as HEAVY
 
 #: what the warm Prolog of a sharded dataset imports besides (its job record, plan and view);
 #: logging comes with ClusterShell, which expands the job's hostlist
-SHARDED = ("dsstage.hostlist", "dsstage.hooks.jobrecord", "dsstage.shards.indexfile", "dsstage.node.shardplan",
+SHARDED = ("dsstage.hostlist", "dsstage.node.jobrecord", "dsstage.shards.indexfile", "dsstage.node.shardplan",
            "dsstage.hooks.shardmap", "dsstage.node.views", "dsstage.privatedata")
 
 

@@ -2,23 +2,21 @@
 datasets: what ``dsstage status --job`` adds to its answer for such a job.
 
 A running job's plan is the one its first node recorded (``<state_dir>/jobs/<job>.shards.json``,
-dsstage.hooks.jobrecord); a pending job planned on nodes gets the plan its first node would
+dsstage.node.jobrecord); a pending job planned on nodes gets the plan its first node would
 make now (dsstage.node.shardplan, from the nodes' published reports), which may still change
 with what the nodes hold when it starts. Shards are shown by number, in shard order.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dsstage.config.manifest import Catalog
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError
-from dsstage.fs import untrusted
 from dsstage.hostlist import fold_nodes
-from dsstage.node import shardplan
+from dsstage.node import jobrecord, shardplan
 from dsstage.shards import index as shard_index
 
 #: nodes named in the sentence; the rest are counted (``status --json`` has them all)
@@ -31,12 +29,9 @@ def for_job(conf: Config, job: Mapping[str, Any], planned: Sequence[str]) -> dic
     out: dict[str, dict[str, Any]] = {}
     job_id = str(job.get("job_id") or "")
     running = job.get("state") == "running"
-    record = _read(conf.state_dir, f"{job_id}.shards.json") if running else {}
-    # a record left by an earlier job of the same id, for other nodes, is not this job's
-    recorded = record.get("shards") if record.get("job") == job_id and record.get("nodes") == sorted(planned) \
-        else None
-    pins = _read(conf.state_dir, f"{job_id}.json")
-    versions = (pins.get("versions") or {}) if pins.get("job") == job_id else {}
+    # read and checked as the job's nodes read them (one reader of the records: node.jobrecord)
+    versions, plans = jobrecord.recorded(conf.state_dir, job_id, planned, conf.report.user)
+    recorded = plans if running else None
     catalog = Catalog(conf.state_dir)
     for name in job.get("datasets") or ():
         ds = conf.datasets.get(name)
@@ -84,6 +79,3 @@ def _ranges(numbers: Sequence[int]) -> str:
             out.append((n, n))
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out) or "none"
 
-
-def _read(state_dir: str, name: str) -> dict[str, Any]:
-    return untrusted.read_json(os.path.join(state_dir, "jobs", name))  # a node wrote it

@@ -1,6 +1,8 @@
 """What slurmd runs: the warm Prolog (``warm``: datasets already cached, standard library only),
-the full Prolog and the Epilog (``job``), the ``#BB_LUA dataset=`` request records
-(``bbrequest``) and the job log (``joblog``). ``python -m dsstage.hooks prolog|epilog`` runs
+the full Prolog and the Epilog (``job``, deciding with ``decisions``; a sharded dataset's part
+with ``shardjob`` and ``shardmap``), the hook's bound (``bounded``, ``abandoned``), the
+``#BB_LUA dataset=`` request records (``bbrequest``), ``configcache``, ``dryrun`` and the job
+log (``joblog``). The job records are ``dsstage.node.jobrecord``. ``python -m dsstage.hooks prolog|epilog`` runs
 ``job``; the Prolog script runs ``python -m dsstage.hooks.warm prolog`` first.
 
 May import ``dsstage.node``, ``dsstage.slurm`` and everything below; not ``dsstage.cluster``

@@ -27,7 +27,7 @@ from dsstage.config import load
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError, UnsafeStore, VerifyError, local_error
 from dsstage.fs import runfiles
-from dsstage.hooks import bbrequest, bounded, joblog, jobrecord
+from dsstage.hooks import bbrequest, bounded, joblog
 from dsstage.hooks.bounded import stage_deadline
 from dsstage.hooks.configcache import write_config_cache
 from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used from here too)
@@ -39,7 +39,7 @@ from dsstage.hooks.decisions import (  # noqa: F401 (the hooks' decisions, used 
     why_held,
 )
 from dsstage.hostlist import expand_nodes
-from dsstage.node import breaker, eviction, inventory, rollout
+from dsstage.node import breaker, eviction, inventory, jobrecord, rollout
 from dsstage.node.store import Store
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
 
 def pinned_versions(ctx: JobContext, conf: Config, store: Store, names: Sequence[str]) -> dict[str, str]:
     """For a job on several nodes, the version of each dataset all of them stage: the first
-    node's reading of CURRENT (dsstage.hooks.jobrecord); {} for a one-node job. Where the
+    node's reading of CURRENT (dsstage.node.jobrecord); {} for a one-node job. Where the
     record cannot be made or read, each node stages its own reading (as before) and says so."""
     if not ctx.multi_node:
         return {}
@@ -286,7 +286,7 @@ def decide(ctx: JobContext, outcomes: list[Verdict], *, run_dir: str, slurm: Slu
 
 def holds_it(ctx: JobContext, store: Store | None) -> bool:
     """Whether this node is the one of its job that asks Slurm to hold it: always for a
-    one-node job; for more, the first to claim it (dsstage.hooks.jobrecord), or any node
+    one-node job; for more, the first to claim it (dsstage.node.jobrecord), or any node
     where the claim cannot be made (a job held twice beats a job not held)."""
     if not ctx.multi_node or store is None:
         return True

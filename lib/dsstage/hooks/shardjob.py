@@ -2,7 +2,7 @@
 what the job is told about it.
 
 The job's plan (which node holds which shards) is decided once for the job
-(dsstage.hooks.jobrecord.plan_for); this node stages its shards and their view
+(dsstage.node.jobrecord.plan_for); this node stages its shards and their view
 (dsstage.node.sharded). The job gets, beside ``DSSTAGE_PATH_<NAME>`` (the view: exactly this
 node's files), ``DSSTAGE_FILES_<NAME>`` (the list of them), ``DSSTAGE_SHARDS_<NAME>`` (this
 node's shard numbers), ``DSSTAGE_SHARD_COUNT_<NAME>``, ``DSSTAGE_NODE_FILES_<NAME>`` and
@@ -28,10 +28,10 @@ from dsstage.config import catalog as cat
 from dsstage.config.model import Dataset
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import layout, pathtext, runfiles
-from dsstage.hooks import jobrecord, shardmap
+from dsstage.hooks import shardmap
 from dsstage.hooks.decisions import Verdict
 from dsstage.hostlist import expand_nodes
-from dsstage.node import sharded, shardplan
+from dsstage.node import jobrecord, sharded, shardplan
 from dsstage.node.store import Store
 from dsstage.shards import index as shard_index
 
@@ -54,7 +54,7 @@ def job_plans(ctx: Job, store: Store, names: Sequence[str], versions: Mapping[st
               ) -> tuple[dict[str, shard_index.Index], dict[str, jobrecord.Plan]]:
     """The shards of each of the job's sharded datasets ``names`` (of the versions its nodes
     agreed on, else the current ones) and the job's plan for all of them, recorded in one
-    record (dsstage.hooks.jobrecord.plan_for) whichever of them a node stages first. A
+    record (dsstage.node.jobrecord.plan_for) whichever of them a node stages first. A
     dataset whose shards cannot be read is left out: its own stage meets the error."""
     indexes = {}
     for other in names:

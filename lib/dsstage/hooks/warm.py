@@ -107,8 +107,8 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
             return None
         chosen[name] = digest
     names_of_job = job.node_names()
-    if len(names_of_job) > 1:  # every node of the job uses the same versions (dsstage.hooks.jobrecord)
-        from dsstage.hooks import jobrecord
+    if len(names_of_job) > 1:  # every node of the job uses the same versions (dsstage.node.jobrecord)
+        from dsstage.node import jobrecord
         chosen = jobrecord.pin(state_dir, job.job_id, job.nodes, job.node, chosen, report_user)
         if any(not layout.digest_ok(d) for d in chosen.values()):
             return None  # the full Prolog says what is wrong with the record
@@ -167,11 +167,11 @@ class Part:
 def _parts(names: Sequence[str], catalog: Mapping[str, Any], versions: Mapping[str, str], state_dir: str, job: Job,
            nodes: Sequence[str], report_user: str | None) -> dict[str, Part]:
     """The shards and the job's plan of each of its sharded datasets, planned together in one
-    record (dsstage.hooks.jobrecord.plan_for), as the full Prolog plans them."""
+    record (dsstage.node.jobrecord.plan_for), as the full Prolog plans them."""
     sharded = [n for n in names if catalog[n].get("shards")]
     if not sharded:
         return {}
-    from dsstage.hooks import jobrecord
+    from dsstage.node import jobrecord
     from dsstage.shards import indexfile
     shards = {n: indexfile.read(os.path.join(state_dir, "manifests", n), n, versions[n], int(catalog[n]["shards"]))
               for n in sharded}

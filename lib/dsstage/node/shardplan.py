@@ -1,5 +1,5 @@
 """Which node of a job holds which shards, from what the nodes hold now: the plan a job's
-first node records (dsstage.hooks.jobrecord) and the part a prefetch stages on a pending
+first node records (dsstage.node.jobrecord) and the part a prefetch stages on a pending
 job's planned node (dsstage.cluster.prefetch), the same function so that what a prefetch
 staged is what the job's plan gives that node. Light: the warm Prolog uses it."""
 

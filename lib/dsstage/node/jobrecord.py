@@ -33,6 +33,10 @@ from contextlib import AbstractContextManager, nullcontext
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import formats, jsontext, shared
 
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
+
 log = logging.getLogger(__name__)
 
 DIR = "jobs"
@@ -191,6 +195,37 @@ def forget(state_dir: str, job_id: str, user: str | None = None) -> None:
                 shared.remove(where, job_id + suffix, writers)
     except (OSError, DsstageError) as exc:  # a record left behind is only clutter: the Epilog goes on
         log.warning("job %s: cannot remove its records in %s: %s", job_id, where, exc)
+
+
+def recorded(state_dir: str, job_id: str, nodes: Sequence[str], user: str | None = None
+             ) -> tuple[dict[str, str], dict[str, Plan] | None]:
+    """What job ``job_id`` on ``nodes`` recorded, for a reader that acts on nothing
+    (``dsstage status --job``): its datasets' versions and its shard plans (None where it
+    recorded none). Read and checked as the job's nodes read them: a record others could
+    have written, of another format, or of another job that had the same id (other nodes)
+    counts as none."""
+    where = directory(state_dir)
+    if not _job_ok(job_id):
+        return {}, None
+    writers = _writers(user)
+
+    def one(name: str) -> dict[str, Any]:
+        try:
+            with _as_writer(user):
+                record = _parse(shared.read(where, name, writers))
+        except (OSError, DsstageError):
+            return {}
+        if not record or record.get("job") != job_id or formats.problem("job-record", record, name):
+            return {}
+        return record
+    pins = one(f"{job_id}.json")
+    found = pins.get("versions")
+    versions: dict[str, Any] = found if isinstance(found, dict) else {}
+    record = one(f"{job_id}.shards.json")
+    plans = record.get("shards") if record.get("nodes") == sorted(nodes) else None
+    return ({str(k): str(v) for k, v in versions.items()},
+            {str(name): {str(n): [str(x) for x in ids] for n, ids in plan.items() if isinstance(ids, list)}
+             for name, plan in plans.items() if isinstance(plan, dict)} if isinstance(plans, dict) else None)
 
 
 def _parse(raw: bytes | None) -> dict | None:
