@@ -142,6 +142,10 @@ COVERAGE: dict[str, list[Runs]] = {
     "systemctl enable --now dsstage-manifest-check@NAME.timer": [
         Runs("tests/unit/test_packaging_files.py", "test_a_timer_has_its_service_and_a_schedule",
              ('sections["Install"]["WantedBy"] == "timers.target"',), note="the unit files; systemd is not run here")],
+    "dsstage state-dir init": [
+        Runs("tests/functional/test_state_dir.py",
+             "test_state_dir_init_gives_each_directory_its_writer_and_check_config_tries_them",
+             ('env.cli("state-dir", "init", "--json")',))],
     'dsstage disable --reason "NVMe firmware update until 14:00"': [
         Runs("tests/functional/test_rollout.py", "test_the_cluster_wide_switch_sends_jobs_to_their_sources_and_back",
              ('env.cli("disable", "--reason", "NVMe firmware update until 14:00")',))],

@@ -14,7 +14,7 @@ from dsstage.cli.common import emit, load_config, need_write, reader_of
 from dsstage.config import catalog as cat
 from dsstage.config import load, model
 from dsstage.config import manifest as config_manifest
-from dsstage.errors import DsstageError
+from dsstage.errors import DsstageError, NotPermitted
 from dsstage.fs.safe import write_atomic
 from dsstage.node import access
 from dsstage.node.local import node_name
@@ -32,6 +32,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     problems += tier_problems(conf, args.node or node_name())
     problems += shard_problems(conf, slurm.get("largest_job"))
     problems += access_notes(conf)
+    from dsstage.node import statedir
+    problems += [slurm_conf.Problem(level, key, msg) for level, key, msg in statedir.problems(conf)]
     errors = [p for p in problems if p.level == "error"]
     data = {"config": conf.origin, "ok": not errors, "state_dir": conf.state_dir, "on_failure": conf.on_failure,
             "slurm_bin": conf.slurm_bin, "prolog_budget": conf.prolog_budget, "source_user": conf.source_user,
@@ -353,6 +355,21 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
                 print(f"  ... {len(paths) - args.limit} more {kind}")
     emit(args, data, text)
     return 0 if d.same else 1
+
+
+def cmd_state_dir_init(args: argparse.Namespace) -> int:
+    """``dsstage state-dir init``: the layout of dsstage.node.statedir, made and owned."""
+    from dsstage.node import statedir
+    conf = load_config(args)
+    try:
+        done = statedir.init(conf)
+    except OSError as exc:
+        raise NotPermitted(f"cannot make or give {exc.filename or conf.state_dir} ({exc.strerror}): run "
+                           "`dsstage state-dir init` where root may chown there (on the NFS server, or a client "
+                           "whose root is not squashed)") from None
+    emit(args, {"state_dir": conf.state_dir, "done": done}, lambda: print(
+        "\n".join(done) or f"{conf.state_dir}: every directory exists with its owner"))
+    return 0
 
 
 def cmd_disable(args: argparse.Namespace) -> int:

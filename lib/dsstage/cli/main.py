@@ -43,6 +43,7 @@ _cmd_manifest_check = Lazy("admin", "cmd_manifest_check")
 _cmd_manifest_list = Lazy("admin", "cmd_manifest_list")
 _cmd_manifest_use = Lazy("admin", "cmd_manifest_use")
 _cmd_simulate = Lazy("admin", "cmd_simulate")
+_cmd_state_dir_init = Lazy("admin", "cmd_state_dir_init")
 _cmd_demand_poller = Lazy("cluster", "cmd_demand_poller")
 _cmd_prefetch = Lazy("cluster", "cmd_prefetch")
 _cmd_status = Lazy("cluster", "cmd_status")
@@ -119,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check-config", help="validate the configuration and print a summary")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=_cmd_check_config)
+
+    c = sub.add_parser("state-dir", help="the shared state directory's layout (who owns what)")
+    ssub = c.add_subparsers(title="state-dir commands", metavar="ACTION")
+    c = ssub.add_parser("init", help="make the directories of state_dir and give each its writer (report.user, "
+                                     "burst_buffer.user); run it where chown works: on the NFS server")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(handler=_cmd_state_dir_init)
 
     c = sub.add_parser("ls", help="list the dataset catalog")
     c.add_argument("--json", action="store_true", help="machine-readable output")

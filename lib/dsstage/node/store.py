@@ -258,8 +258,12 @@ class Store:
     # -- retention and eviction --------------------------------------------------
 
     def demand(self) -> tuple[retention.Demand, Snapshot]:
-        """The queue's demand from the poller's snapshot (stale if old or missing)."""
-        snap = demand.read(self.config.state_dir)
+        """The queue's demand from the poller's snapshot (stale if old or missing), read as
+        ``report.user`` where set: under ``PrivateData=jobs`` the snapshot is that user's alone
+        (0600), which root on an NFS client that squashes root could not read."""
+        from dsstage.fs.identity import writing_as
+        with writing_as(self.config.report.user):
+            snap = demand.read(self.config.state_dir)
         return snap.demand(self.clock(), self.config.retention.demand_max_age), snap
 
     def reclaim_stale(self, snap: Snapshot) -> list[Lease]:
