@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +154,19 @@ def run_hook(env: Env, which: str, job: str, request: str = "coco",
     took = time.monotonic() - t
     task = run / env.node / "jobs" / f"{job}.task"
     return res.returncode, took, task.read_text().splitlines() if task.exists() else []
+
+
+@contextlib.contextmanager
+def reachable_above(path: Path) -> Iterator[None]:
+    """The directories above ``path`` under /tmp or /var/tmp may be entered by anyone, as
+    above a real state directory (pytest's temporary directory is root's alone), for a test
+    that acts as another user there; their modes put back afterwards."""
+    above = [p for p in Path(path).parents if str(p).startswith(("/tmp/", "/var/tmp/"))]
+    modes = {p: p.stat().st_mode & 0o7777 for p in above}
+    for p, m in modes.items():
+        p.chmod(m | 0o011)
+    try:
+        yield
+    finally:
+        for p, m in modes.items():
+            p.chmod(m)

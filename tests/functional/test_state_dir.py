@@ -9,22 +9,15 @@ import os
 import pwd
 
 import pytest
-from helpers import Env
+from helpers import Env, reachable_above
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown and the writers' identities need root")
 
 
 @pytest.fixture
 def reachable(env: Env):
-    """The directories above state_dir may be entered by anyone, as above a real one (pytest's
-    temporary directory is root's alone); put back afterwards."""
-    above = [p for p in env.state.parents if str(p).startswith("/tmp/") or str(p).startswith("/var/tmp/")]
-    modes = {p: p.stat().st_mode & 0o7777 for p in above}
-    for p, m in modes.items():
-        p.chmod(m | 0o011)
-    yield
-    for p, m in modes.items():
-        p.chmod(m)
+    with reachable_above(env.state):
+        yield
 
 
 def test_state_dir_init_gives_each_directory_its_writer_and_check_config_tries_them(env: Env, reachable):

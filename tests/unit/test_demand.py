@@ -327,3 +327,28 @@ def test_a_pending_job_in_a_bounded_wait_carries_when_it_began():
     coco = demand.build(jobs, NOW).datasets["coco"]
     assert [r.get("waiting") for r in coco["pending"]] == [1799999000, None]
     assert "waiting" not in coco["running"][0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as a directory's owner needs root")
+def test_old_manifests_are_removed_as_their_directorys_owner(tmp_path):
+    """Where NFS squashes root, root may remove nothing in a data owner's manifest directory;
+    the poller removes old manifests as that directory's owner. Seen here by a directory its
+    owner (nobody) may not write: root alone could remove the file, its owner cannot, and the
+    file stays, said in the log; writable by its owner, it goes."""
+    import pwd
+    c = conf(tmp_path, manifest_keep="1d")
+    state = Path(c.state_dir)
+    free, cur = "b" * 64, "c" * 64
+    manifest(state, "coco", free)
+    manifest(state, "coco", cur, current=True, age=2 * 86400)
+    d = state / "manifests" / "coco"
+    nobody = pwd.getpwnam("nobody")
+    for p in (state, state / "manifests"):
+        p.chmod(0o755)
+    os.chown(d, nobody.pw_uid, nobody.pw_gid)
+    from helpers import reachable_above
+    with reachable_above(d):
+        d.chmod(0o555)
+        assert manifests_gc.prune(c, time.time()) == []  # as nobody, who may not write there
+        d.chmod(0o755)
+        assert manifests_gc.prune(c, time.time()) == [("coco", free)]

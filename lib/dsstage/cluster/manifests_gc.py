@@ -7,13 +7,15 @@ removes a version when it is not the current one, no node report lists a copy of
 it was superseded more than ``retention.manifest_keep`` ago (the time ``CURRENT`` last
 changed), so that a node whose report is late has time to send it. A node that never
 reported is not known to hold anything: a copy it holds of a pruned version is only
-evicted, never staged from.
+evicted, never staged from. Entries are removed as the directory's owner (``as_owner``): where
+NFS squashes root, root could remove nothing there.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from contextlib import AbstractContextManager, nullcontext
 
 from dsstage.cluster.reports import read_all
 from dsstage.config.manifest import CURRENT, SUFFIX, Catalog
@@ -64,18 +66,37 @@ def prune_one(catalog: Catalog, conf: Config, name: str, held: set[tuple[str, st
     removed: list[tuple[str, str]] = []
     files = os.listdir(catalog.dir(name))
     keep = {current} | current_shards(catalog, name, files, current)
-    for f in files:
-        digest = f[:-len(SUFFIX)] if f.endswith(SUFFIX) else ""
-        if not digest or digest in keep or (name, version_id(digest)) in held:
-            continue
-        if _unlink(catalog.dir(name), f):
-            removed.append((name, digest))
-    # a version's shard indexes go with it (its shards' manifests went above, unless a node holds them)
-    left = set(os.listdir(catalog.dir(name)))
-    for f in files:
-        if shard_index.is_index(f) and shard_index.index_version(f) + SUFFIX not in left:
-            _unlink(catalog.dir(name), f)
+    with as_owner(catalog.dir(name)):
+        for f in files:
+            digest = f[:-len(SUFFIX)] if f.endswith(SUFFIX) else ""
+            if not digest or digest in keep or (name, version_id(digest)) in held:
+                continue
+            if _unlink(catalog.dir(name), f):
+                removed.append((name, digest))
+        # a version's shard indexes go with it (its shards' manifests went above, unless a node holds them)
+        left = set(os.listdir(catalog.dir(name)))
+        for f in files:
+            if shard_index.is_index(f) and shard_index.index_version(f) + SUFFIX not in left:
+                _unlink(catalog.dir(name), f)
     return removed
+
+
+def as_owner(directory: str) -> AbstractContextManager[None]:
+    """Remove entries of a dataset's manifest directory as the user who owns it (its data
+    owner, or report.user): root on a client of an NFS export with root_squash may remove
+    nothing there, that user may, and can do no more than it could itself. Root's directory,
+    or an owner unknown here: as root."""
+    st = os.stat(directory, follow_symlinks=False)
+    if st.st_uid == 0 or os.geteuid() != 0:
+        return nullcontext()
+    import pwd
+
+    from dsstage.fs.identity import Identity, acting_as
+    try:
+        pw = pwd.getpwuid(st.st_uid)
+    except KeyError:
+        return nullcontext()
+    return acting_as(Identity(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))))
 
 
 def _unlink(directory: str, f: str) -> bool:
