@@ -454,3 +454,26 @@ def test_the_budget_is_checked_against_epilog_timeout_too(tmp_path):
     assert len(problems) == 1 and "EpilogTimeout=120" in problems[0].message and "an Epilog" in problems[0].message
     conf.write_text("PrologTimeout=900\nEpilogTimeout=900\nPrologFlags=Alloc\n")
     assert not [p for p in check_host(c, str(conf))[1] if p.key == "prolog_budget"]
+
+
+def test_a_tier_on_the_jobs_scratch_filesystem_is_said_with_the_fix(tmp_path):
+    """A node-local disk shared with job scratch (TmpFS, job_container/tmpfs's BasePath): the
+    tier fills to its watermark whatever jobs wrote, so check-config says so and how to leave
+    them room; a tier on another filesystem is not named."""
+    from dsstage.slurm.conf import scratch_problems
+    tier = tmp_path / "nvme" / "n1"
+    tier.mkdir(parents=True)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    conf = load.from_dict(base(tiers={"nvme": {"path": str(tmp_path / "nvme" / "{node}"), "capacity": "100GB"}}))
+    where = str(tmp_path / "slurm.conf")
+    [p] = scratch_problems(conf, f"TmpFS={scratch}\n", where, "n1")
+    assert p.key == "tiers.nvme" and f"where jobs write scratch ({scratch}, from {where})" in p.message
+    assert "a capacity below the disk by what jobs write (a reserve), or a quota" in p.message
+    # job_container/tmpfs: its BasePath beside slurm.conf counts too
+    (tmp_path / "job_container.conf").write_text(f"AutoBasePath=true\nBasePath={scratch}\n")
+    found = scratch_problems(conf, "TmpFS=/nonexistent\nJobContainerType=job_container/tmpfs\n", where, "n1")
+    assert [q.key for q in found] == ["tiers.nvme"]
+    assert scratch_problems(conf, f"TmpFS={scratch}\n", where, "n2") == []  # no tier of n2 on this host
+    if os.stat("/proc").st_dev != os.stat(tier).st_dev:
+        assert scratch_problems(conf, "TmpFS=/proc\n", where, "n1") == []  # another filesystem: nothing said

@@ -28,7 +28,7 @@ log = logging.getLogger("dsstage")
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     conf = load_config(args)
-    slurm, problems = slurm_conf.check_host(conf, series=installed_series(conf))
+    slurm, problems = slurm_conf.check_host(conf, series=installed_series(conf), node=args.node or node_name())
     problems += tier_problems(conf, args.node or node_name())
     problems += shard_problems(conf, slurm.get("largest_job"))
     problems += access_notes(conf)

@@ -173,6 +173,48 @@ def shm_problems(conf: Config, text: str, where: str) -> list[Problem]:
             for t in conf.tiers.values() if os.path.normpath(t.path).startswith("/dev/shm")]
 
 
+def scratch_places(text: str, slurm_conf: str) -> list[str]:
+    """Where jobs write scratch on a node: slurm.conf's TmpFS (default /tmp) and, with
+    job_container/tmpfs, job_container.conf's BasePath (beside slurm.conf)."""
+    places = [setting(text, "TmpFS") or "/tmp"]
+    if "tmpfs" in (setting(text, "JobContainerType") or ""):
+        try:
+            with open(os.path.join(os.path.dirname(slurm_conf), "job_container.conf"), encoding="utf-8",
+                      errors="replace") as fh:
+                base = setting(fh.read(), "BasePath")
+        except OSError:
+            base = None
+        if base:
+            places.append(base)
+    return places
+
+
+def scratch_problems(conf: Config, text: str, where: str, node: str) -> list[Problem]:
+    """A tier on the filesystem where jobs write scratch (TmpFS, job_container's BasePath):
+    the tier fills to its high watermark of capacity whatever the jobs wrote there, so the
+    two compete for the disk; say so, with the fix (a reserve, or a quota)."""
+    out = []
+    for place in scratch_places(text, where):
+        try:
+            scratch = os.stat(place).st_dev
+        except OSError:
+            continue
+        for t in conf.tiers.values():
+            try:
+                here = os.stat(t.root(node)).st_dev
+            except OSError:
+                continue  # not on this host
+            if here != scratch:
+                continue
+            size = f"{t.capacity:.0%} of the filesystem" if isinstance(t.capacity, float) else f"{t.capacity} bytes"
+            out.append(Problem("note", f"tiers.{t.name}", (
+                f"tier {t.name} ({t.root(node)}) is on the filesystem where jobs write scratch ({place}, from "
+                f"{where}): dsstage fills it up to {t.high_watermark:.0%} of its capacity ({size}) whatever jobs "
+                "wrote there; leave them room: a capacity below the disk by what jobs write (a reserve), or a "
+                "quota on the jobs' scratch")))
+    return out
+
+
 def spank_problems(text: str, slurm_conf: str, series: str | None) -> list[Problem]:
     """How this host's plugstack.conf (slurm.conf's PlugStackConfig, else beside slurm.conf)
     loads dsstage's SPANK plugin, against the Slurm ``series`` here."""
@@ -210,9 +252,9 @@ def largest_job(text: str) -> int | None:
 
 
 def check_host(conf: Config, slurm_conf: str | None = None,
-               series: str | None = None) -> tuple[dict[str, Any], list[Problem]]:
+               series: str | None = None, node: str | None = None) -> tuple[dict[str, Any], list[Problem]]:
     """The configuration against this host's Slurm (of ``series``, where known): what was
-    found, and the problems."""
+    found, and the problems. ``node``: this host's node name, for its tiers' paths."""
     path = slurm_conf or slurm_conf_path()
     found: dict[str, Any] = {"slurm_conf": path, "read": False, "prolog_epilog_timeout": None}
     problems: list[Problem] = []
@@ -269,6 +311,8 @@ def check_host(conf: Config, slurm_conf: str | None = None,
             found["largest_job"] = largest_job(text)
             problems += hooks_problems(text, os.path.dirname(path), path)
             problems += shm_problems(conf, text, path)
+            if node:
+                problems += scratch_problems(conf, text, path, node)
     if conf.peers.enabled:
         from dsstage.transfer.peerd import read_secret
         ports = [conf.peers.port] + [int(h.rsplit(":", 1)[1]) for h in conf.peers.hosts.values() if ":" in h]
