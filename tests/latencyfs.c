@@ -39,6 +39,13 @@
  * SIGUSR2 resets them and writes the file too. Each write carries a sequence number
  * `seq`, so a reader can wait for it.
  *
+ * Root squashed (option `squash`): the mount is writable, and every request runs with the
+ * caller's file-system identity (setfsuid, setfsgid and its groups, per worker thread), but
+ * a caller with uid 0 is served as squash_uid:squash_gid (65534:65534, no groups), as an NFS
+ * server exporting with root_squash serves root on a client: the backing directory's own
+ * permissions decide, as the server's do. Writes, directories, links, renames, modes, owners
+ * and times are passed through; extended attributes (so POSIX ACLs) are not.
+ *
  * Paths are resolved beneath the backing directory's descriptor with openat2's
  * RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, never following a symlink: a symlink is
  * reported as one (lstat, readlink) and the kernel follows it inside the mount.
@@ -66,9 +73,10 @@
 #include <unistd.h>
 
 enum kind { K_GETATTR, K_READLINK, K_OPENDIR, K_READDIR, K_OPEN, K_READ, K_RELEASE, K_RELEASEDIR,
-            K_STATFS, K_COUNT };
+            K_STATFS, K_WRITE, K_CHANGE, K_COUNT };
 static const char *const kind_names[K_COUNT] = {
-    "getattr", "readlink", "opendir", "readdir", "open", "read", "release", "releasedir", "statfs"};
+    "getattr", "readlink", "opendir", "readdir", "open", "read", "release", "releasedir", "statfs",
+    "write", "change"};
 
 static struct options {
     char *backing;
@@ -80,7 +88,9 @@ static struct options {
     unsigned long rate;  /* bytes per second over all read replies, 0 = unlimited */
     int readdirplus;
     int direct_io;  /* no page cache at all: several clients of one mount read separately */
-} opt = {.delay_us = 1000, .threads = 256};
+    int squash;  /* writable, each request as its caller, root as squash_uid:squash_gid */
+    unsigned squash_uid, squash_gid;
+} opt = {.delay_us = 1000, .threads = 256, .squash_uid = 65534, .squash_gid = 65534};
 
 static int backing_fd = -1;
 static atomic_long counts[K_COUNT];
@@ -201,6 +211,47 @@ static void *signal_thread(void *arg)
 
 static sigset_t usr_signals;
 
+/* With `squash`: this worker thread takes the caller's file-system identity (root's squashed)
+ * for the request, and gives it back after. setfsuid/setfsgid and the raw setgroups call are
+ * per thread (glibc's setgroups() would change every thread). */
+static void as_caller(void)
+{
+    if (!opt.squash)
+        return;
+    struct fuse_context *c = fuse_get_context();
+    uid_t uid = c->uid;
+    gid_t gid = c->gid;
+    gid_t groups[64];
+    int n = 0;
+    if (uid == 0) {
+        uid = opt.squash_uid;
+        gid = opt.squash_gid;
+    } else {
+        n = fuse_getgroups(64, groups);
+        if (n < 0 || n > 64)
+            n = 0;
+    }
+    syscall(SYS_setgroups, n, groups);
+    syscall(SYS_setfsgid, gid);
+    syscall(SYS_setfsuid, uid);
+}
+
+static void as_server(void)
+{
+    if (!opt.squash)
+        return;
+    syscall(SYS_setfsuid, 0);
+    syscall(SYS_setfsgid, 0);
+    syscall(SYS_setgroups, 0, NULL);
+}
+
+/* PATH (as FUSE gives it, "/a/b") relative to the backing directory */
+static const char *rel(const char *path)
+{
+    const char *r = path[0] == '/' ? path + 1 : path;
+    return *r ? r : ".";
+}
+
 /* A descriptor for PATH (as FUSE gives it, "/a/b") beneath the backing directory. */
 static int open_beneath(const char *path, int flags)
 {
@@ -276,7 +327,9 @@ static int lfs_getattr(const char *path, struct stat *st, struct fuse_file_info 
 {
     (void)fi;
     enter(K_GETATTR);
+    as_caller();
     int fd = open_beneath(path, O_PATH);
+    as_server();
     if (fd < 0)
         return leave(K_GETATTR, fd);
     int res = fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 ? 0 : -errno;
@@ -289,7 +342,9 @@ static int lfs_readlink(const char *path, char *buf, size_t size)
     enter(K_READLINK);
     if (size == 0)
         return leave(K_READLINK, -EINVAL);
+    as_caller();
     int fd = open_beneath(path, O_PATH);
+    as_server();
     if (fd < 0)
         return leave(K_READLINK, fd);
     ssize_t n = readlinkat(fd, "", buf, size - 1);
@@ -303,9 +358,11 @@ static int lfs_readlink(const char *path, char *buf, size_t size)
 static int lfs_open(const char *path, struct fuse_file_info *fi)
 {
     enter(K_OPEN);
-    if ((fi->flags & O_ACCMODE) != O_RDONLY)
+    if ((fi->flags & O_ACCMODE) != O_RDONLY && !opt.squash)
         return leave(K_OPEN, -EROFS);
-    int fd = open_beneath(path, O_RDONLY);
+    as_caller();
+    int fd = open_beneath(path, opt.squash ? (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY)) : O_RDONLY);
+    as_server();
     if (fd < 0)
         return leave(K_OPEN, fd);
     fi->fh = (uint64_t)fd;
@@ -358,7 +415,9 @@ struct dir {
 static int lfs_opendir(const char *path, struct fuse_file_info *fi)
 {
     enter(K_OPENDIR);
+    as_caller();
     int fd = open_beneath(path, O_RDONLY | O_DIRECTORY);
+    as_server();
     if (fd < 0)
         return leave(K_OPENDIR, fd);
     struct dir *d = calloc(1, sizeof *d);
@@ -431,6 +490,130 @@ static int lfs_statfs(const char *path, struct statvfs *sv)
     return leave(K_STATFS, fstatvfs(backing_fd, sv) == 0 ? 0 : -errno);
 }
 
+/* -- the writable operations (squash): each as its caller, relative to the backing directory -- */
+
+static int done(int ok)
+{
+    int res = ok ? 0 : -errno;
+    as_server();
+    return leave(K_CHANGE, res);
+}
+
+static int lfs_mkdir(const char *path, mode_t mode)
+{
+    enter(K_CHANGE);
+    as_caller();
+    return done(mkdirat(backing_fd, rel(path), mode) == 0);
+}
+
+static int lfs_unlink(const char *path)
+{
+    enter(K_CHANGE);
+    as_caller();
+    return done(unlinkat(backing_fd, rel(path), 0) == 0);
+}
+
+static int lfs_rmdir(const char *path)
+{
+    enter(K_CHANGE);
+    as_caller();
+    return done(unlinkat(backing_fd, rel(path), AT_REMOVEDIR) == 0);
+}
+
+static int lfs_rename(const char *from, const char *to, unsigned int flags)
+{
+    enter(K_CHANGE);
+    as_caller();
+    return done(syscall(SYS_renameat2, backing_fd, rel(from), backing_fd, rel(to), flags) == 0);
+}
+
+static int lfs_link(const char *from, const char *to)
+{
+    enter(K_CHANGE);
+    as_caller();
+    return done(linkat(backing_fd, rel(from), backing_fd, rel(to), 0) == 0);
+}
+
+static int lfs_symlink(const char *target, const char *path)
+{
+    enter(K_CHANGE);
+    as_caller();
+    return done(symlinkat(target, backing_fd, rel(path)) == 0);
+}
+
+static int lfs_chmod(const char *path, mode_t mode, struct fuse_file_info *fi)
+{
+    enter(K_CHANGE);
+    as_caller();
+    return done((fi ? fchmod((int)fi->fh, mode) : fchmodat(backing_fd, rel(path), mode, 0)) == 0);
+}
+
+static int lfs_chown(const char *path, uid_t uid, gid_t gid, struct fuse_file_info *fi)
+{
+    enter(K_CHANGE);
+    as_caller();
+    return done((fi ? fchown((int)fi->fh, uid, gid)
+                    : fchownat(backing_fd, rel(path), uid, gid, AT_SYMLINK_NOFOLLOW)) == 0);
+}
+
+static int lfs_truncate(const char *path, off_t size, struct fuse_file_info *fi)
+{
+    enter(K_CHANGE);
+    as_caller();
+    if (fi)
+        return done(ftruncate((int)fi->fh, size) == 0);
+    int fd = open_beneath(path, O_WRONLY);
+    if (fd < 0) {
+        errno = -fd;
+        return done(0);
+    }
+    int ok = ftruncate(fd, size) == 0;
+    int err = errno;
+    close(fd);
+    errno = err;
+    return done(ok);
+}
+
+static int lfs_utimens(const char *path, const struct timespec ts[2], struct fuse_file_info *fi)
+{
+    enter(K_CHANGE);
+    as_caller();
+    return done((fi ? futimens((int)fi->fh, ts) : utimensat(backing_fd, rel(path), ts, AT_SYMLINK_NOFOLLOW)) == 0);
+}
+
+static int lfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
+{
+    enter(K_OPEN);
+    as_caller();
+    struct open_how how = {.flags = (unsigned long long)(fi->flags | O_CREAT | O_NOFOLLOW | O_CLOEXEC),
+                           .mode = mode & 07777,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+    int fd = (int)syscall(SYS_openat2, backing_fd, rel(path), &how, sizeof how);
+    int res = fd < 0 ? -errno : 0;
+    as_server();
+    if (fd >= 0) {
+        fi->fh = (uint64_t)fd;
+        fi->keep_cache = 0;
+    }
+    return leave(K_OPEN, res);
+}
+
+static int lfs_write(const char *path, const char *buf, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    (void)path;
+    enter(K_WRITE);
+    ssize_t n = pwrite((int)fi->fh, buf, size, off);
+    return leave(K_WRITE, n < 0 ? -errno : (int)n);
+}
+
+static int lfs_fsync(const char *path, int datasync, struct fuse_file_info *fi)
+{
+    (void)path;
+    enter(K_CHANGE);
+    int res = (datasync ? fdatasync((int)fi->fh) : fsync((int)fi->fh)) == 0 ? 0 : -errno;
+    return leave(K_CHANGE, res);
+}
+
 static const struct fuse_operations ops = {
     .init = lfs_init,
     .destroy = lfs_destroy,
@@ -443,6 +626,20 @@ static const struct fuse_operations ops = {
     .readdir = lfs_readdir,
     .releasedir = lfs_releasedir,
     .statfs = lfs_statfs,
+    /* squash only: a read-only mount refuses them in the kernel before they come here */
+    .mkdir = lfs_mkdir,
+    .unlink = lfs_unlink,
+    .rmdir = lfs_rmdir,
+    .rename = lfs_rename,
+    .link = lfs_link,
+    .symlink = lfs_symlink,
+    .chmod = lfs_chmod,
+    .chown = lfs_chown,
+    .truncate = lfs_truncate,
+    .utimens = lfs_utimens,
+    .create = lfs_create,
+    .write = lfs_write,
+    .fsync = lfs_fsync,
 };
 
 #define OPT(t, p) {t, offsetof(struct options, p), 1}
@@ -455,6 +652,9 @@ static const struct fuse_opt option_spec[] = {
     OPT("fail=%s", fail),
     OPT("readdirplus", readdirplus),
     OPT("uncached", direct_io),
+    OPT("squash", squash),
+    OPT("squash_uid=%u", squash_uid),
+    OPT("squash_gid=%u", squash_gid),
     FUSE_OPT_END,
 };
 
@@ -509,7 +709,8 @@ int main(int argc, char *argv[])
     snprintf(fsname_opt, sizeof fsname_opt, "-ofsname=latencyfs:%s,subtype=latencyfs", opt.backing);
     struct fuse_args full = FUSE_ARGS_INIT(0, NULL);
     fuse_opt_add_arg(&full, args.argv[0]);
-    fuse_opt_add_arg(&full, "-oro,entry_timeout=1,attr_timeout=1,negative_timeout=0");
+    fuse_opt_add_arg(&full, opt.squash ? "-orw,allow_other,entry_timeout=1,attr_timeout=1,negative_timeout=0"
+                                       : "-oro,entry_timeout=1,attr_timeout=1,negative_timeout=0");
     fuse_opt_add_arg(&full, threads_opt);
     fuse_opt_add_arg(&full, strchr(opt.backing, ',') ? "-osubtype=latencyfs" : fsname_opt);
     for (int i = 1; i < args.argc; i++)

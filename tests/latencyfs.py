@@ -136,7 +136,9 @@ class LatencyFS:
 
     def __init__(self, backing: str | Path, mountpoint: str | Path, delay_us: int = 1000, threads: int = 256,
                  attr_timeout: float = 1.0, entry_timeout: float | None = None, readdirplus: bool = False,
-                 allow_other: bool = False, extra_options: str = "", rate: int = 0) -> None:
+                 allow_other: bool = False, extra_options: str = "", rate: int = 0, squash: bool = False) -> None:
+        """``squash``: writable, each request as its caller, root served as 65534:65534 (an NFS
+        export with root_squash); the backing directory's own permissions decide."""
         if rate < 0:
             raise ValueError(f"latencyfs: rate must be >= 0 bytes per second, not {rate}")
         self.backing = os.path.realpath(backing)
@@ -145,6 +147,7 @@ class LatencyFS:
         self.attr_timeout = attr_timeout
         self.entry_timeout = attr_timeout if entry_timeout is None else entry_timeout
         self.readdirplus, self.allow_other, self.extra_options = readdirplus, allow_other, extra_options
+        self.squash = squash
         self.workdir = Path(tempfile.mkdtemp(prefix="latencyfs-"))
         self.stats_file = self.workdir / "stats.json"
         self.hang_file = self.workdir / "hang"  # while it exists, latencyfs answers nothing
@@ -162,7 +165,7 @@ class LatencyFS:
         opts = [f"delay_us={self.delay_us}", f"threads={self.threads}", f"rate={self.rate}", f"stats={self.stats_file}",
                 f"hang={self.hang_file}", f"fail={self.fail_file}",
                 f"attr_timeout={self.attr_timeout}", f"entry_timeout={self.entry_timeout}"]
-        opts += ["readdirplus"] * self.readdirplus + ["allow_other"] * self.allow_other
+        opts += ["readdirplus"] * self.readdirplus + ["allow_other"] * self.allow_other + ["squash"] * self.squash
         return ",".join(opts + ([self.extra_options] if self.extra_options else []))
 
     def mount(self, timeout: float = 15) -> LatencyFS:
