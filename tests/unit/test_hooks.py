@@ -182,3 +182,21 @@ def test_a_task_file_that_cannot_be_written_drains_only_for_the_nodes_own_fault(
     assert got == rc
     assert ("5" in slurm.held or "5" in slurm.notified) == (action == "hold")
     assert ("n1" in slurm.drained) == (action == "drain")
+
+
+def test_a_sharded_dataset_whose_stage_stopped_answering_is_held_not_given_whole():
+    """The hook decides without its work (dsstage.hooks.abandoned) when the source or the state
+    directory hangs; this node's part of the job's plan is in the state directory, so a
+    sharded dataset is held there: a fallback would give this rank the whole dataset and no
+    DSSTAGE_FILES. A dataset without shards still falls back to its mounted source."""
+    import pwd
+
+    from dsstage.config import catalog as cat
+    from dsstage.errors import OutOfTime
+    from dsstage.hooks import abandoned
+    conf = load.from_dict({"state_dir": "/s", "tiers": {"nvme": {"path": "/l", "capacity": "1TB"}},
+                           "datasets": {"big": {"source": "/d/big", "shards": 4}, "coco": {"source": "/d/coco"}}})
+    root = cat.User(name="root", uid=0, groups=frozenset({pwd.getpwuid(0).pw_name}))
+    out = {v.dataset: v for v in abandoned.verdicts("big,coco", False, conf, root, OutOfTime("hung"))}
+    assert out["big"].action == "hold" and "part of 'big' cannot be told now" in out["big"].reason
+    assert out["coco"].action == "fallback" and out["coco"].path == "/d/coco"

@@ -91,12 +91,13 @@ def as_owner(directory: str) -> AbstractContextManager[None]:
         return nullcontext()
     import pwd
 
-    from dsstage.fs.identity import Identity, acting_as
+    from dsstage.errors import ConfigError
+    from dsstage.fs.identity import acting_as, lookup
     try:
-        pw = pwd.getpwuid(st.st_uid)
-    except KeyError:
-        return nullcontext()
-    return acting_as(Identity(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))))
+        ident = lookup(pwd.getpwuid(st.st_uid).pw_name, "the manifest directory's owner")
+    except (KeyError, ConfigError):
+        return nullcontext()  # unknown here, or no identity switch on this machine: as root
+    return acting_as(ident)
 
 
 def _unlink(directory: str, f: str) -> bool:

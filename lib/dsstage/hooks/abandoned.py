@@ -58,7 +58,13 @@ def verdicts(request: str | None, bb: bool, conf: Config, user: cat.User | None,
             except DsstageError as exc:
                 out.append(Verdict(name, "hold", None, str(exc)))
                 continue
-            out.append(on_failure(name, ds, error))
+            verdict = on_failure(name, ds, error)
+            if ds.shards and verdict.action == "fallback":
+                # this node's part of the job's plan is in the state directory, which may be what
+                # hangs: a fallback without it would give this rank the whole dataset, or nothing
+                verdict = Verdict(name, "hold", None, f"{verdict.reason}; this node's part of {name!r} cannot be "
+                                  "told now: held, so that no rank reads another node's part or the whole dataset")
+            out.append(verdict)
     if bb:
         out.append(Verdict(BB_REQUEST, "hold", None, f"the job's #BB_LUA request could not be read: {error}"))
     return out

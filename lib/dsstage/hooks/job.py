@@ -211,7 +211,8 @@ def off_parts(ctx: JobContext, conf: Config, outcomes: list[Verdict], run_dir: s
     from dsstage.hooks import shardjob
     store = Store(conf, ctx.node or None, run_dir=run_dir)
     part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.uid, ctx.gid)
-    versions = pinned_versions(ctx, conf, store, sharded_names)
+    # every dataset of the job pinned, not only these: the first node to pin decides for all
+    versions = pinned_versions(ctx, conf, store, [o.dataset for o in outcomes if o.dataset in conf.datasets])
     return [shardjob.fallback(part_of, store, o, versions, sharded_names, may_hold=False)
             if o.dataset in sharded_names else o for o in outcomes]
 

@@ -172,17 +172,21 @@ def probe(source: Source, rsh: str, timeout: float = PROBE_TIMEOUT) -> str | Non
 def gate(conf: Config, ds: Dataset, node: str, now: float | None = None) -> str | None:
     """Before a stage of ``ds`` from its source: None to go on, else why the stage must not
     (the dataset then gets its ``on_failure`` at once). A due probe is made here, bounded by
-    ``PROBE_TIMEOUT``; a state directory that cannot be read or written is no breaker."""
+    ``PROBE_TIMEOUT``, as root (ssh's keys are root's); the state directory is read and
+    written as ``report.user``; one that cannot be read or written is no breaker."""
+    from dsstage.fs.identity import writing_as
     key = key_of(conf, ds)
     now = time.time() if now is None else now
-    record = read(conf.state_dir, key)
+    with writing_as(conf.report.user):
+        record = read(conf.state_dir, key)
     st = state(record, now)
     if st.kind == "closed" or record is None:
         return None
     if st.kind == "open":
         return f"the breaker of {key} is open: {st.reason}"
     try:
-        claim_probe(conf.state_dir, key, record, node, now)
+        with writing_as(conf.report.user):
+            claim_probe(conf.state_dir, key, record, node, now)
     except OSError as exc:
         log.warning("cannot claim the probe of %s: %s", key, exc)
     why = probe(ds.source, conf.transfer.rsh)
@@ -191,7 +195,8 @@ def gate(conf: Config, ds: Dataset, node: str, now: float | None = None) -> str 
         return f"the breaker of {key} is open: {st.reason}; probed again now: {why}"
     log.info("the source of %s answers again: the breaker of %s is closed (probed on %s)", ds.name, key, node)
     try:
-        reset(conf.state_dir, key)
+        with writing_as(conf.report.user):
+            reset(conf.state_dir, key)
     except OSError as exc:
         log.warning("cannot close the breaker of %s: %s", key, exc)
     return None

@@ -23,6 +23,7 @@ taken: it logs it and goes on with what it has (the one way past the budget; a s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsstage.config.model import Config, SourceBudget
-from dsstage.errors import OutOfTime
+from dsstage.errors import OutOfTime, StateError
 from dsstage.fs import formats, jsontext, safe, shared, untrusted
 
 log = logging.getLogger(__name__)
@@ -71,36 +72,55 @@ def _where(state_dir: str, budget: SourceBudget) -> str:
     return os.path.join(state_dir, DIR, budget.name)
 
 
-def _grants(where: str) -> dict[str, dict[str, Any]]:
+def _grants(where: str, now: float | None = None) -> dict[str, dict[str, Any]]:
+    """The grants in ``where``; with ``now``, those expired more than ``TTL`` ago are removed
+    (a stage killed without giving its slots back: they hold nothing, and would only make
+    every taker read more)."""
     try:
         names = [n for n in os.listdir(where) if n.endswith(".json") and not n.startswith(".")]
     except FileNotFoundError:
         return {}
-    return {n: untrusted.read_json(os.path.join(where, n), 4096) for n in names}
+    out = {}
+    for n in names:
+        g = untrusted.read_json(os.path.join(where, n), 4096)
+        until = g.get("until")
+        if now is not None and isinstance(until, (int, float)) and until < now - TTL:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(where, n))
+            continue
+        out[n] = g
+    return out
 
 
 @contextmanager
-def _locked(where: str, writers: tuple[int, ...], clock: Callable[[], float]) -> Iterator[bool]:
-    """Hold the takers' lock; yields False if it could not be had within ``LOCK_TTL``."""
-    deadline = time.monotonic() + LOCK_TTL
-    data = jsontext.dumps({"time": clock(), "pid": os.getpid()}).encode()
+def _locked(where: str, writers: tuple[int, ...], clock: Callable[[], float],
+            deadline: float | None) -> Iterator[bool]:
+    """Hold the takers' lock; yields False if it could not be had within ``LOCK_TTL`` (or by
+    ``deadline``, time.monotonic()). The lock carries a nonce: only a lock that was read whole
+    and is older than ``LOCK_TTL`` is broken, and only the holder's own is removed at the end."""
+    until = time.monotonic() + LOCK_TTL
+    if deadline is not None:
+        until = min(until, deadline)
+    nonce = secrets.token_hex(8)
     got = False
     while not got:
+        # its time is when it is made: a lock had after a wait is as fresh as any
+        data = jsontext.dumps({"time": clock(), "pid": os.getpid(), "nonce": nonce}).encode()
         got = shared.create_once(where, LOCK, data, writers)
         if got:
             break
         held = untrusted.read_json(os.path.join(where, LOCK), 4096)
         since = held.get("time")
-        if not isinstance(since, (int, float)) or clock() - since > LOCK_TTL:
-            shared.remove(where, LOCK, writers)  # a dead taker's
+        if isinstance(since, (int, float)) and clock() - since > LOCK_TTL:
+            shared.remove(where, LOCK, writers)  # a dead taker's (read whole, and old)
             continue
-        if time.monotonic() > deadline:
+        if time.monotonic() > until:
             break
         time.sleep(0.05)
     try:
         yield got
     finally:
-        if got:
+        if got and untrusted.read_json(os.path.join(where, LOCK), 4096).get("nonce") == nonce:
             shared.remove(where, LOCK, writers)
 
 
@@ -112,21 +132,18 @@ def take(conf: Config, budget: SourceBudget, node: str, want: int, deadline: flo
     where = _where(conf.state_dir, budget)
     writers = shared.writers(conf.report.user)
     token = f"{node}.{secrets.token_hex(6)}.json"
+    path = os.path.join(where, token)
     waited = False
     while True:
-        os.makedirs(where, mode=0o755, exist_ok=True)
-        with _locked(where, writers, clock) as locked:
-            if locked:
-                now = clock()
-                room = free(_grants(where), now, budget.max_in_flight)
-                if room > 0:
-                    slots = max(1, min(want, room))
-                    record = formats.stamp("budget-grant", {"node": node, "slots": slots, "until": now + TTL,
-                                                            "pid": os.getpid()})
-                    safe.write_json(os.path.join(where, token), record, fsync=False)
-                    if waited:
-                        log.info("sources.%s: %d slot(s) free again", budget.name, slots)
-                    return Grant(budget.name, slots, os.path.join(where, token), record)
+        try:
+            got = _try_take(where, writers, clock, deadline, budget, node, want, path)
+        except OSError as exc:  # the state directory's, never this node's store: no drain
+            raise StateError(f"sources.{budget.name}: the shared state directory {conf.state_dir} failed taking "
+                             f"this stage's requests in flight ({exc.strerror or exc})") from None
+        if got is not None:
+            if waited:
+                log.info("sources.%s: %d slot(s) free again", budget.name, got.slots)
+            return got
         if deadline is not None and time.monotonic() + POLL > deadline:
             raise OutOfTime(f"sources.{budget.name} has no request in flight to spare (max_in_flight "
                             f"{budget.max_in_flight}, all taken by other stages) within the time budget")
@@ -137,9 +154,35 @@ def take(conf: Config, budget: SourceBudget, node: str, want: int, deadline: flo
         sleep(POLL)
 
 
+def _try_take(where: str, writers: tuple[int, ...], clock: Callable[[], float], deadline: float | None,
+              budget: SourceBudget, node: str, want: int, path: str) -> Grant | None:
+    """One try under the lock: a grant of what is free, or None. Counted again once written:
+    where a broken lock let another taker in at the same time and the two went over the
+    budget, this one withdraws (and tries again) rather than keep it."""
+    os.makedirs(where, mode=0o755, exist_ok=True)
+    with _locked(where, writers, clock, deadline) as locked:
+        if not locked:
+            return None
+        now = clock()
+        room = free(_grants(where, now), now, budget.max_in_flight)
+        if room <= 0:
+            return None
+        slots = max(1, min(want, room))
+        record = formats.stamp("budget-grant", {"node": node, "slots": slots, "until": now + TTL,
+                                                "pid": os.getpid()})
+        safe.write_json(path, record, fsync=False)
+        if free(_grants(where), now, budget.max_in_flight + slots) < slots:  # over: someone came in too
+            os.unlink(path)
+            return None
+        return Grant(budget.name, slots, path, record)
+
+
 def renew(grant: Grant, clock: Callable[[], float] = time.time) -> bool:
-    """Move the grant's ``until`` on; False if it is gone (taken over after a stall)."""
-    if not os.path.exists(grant.path):
+    """Move the grant's ``until`` on; False if it is gone or has expired (its slots may be
+    another stage's now: a stall of ``TTL``), in which case it is not renewed."""
+    held = untrusted.read_json(grant.path, 4096)
+    until = held.get("until")
+    if not held or not isinstance(until, (int, float)) or until < clock():
         return False
     grant.record = {**grant.record, "until": clock() + TTL}
     safe.write_json(grant.path, grant.record, fsync=False)
@@ -167,14 +210,18 @@ def held(conf: Config, budget: SourceBudget, node: str, want: int, deadline: flo
             try:
                 with writing_as(conf.report.user):
                     if not renew(grant):
-                        log.warning("sources.%s: this stage's %d slot(s) were taken over after a stall; going on",
-                                    grant.source, grant.slots)
+                        log.warning("sources.%s: this stage's %d slot(s) expired after a stall and may be "
+                                    "others' now; going on", grant.source, grant.slots)
                         return
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - a renewal that fails is said; the stage goes on
                 log.warning("sources.%s: cannot renew this stage's slots: %s", grant.source, exc)
 
     keeper = threading.Thread(target=keep, name="budget", daemon=True)
-    keeper.start()
+    try:
+        keeper.start()
+    except BaseException:
+        release(grant)
+        raise
     try:
         yield grant
     finally:

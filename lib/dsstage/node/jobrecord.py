@@ -219,13 +219,24 @@ def recorded(state_dir: str, job_id: str, nodes: Sequence[str], user: str | None
             return {}
         return record
     pins = one(f"{job_id}.json")
-    found = pins.get("versions")
+    found = pins.get("versions") if pins.get("nodes") is None or _same_nodes(pins.get("nodes"), nodes) else None
     versions: dict[str, Any] = found if isinstance(found, dict) else {}
     record = one(f"{job_id}.shards.json")
     plans = record.get("shards") if record.get("nodes") == sorted(nodes) else None
     return ({str(k): str(v) for k, v in versions.items()},
             {str(name): {str(n): [str(x) for x in ids] for n, ids in plan.items() if isinstance(ids, list)}
              for name, plan in plans.items() if isinstance(plan, dict)} if isinstance(plans, dict) else None)
+
+
+def _same_nodes(hostlist: object, nodes: Sequence[str]) -> bool:
+    """Whether a record's node list (a hostlist) is the job's ``nodes``."""
+    if not isinstance(hostlist, str):
+        return False
+    from dsstage.hostlist import expand_nodes
+    try:
+        return sorted(expand_nodes(hostlist)) == sorted(nodes)
+    except ValueError:
+        return False
 
 
 def _parse(raw: bytes | None) -> dict | None:

@@ -57,9 +57,11 @@ def current(record: dict[str, Any] | None, rep: dict[str, Any], dataset: str, ve
     if rep.get("node") != record.get("node") or not isinstance(when, (int, float)) or now - when > max_age:
         return False
     rows = rep.get("copies")
-    return isinstance(rows, list) and any(
-        isinstance(r, dict) and r.get("dataset") == dataset and r.get("version") == version
-        and r.get("state") in ("staging", "ready") for r in rows)
+    states = {r.get("state") for r in rows if isinstance(r, dict) and r.get("dataset") == dataset
+              and r.get("version") == version} if isinstance(rows, list) else set()
+    # a stage notes its progress in the report every few seconds: a report that still says
+    # "staging" but has not changed for ``grace`` is a killed stage's, whose claim goes
+    return "ready" in states or ("staging" in states and now - when <= grace)
 
 
 def claim(conf: Config, dataset: str, version: str, me: str, now: float | None = None) -> str | None:

@@ -115,11 +115,8 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
 def closed(store: Store, ds: Dataset) -> None:
     """Raise SourceError, at once, while the breaker of ``ds``'s source is open (dsstage.node.breaker:
     its source stopped answering for a stage on some node, and no probe since has had an answer)."""
-    from dsstage.fs.identity import writing_as
     from dsstage.node import breaker
-    conf = store.config
-    with writing_as(conf.report.user):
-        why = breaker.gate(conf, ds, store.node)
+    why = breaker.gate(store.config, ds, store.node)
     if why:
         raise SourceError(f"{ds.name!r} is not staged: {why}")
 
@@ -220,10 +217,13 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
                        resumed=record, job_id=job.job_id)
     linked: dict[int, tuple[int, int]] = {}
     holders, ready, claimed = from_whom(store, name, digest)
-    with space.reservation(tier, tier_conf.name, tier_conf.capacity, record, needed,
-                           f"dataset {name!r}", store.node), stagers.claimed(store.config, name, version_id(digest),
-                                                                              store.node, claimed), \
-            within_budget(store, ds, job, peers_first=bool(holders)) as transfer:
+    # a shard: only the nodes that stage the same one (its replicas) are peers
+    group = peers.group_for(store.config.peers, job.replicas if job.shard else job.nodes, store.node, holders, ready)
+    # the claim first: a reservation that fails gives it back
+    with stagers.claimed(store.config, name, version_id(digest), store.node, claimed), \
+            space.reservation(tier, tier_conf.name, tier_conf.capacity, record, needed, f"dataset {name!r}",
+                              store.node), \
+            within_budget(store, ds, job, peers_first=bool(group and group.holders)) as transfer:
         if prefetch and prefetch.bwlimit:
             # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
             transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
@@ -234,9 +234,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
                                 store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
                                 interval=store.config.report.interval,
                                 publish_to=node_report.publish_target(store.config), also=progress),
-                            # a shard: only the nodes that stage the same one (its replicas) are peers
-                            group=peers.group_for(store.config.peers, job.replicas if job.shard else job.nodes,
-                                                  store.node, holders, ready),
+                            group=group,
                             tier=tier_conf.name)
         versions = [version_id(m.digest) for _fd, m in older]
         publish.publish(tier, name, digest, {
@@ -272,8 +270,9 @@ def within_budget(store: Store, ds: Dataset, job: StageRequest, *, peers_first: 
     """The transfer settings for this stage, held for its duration: where the dataset's source
     has a budget (``sources``), the slots this stage got of the cluster's ``max_in_flight``
     (dsstage.node.budget) bound the requests in flight (the copier's limit, rsync's streams).
-    ``peers_first``: the version comes from peers, the source only for what they fail to give
-    (one slot is enough)."""
+    ``peers_first``: the version comes from other nodes that hold it or read it now (holders),
+    the source only for what they fail to give: no slot is taken (a stage that waited for a
+    slot it does not need would stall the array that follows one reader)."""
     from dsstage.node import budget as source_budget
     transfer = store.config.transfer
     budget = store.config.budget_of(ds.source)
@@ -285,7 +284,10 @@ def within_budget(store: Store, ds: Dataset, job: StageRequest, *, peers_first: 
     except ValueError:
         nodes = 1
     share = max(1, budget.max_in_flight // max(1, nodes))
-    want = 1 if peers_first else min(share, transfer.max_parallel if ds.source.kind == "local" else transfer.streams)
+    if peers_first:
+        yield transfer
+        return
+    want = min(share, transfer.max_parallel if ds.source.kind == "local" else transfer.streams)
     with source_budget.held(store.config, budget, store.node, want, job.deadline) as grant:
         log.info("staging %s from %s: at most %d request(s) in flight from this stage (sources.%s: %d in the "
                  "cluster)", ds.name, ds.source.raw, grant.slots, budget.name, budget.max_in_flight)

@@ -27,8 +27,10 @@ and removed as that user: the only test NFS answers truly) and names the fix.
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,6 +85,8 @@ def init(conf: Config) -> list[str]:
             os.makedirs(path, mode=0o755, exist_ok=True)
             done.append(f"made {path}")
         st = os.stat(path, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.ENOTDIR, "not a directory (a symbolic link?): remove it", path)
         if (st.st_uid, st.st_gid) != (uid, gid):
             os.chown(path, uid, gid, follow_symlinks=False)
             done.append(f"gave {path} to {p.user or 'root'}")
