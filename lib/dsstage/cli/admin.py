@@ -32,6 +32,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     problems += tier_problems(conf, args.node or node_name())
     problems += shard_problems(conf, slurm.get("largest_job"))
     problems += access_notes(conf)
+    from dsstage import __version__
+    problems += [slurm_conf.Problem("note", key, f"unknown to dsstage {__version__}, like no key it knows: ignored "
+                                    "(a newer dsstage's key? upgrade this host; a misspelling? fix it)")
+                 for key in conf.unknown_keys]
     from dsstage.node import statedir
     problems += [slurm_conf.Problem(level, key, msg) for level, key, msg in statedir.problems(conf)]
     errors = [p for p in problems if p.level == "error"]

@@ -149,7 +149,8 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
                   on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer,
                   slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user,
                   retention=retention, report=report, fleet=fleet, metrics=metrics, prefetch=prefetch,
-                  placement=placement, burst_buffer=burst_buffer, peers=peers, sources=sources, rollout=rollout)
+                  placement=placement, burst_buffer=burst_buffer, peers=peers, sources=sources, rollout=rollout,
+                  unknown_keys=tuple(v.unknown))
 
 
 class _Validator(Sections):

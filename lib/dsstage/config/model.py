@@ -219,6 +219,8 @@ class Config:
     peers: Peers = field(default_factory=Peers)
     sources: Mapping[str, SourceBudget] = field(default_factory=dict)
     rollout: Rollout = field(default_factory=Rollout)
+    #: keys of the file this version does not know and ignores (a newer dsstage's, during an upgrade)
+    unknown_keys: tuple[str, ...] = ()
 
     def budget_of(self, source: Source) -> SourceBudget | None:
         """The ``sources`` entry a dataset's source falls under (the longest prefix), if any."""

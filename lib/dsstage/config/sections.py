@@ -46,17 +46,24 @@ FEATURE_PREFIX_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,15}")
 class Sections:
     def __init__(self, origin: str) -> None:
         self.origin = origin
+        #: keys this version does not know and that resemble none it knows: ignored (a newer
+        #: dsstage's, during an upgrade one node at a time), said by check-config and the hooks
+        self.unknown: list[str] = []
 
     def fail(self, key: str, message: str) -> None:
         where = f"{self.origin}: {key}: " if key else f"{self.origin}: "
         raise ConfigError(where + message)
 
     def keys(self, mapping: Mapping[str, Any], prefix: str, allowed: tuple[str, ...]) -> None:
+        """Refuse a key that looks like a known one misspelt (with the fix); a key like none this
+        version knows is kept in ``unknown`` and ignored: a newer dsstage's key must not hold
+        every dataset job on a node not upgraded yet."""
         for key in mapping:
             if key not in allowed:
                 hint = difflib.get_close_matches(str(key), allowed, n=1)
-                fix = f"did you mean {hint[0]!r}?" if hint else f"known keys: {', '.join(allowed)}"
-                self.fail(f"{prefix}{key}", f"unknown key; {fix}")
+                if hint:
+                    self.fail(f"{prefix}{key}", f"unknown key; did you mean {hint[0]!r}?")
+                self.unknown.append(f"{prefix}{key}")
 
     def text(self, value: Any, key: str) -> str:
         """A string that may go into a file or an environment line: no control characters."""

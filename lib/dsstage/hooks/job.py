@@ -180,6 +180,9 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
         slurm = slurm or _slurm()
         return decide(ctx, outcomes, run_dir=run_dir, slurm=slurm)
     slurm = slurm or _slurm(conf.slurm_bin)
+    if conf.unknown_keys:
+        log.warning("%s: %s: unknown to this dsstage, ignored (a newer version's? upgrade this node)", conf.origin,
+                    ", ".join(conf.unknown_keys))
     if bb:
         try:
             recorded = bb_request(ctx, conf, env)
