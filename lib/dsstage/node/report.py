@@ -82,6 +82,16 @@ def ready_in_reports(state_dir: str, nodes: Sequence[str], name: str, versions: 
     return out
 
 
+def version_states(report: Mapping[str, Any], name: str, version: str) -> set[str]:
+    """The states a published ``report`` (another node's, read as data) shows for ``version``
+    of ``name``: what the peers across jobs ask of it (ready: a holder; staging: a claimer at work)."""
+    rows = report.get("copies")
+    if not isinstance(rows, list):
+        return set()
+    return {str(r.get("state")) for r in rows
+            if isinstance(r, dict) and r.get("dataset") == name and r.get("version") == version}
+
+
 def holders(state_dir: str, name: str, version: str, now: float, max_age: float) -> list[str]:
     """The nodes whose current published report (younger than ``max_age``) shows ``version``
     (a version id; a shard's id) of ``name`` ready: the peers any node may fetch it from,
@@ -97,12 +107,9 @@ def holders(state_dir: str, name: str, version: str, now: float, max_age: float)
         node = f[:-len(".json")]
         rep = untrusted.read_json(published_path(state_dir, node))  # another node wrote it
         when = rep.get("time")
-        rows = rep.get("copies")
-        if (rep.get("node") != node or not isinstance(when, (int, float)) or not 0 <= now - when <= max_age
-                or not isinstance(rows, list)):
+        if rep.get("node") != node or not isinstance(when, (int, float)) or not 0 <= now - when <= max_age:
             continue
-        if any(isinstance(r, dict) and r.get("dataset") == name and r.get("version") == version
-               and r.get("state") == "ready" for r in rows):
+        if "ready" in version_states(rep, name, version):
             out.append(node)
     return out
 

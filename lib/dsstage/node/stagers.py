@@ -56,9 +56,7 @@ def current(record: dict[str, Any] | None, rep: dict[str, Any], dataset: str, ve
     when = rep.get("time")
     if rep.get("node") != record.get("node") or not isinstance(when, (int, float)) or now - when > max_age:
         return False
-    rows = rep.get("copies")
-    states = {r.get("state") for r in rows if isinstance(r, dict) and r.get("dataset") == dataset
-              and r.get("version") == version} if isinstance(rows, list) else set()
+    states = report.version_states(rep, dataset, version)
     # a stage notes its progress in the report every few seconds: a report that still says
     # "staging" but has not changed for ``grace`` is a killed stage's, whose claim goes
     return "ready" in states or ("staging" in states and now - when <= grace)
