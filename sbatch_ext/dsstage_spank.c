@@ -39,10 +39,13 @@ static int valid_name_char(char c, int first)
 	return !first && (c == '.' || c == '_' || c == '-');
 }
 
-/* 0 when every comma-separated name is well formed; otherwise logs why and returns -1. */
+/* 0 when every comma-separated name is well formed; otherwise logs why and returns -1.
+ * The rule of dsstage.ready.request (blanks around a name are ignored, as slurmctld's
+ * dsstage_submit.lua and the Prolog ignore them); tests/unit/test_name_rule.py runs this
+ * function, the Lua rule and the Python one on the same values. */
 static int check_value(const char *v)
 {
-	size_t len, start = 0, i;
+	size_t len, start, end, i, pos = 0;
 
 	if (v == NULL || *v == '\0') {
 		slurm_error("--dataset needs a value: --dataset=NAME[,NAME...] (see `dsstage ls`)");
@@ -54,24 +57,29 @@ static int check_value(const char *v)
 			    len, DSSTAGE_VALUE_MAX);
 		return -1;
 	}
-	for (i = 0; i <= len; i++) {
-		if (i == len || v[i] == ',') {
-			if (i == start) {
-				slurm_error("--dataset=%s: empty dataset name", v);
-				return -1;
-			}
-			if (i - start > DSSTAGE_NAME_MAX) {
-				slurm_error("--dataset: a name is longer than %d characters",
-					    DSSTAGE_NAME_MAX);
-				return -1;
-			}
-			start = i + 1;
-			continue;
-		}
-		if (!valid_name_char(v[i], i == start)) {
-			slurm_error("--dataset=%s: dataset names use lower-case letters, digits, "
-				    "'.', '_' and '-', starting with a letter or digit", v);
+	while (pos <= len) {
+		for (end = pos; end < len && v[end] != ','; end++)
+			;
+		start = pos;
+		pos = end + 1;
+		while (start < end && isspace((unsigned char)v[start]))
+			start++;
+		while (end > start && isspace((unsigned char)v[end - 1]))
+			end--;
+		if (end == start) {
+			slurm_error("--dataset=%s: empty dataset name", v);
 			return -1;
+		}
+		if (end - start > DSSTAGE_NAME_MAX) {
+			slurm_error("--dataset: a name is longer than %d characters", DSSTAGE_NAME_MAX);
+			return -1;
+		}
+		for (i = start; i < end; i++) {
+			if (!valid_name_char(v[i], i == start)) {
+				slurm_error("--dataset=%s: dataset names use lower-case letters, digits, "
+					    "'.', '_' and '-', starting with a letter or digit", v);
+				return -1;
+			}
 		}
 	}
 	return 0;

@@ -318,7 +318,7 @@ def test_directory_link_left_in_a_repaired_tier_is_never_followed(
 
 
 @pytest.mark.parametrize("entry, refused", [
-    ("locks/coco.lock", True),  # filelock opens it O_NOFOLLOW: refused
+    ("locks/coco.lock", True),  # dsstage.ready.lock opens it O_NOFOLLOW: refused
     ("locks/coco.lock.owner", False),  # replaced by a rename, then removed
     ("ready/coco/{vid}.json", False),  # read O_NOFOLLOW (not ready), then replaced by the new mark
     ("leases/coco/1.json", False),  # replaced by the lease

@@ -11,8 +11,8 @@ from dsstage.cli import fast
 from dsstage.cli import main as cli_main
 from dsstage.config import load
 from dsstage.fs import runfiles, safe
-from dsstage.node import warmlease
 from dsstage.node.lease import LeaseBook
+from dsstage.ready import lease as ready_lease
 from helpers import Env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -87,7 +87,7 @@ def test_anything_else_falls_through(env: Env, ready, monkeypatch, case):
         from dsstage.hooks.configcache import write_config_cache
         write_config_cache(str(env.run), env.config())
     elif case == "lost race":
-        monkeypatch.setattr(warmlease, "still_ready", lambda p: False)  # an eviction came first
+        monkeypatch.setattr(ready_lease, "still_ready", lambda p: False)  # an eviction came first
     elif case == "not root":
         monkeypatch.setattr(os, "geteuid", lambda: 1000)
     elif case == "no cache":
@@ -104,6 +104,22 @@ def test_a_cache_written_before_tiers_were_in_it_falls_through(env: Env, ready):
     assert fast.answer(["stage", "coco", "--job-id", "4"]) is None
     assert env.cli_json("stage", "coco", "--job-id", "4")["action"] == "cached"  # the full command rewrites it
     assert fast.answer(["stage", "coco", "--job-id", "5"]) == 0
+
+
+def test_a_cache_of_another_version_or_with_a_wrong_type_falls_through_and_is_rewritten(env: Env, ready):
+    """The warm configuration is versioned and typed (dsstage.ready.warmconf): an older
+    dsstage's cache, or a field of the wrong type, is no cache; the full command writes it anew."""
+    path = env.run / runfiles.CONFIG_CACHE
+    for damage in ({"version": 1}, {"hash_threads": "2"}, {"datasets": {"coco": {"root": 5}}}):
+        cache = json.loads(path.read_text())
+        if "datasets" in damage:
+            cache["datasets"]["coco"]["root"] = 5
+        else:
+            cache.update(damage)
+        path.write_text(json.dumps(cache))
+        assert fast.answer(["stage", "coco", "--job-id", "4"]) is None, damage
+        assert env.cli_json("stage", "coco", "--job-id", "4")["action"] == "cached"
+        assert fast.answer(["stage", "coco", "--job-id", "5"]) == 0, damage
 
 
 def test_a_quick_verify_of_a_ready_copy_answers_as_the_full_command(env: Env, ready, monkeypatch, capsys):

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from dsstage.config.catalog import User
-from dsstage.node import eviction, sharded, views, warmlease
+from dsstage.node import eviction, sharded, views
 from dsstage.node.lease import LeaseBook
 from dsstage.node.store import open_tier
+from dsstage.ready import lease as ready_lease
 from helpers import Env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -440,7 +441,7 @@ def test_the_warm_path_gives_its_leases_back_when_it_cannot_finish(env: Env, big
     prolog_on(env, "n1", "150", "n1", run)
     hooks.epilog({"SLURM_JOB_ID": "150", "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1",
                   "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": "big"}, run_dir=str(run), load_config=env.config)
-    monkeypatch.setattr(warmlease, "still_ready", lambda p: False)  # an eviction came first
+    monkeypatch.setattr(ready_lease, "still_ready", lambda p: False)  # an eviction came first
     assert warm_on(env, "n1", "151", "n1", run) is None
     monkeypatch.undo()
 

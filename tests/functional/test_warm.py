@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import pytest
-from dsstage.fs import formats, layout, runfiles, safe
+from dsstage.fs import formats, runfiles, safe
 from dsstage.hooks import job as hooks
 from dsstage.hooks import warm
 from dsstage.hooks.__main__ import main as hook_main
@@ -84,11 +84,16 @@ def test_a_cache_not_written_by_root_is_ignored(env: Env, ready):
 
 
 def test_lease_record_is_what_lease_reads():
-    """The warm path and LeaseBook.take write the same record, format included."""
-    record = layout.lease_record("coco", "d" * 64, "5", "alice", "n1", taken=1.0, host="h", pid=0)
-    assert set(record) == {f.name for f in fields(Lease)} | {"format"}
-    lease = Lease(**{k: v for k, v in record.items() if k != "format"})
-    assert formats.stamp("lease", asdict(lease)) == record
+    """The warm paths and LeaseBook.take write a lease through the one writer
+    (dsstage.ready.lease.record), format included, and Lease reads every field back."""
+    from dsstage.node.lease import record
+    from dsstage.ready import lease as ready_lease
+    holder = ready_lease.Holder("5", "alice", "n1", 0, host="h", taken=1.0)
+    rec = ready_lease.record("coco", "d" * 64, holder, ["e" * 64])
+    assert set(rec) == {f.name for f in fields(Lease)} | {"format"} and rec["format"] == formats.CURRENT["lease"]
+    lease = Lease(**{k: v for k, v in rec.items() if k != "format"})
+    assert lease.shards == ("e" * 64,) and lease.host == "h" and lease.taken == 1.0
+    assert json.loads(json.dumps(record(lease))) == json.loads(json.dumps(rec))
 
 
 def test_main_falls_through_to_the_full_prolog(env: Env, tmp_path, monkeypatch):

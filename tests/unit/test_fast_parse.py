@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 from dsstage.cli.fast import parse
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @pytest.mark.parametrize(("argv", "want"), [
@@ -81,3 +83,38 @@ def test_status_keeps_its_own_node_option_a_hostlist():
     from dsstage.cli.main import build_parser
     args = build_parser().parse_args(["status", "--node", "n[1-2]"])
     assert args.nodes == "n[1-2]" and args.node is None
+
+
+TOKENS = ["stage", "verify", "coco", "a,b", "--job-id", "--job-id=9", "7", "--json", "--full", "--config", "/c.yaml",
+          "--config=/d.yaml", "--node", "n2", "--node=n3", "--user", "alice", "-v", "--nodes", "n[1-2]"]
+
+
+def full_parse(argv):
+    """What the full command line (dsstage.cli.main.build_parser) makes of ``argv``, or None if
+    it refuses it."""
+    import contextlib
+    import io
+
+    from dsstage.cli.main import build_parser
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return build_parser().parse_args(argv)
+    except SystemExit:
+        return None
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(st.lists(st.sampled_from(TOKENS), min_size=1, max_size=7))
+def test_what_the_fast_path_parses_the_full_command_line_parses_alike(argv):
+    """The fast path keeps its own small parser (argparse and the full parser cost about
+    25 ms of a 50 ms fast stage: docs/benchmarks.md), so it is held to the full one: every
+    command line it answers, the full parser takes with the same values."""
+    fast = parse(argv)
+    if fast is None:
+        return
+    full = full_parse(argv)
+    assert full is not None, argv
+    got = {"verb": full.handler.__name__.removeprefix("cmd_"), "config": full.config, "node": full.node,
+           "job_id": getattr(full, "job_id", None), "json": full.json, "full": bool(getattr(full, "full", False)),
+           "names": full.name}
+    assert fast == got, argv

@@ -7,8 +7,8 @@ times that. ``dsstage.cli.main`` calls ``answer`` first. It answers only the pla
 [--node NODE] verify NAME [--full] [--json]``, run by root, for datasets the configuration
 cache lists as whole (and, but for ``verify --full``, quick-verified) (the cache the Prolog
 and the full ``dsstage stage`` leave in the run directory, valid only for the configuration
-file's exact state: dsstage.fs.runfiles), whose current version is ready here. A stage
-leases them as the warm Prolog does (dsstage.node.warmlease) and notes the leases in the
+file's exact state: dsstage.ready.warmconf), whose current version is ready here. A stage
+leases them as the warm Prolog does (dsstage.ready.lease) and notes the leases in the
 node report. ``verify --full`` hashes the copy under the dataset's lock, as the full
 command does (dsstage.node.treecheck), and answers only when every file matches and
 nothing else is there: what the full command would then do is print the same line. Anything
@@ -20,21 +20,23 @@ command runs, and decides, repairs and explains.
 from __future__ import annotations
 
 import os
-import stat
 import time
 from collections.abc import Sequence
 
 from dsstage.cli.output import write_json
-from dsstage.fs import layout, runfiles, safe
+from dsstage.fs import layout, runfiles
 from dsstage.fs.safe import RootDir
 from dsstage.node import report
 from dsstage.node.local import default_holder, node_name
-from dsstage.node.lock import owner_record
-from dsstage.node.warmlease import Pick, lease, ready_whole, requested_names
+from dsstage.ready import lock, warmconf
+from dsstage.ready.lease import Holder, Pick, lease, ready_whole
+from dsstage.ready.request import requested_names
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
     from typing import Any
+
+    from dsstage.ready.warmconf import WarmConfig
 
 GLOBAL = ("--config", "--node")
 #: each verb's options with a value, and its flags
@@ -93,24 +95,23 @@ def answer(argv: Sequence[str]) -> int | None:
     return 0
 
 
-def _cache(opts: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-    """The run directory, and the configuration cache if it matches the configuration file."""
+def _cache(opts: dict[str, Any]) -> tuple[str, WarmConfig | None]:
+    """The run directory, and the warm configuration if it matches the configuration file."""
     run_dir = runfiles.default_run_dir()
     config = opts["config"] or os.environ.get("DSSTAGE_CONFIG") or runfiles.CONFIG_PATH
-    return run_dir, runfiles.load_cache(run_dir, config)
+    return run_dir, warmconf.read(run_dir, config)
 
 
-def _ready(catalog: dict[str, Any], state_dir: str, name: str, node: str, tiers: dict[str, RootDir],
-           quick_only: bool = True) -> Pick | None:
+def _ready(conf: WarmConfig, name: str, node: str, tiers: dict[str, RootDir], quick_only: bool = True) -> Pick | None:
     """The current version of whole dataset ``name`` if it is ready here (and only if the
     dataset is quick-verified, with ``quick_only``)."""
-    ds = catalog.get(name)
-    if not ds or (quick_only and ds.get("verify") != "quick") or ds.get("shards") or not ds.get("tier"):
+    ds = conf.dataset(name)
+    if ds is None or (quick_only and ds.verify != "quick") or ds.shards or not ds.tier:
         return None
-    digest = layout.read_current(state_dir, name)
+    digest = layout.read_current(conf.state_dir, name)
     if digest is None:
         return None
-    root = ds["root"].replace("{node}", node)
+    root = ds.root_on(node)
     if root not in tiers:
         tiers[root] = RootDir(root, create=False)
     return ready_whole(name, digest, tiers[root])
@@ -123,7 +124,7 @@ def _verify(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
         return None
     tiers: dict[str, RootDir] = {}
     try:
-        pick = _ready(cache["datasets"], cache["state_dir"], name, opts["node"] or node_name(), tiers)
+        pick = _ready(cache, name, opts["node"] or node_name(), tiers)
     finally:
         for tier in tiers.values():
             tier.close()
@@ -148,18 +149,16 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
     copy "verifying"."""
     name, node = opts["names"], opts["node"] or node_name()
     run_dir, cache = _cache(opts)
-    if cache is None or type(cache.get("hash_threads")) is not int or not layout.name_ok(name) \
-            or not layout.name_ok(node):
+    if cache is None or not layout.name_ok(name) or not layout.name_ok(node):
         return None
-    threads: int = cache["hash_threads"]
     tiers: dict[str, RootDir] = {}
     try:
-        pick = _ready(cache["datasets"], cache["state_dir"], name, node, tiers, quick_only=False)
+        pick = _ready(cache, name, node, tiers, quick_only=False)
         if pick is None:
             return None
         locks = pick.tier.has_dir("locks")
-        lock = _try_lock(locks, name) if locks is not None else None
-        if lock is None:
+        held = _try_lock(locks, name) if locks is not None else None
+        if locks is None or held is None:
             return None
         try:
             if layout.not_ready(pick.tier, name, pick.digest) is not None:  # evicted before the lock
@@ -168,7 +167,7 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
             logging.basicConfig(level=logging.WARNING, format="dsstage: %(levelname)s: %(message)s")
             from dsstage.config.manifest import Catalog
             from dsstage.node import treecheck
-            entries = Catalog(cache["state_dir"]).load(name, pick.digest).entries
+            entries = Catalog(cache.state_dir).load(name, pick.digest).entries
             vfd = pick.tier.dir("datasets", name, layout.version_id(pick.digest))
             extra = treecheck.extras(vfd, entries)
             try:
@@ -176,21 +175,16 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
                     return None
             finally:
                 extra.close()
-            if treecheck.check_tree(vfd, entries, threads):
+            if treecheck.check_tree(vfd, entries, cache.hash_threads):
                 return None
-        finally:
-            try:
-                safe.unlink_at(locks, f"{name}.lock.owner")
-            except OSError:
-                pass  # the owner file is informative only (DatasetLock's release does the same)
-            finally:
-                os.close(lock)  # and with it the lock: never left held for the full command to wait on
+        finally:  # never left held for the full command to wait on
+            lock.unlock(locks, f"{name}.lock", held)
     finally:
         for tier in tiers.values():
             tier.close()
     try:  # a rebuild while the lock was held shows the copy "verifying": it is ready again
         report.note_verified(run_dir, node, name, layout.version_id(pick.digest),
-                             (cache["state_dir"], cache.get("report_user")))
+                             (cache.state_dir, cache.report_user))
     except Exception:  # noqa: BLE001 - the report is informative; the next rebuild has it right
         pass
     return [{"dataset": name, "digest": pick.digest, "path": pick.path, "mode": "full", "ok": True,
@@ -198,31 +192,14 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def _try_lock(locks: int, name: str) -> int | None:
-    """The descriptor holding dataset ``name``'s lock (dsstage.node.lock.DatasetLock: the same
-    file, the same flock), its owner recorded; None if another holds it, it is not root's
-    regular file, or its name no longer leads to the file locked."""
-    import fcntl
+    """The descriptor holding dataset ``name``'s lock (dsstage.ready.lock: the one the full
+    command waits for), its owner recorded; None if another holds it or it cannot be taken."""
     try:
-        fd = os.open(f"{name}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=locks)
-    except OSError:
+        fd = lock.try_lock(locks, f"{name}.lock")
+    except Exception:  # noqa: BLE001 - not root's regular file, or unreadable: the full command says so
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
-            os.close(fd)
-            return None
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        now = os.stat(f"{name}.lock", dir_fd=locks, follow_symlinks=False)
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):  # removed or replaced since it was opened
-            os.close(fd)
-            return None
-    except OSError:  # BlockingIOError: another holds it
-        os.close(fd)
-        return None
-    try:
-        safe.write_json_at(locks, f"{name}.lock.owner", owner_record("", "verify"), fsync=False)
-    except OSError:
-        pass  # the owner file is informative only
+    if fd is not None:
+        lock.note_owner(locks, f"{name}.lock", "", "verify")
     return fd
 
 
@@ -239,22 +216,22 @@ def _stage(opts: dict[str, Any], started: float) -> list[dict[str, Any]] | None:
         return None
     import pwd
     user = pwd.getpwuid(os.geteuid()).pw_name
-    state_dir, catalog = cache["state_dir"], cache["datasets"]
     tiers: dict[str, RootDir] = {}
     try:
-        picked = [_ready(catalog, state_dir, name, node, tiers) for name in names]
+        picked = [_ready(cache, name, node, tiers) for name in names]
         ready = [p for p in picked if p is not None]
-        if len(ready) < len(names) or not lease(ready, job_id, user, node, pid):
+        if len(ready) < len(names) or not lease(ready, Holder(job_id, user, node, pid)):
             return None
     finally:
         for tier in tiers.values():
             tier.close()
     try:
         report.note_leases(run_dir, node, job_id, user, [(p.name, layout.version_id(p.digest)) for p in ready],
-                           (state_dir, cache.get("report_user")))
+                           (cache.state_dir, cache.report_user))
     except Exception:  # noqa: BLE001 - the report is informative; the next rebuild has the lease
         pass
     seconds = time.monotonic() - started
-    return [{"dataset": p.name, "digest": p.digest, "path": p.path, "tier": catalog[p.name]["tier"], "node": node,
+    tier_of = {n: ds.tier for n in names if (ds := cache.dataset(n)) is not None}
+    return [{"dataset": p.name, "digest": p.digest, "path": p.path, "tier": tier_of[p.name], "node": node,
              "action": "cached", "job_id": job_id, "transferred_files": 0, "transferred_bytes": 0,
              "linked_files": 0, "peer_files": 0, "peer_bytes": 0, "seconds": seconds} for p in ready]

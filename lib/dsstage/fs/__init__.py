@@ -7,7 +7,9 @@ tier (names, ready marks, what makes a copy ready); ``runfiles`` the TaskProlog'
 configuration cache in the run directory; ``identity`` switches the file-system identity to
 read a source as its owner; ``untrusted`` reads what data owners and other nodes write
 (manifests, ``CURRENT``, reports, records) without blocking, following links or reading
-without bound; ``acl`` writes POSIX ACLs on a descriptor; ``pathtext`` escapes a path into
-one line (manifests, a view's files list). The warm Prolog uses this package, so it imports only the
+without bound; ``shared`` checks the records in the shared state directory that root acts on; ``acl``
+writes POSIX ACLs on a descriptor; ``pathtext`` escapes a path into one line (manifests, a
+view's files list); ``groups`` looks up a user's groups; ``jsontext`` reads and writes JSON
+text; ``formats`` versions every record dsstage writes. The warm Prolog uses this package, so it imports only the
 standard library and ``dsstage.errors``: nothing else of dsstage.
 """

@@ -1,6 +1,6 @@
 """The store's layout on a tier: names a dataset, version or job may have, the directories of a
-tier, ready marks and what makes a copy ready, lease records, a dataset's current version in the
-state directory.
+tier, ready marks and what makes a copy ready, a dataset's current version in the state directory
+(a lease's record is dsstage.ready.lease's).
 
 Imports only the standard library and dsstage.fs.safe: the warm Prolog uses it.
 """
@@ -8,9 +8,8 @@ Imports only the standard library and dsstage.fs.safe: the warm Prolog uses it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
-from dsstage.fs import formats, untrusted
+from dsstage.fs import untrusted
 from dsstage.fs.safe import RootDir, read_json_at
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
@@ -160,12 +159,3 @@ def not_ready(tier: RootDir, name: str, digest: str) -> str | None:
     if (st.st_mode & 0o170000) != 0o040000 or st.st_uid != 0 or st.st_mode & 0o222:
         return "the copy is no longer root-owned and read-only"
     return None
-
-
-def lease_record(dataset: str, digest: str, job_id: str, user: str, node: str, *, taken: float,  # noqa: PLR0913
-                 host: str = "", pid: int = 0, shards: Sequence[str] = ()) -> dict[str, Any]:
-    """What a lease file holds (lease.Lease reads it back), in its format (dsstage.fs.formats)."""
-    return {"format": formats.CURRENT["lease"], "dataset": dataset, "digest": digest, "job_id": job_id,
-            "user": user, "node": node, "taken": taken, "host": host, "pid": pid, "shards": tuple(shards)}
-
-

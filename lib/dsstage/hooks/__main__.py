@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dsstage.fs import runfiles
 from dsstage.hooks import bounded, warm
 from dsstage.node import metrics
+from dsstage.ready import warmconf
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
@@ -32,9 +33,9 @@ def budget(run_dir: str, config_path: str) -> tuple[float, Any, Any]:
     """The hooks' budget (``prolog_budget``), the warm path's configuration cache (written by
     the full Prolog) where it knew the budget, else the configuration if it could be loaded.
     Only local files are read: the cache in the run directory, the configuration in /etc."""
-    cache = runfiles.load_cache(run_dir, config_path)
-    if cache is not None and isinstance(cache.get("prolog_budget"), (int, float)):
-        return float(cache["prolog_budget"]), cache, None
+    cache = warmconf.read(run_dir, config_path)
+    if cache is not None:
+        return cache.prolog_budget, cache, None
     from dsstage.config import load
     from dsstage.errors import DsstageError
     try:

@@ -26,6 +26,7 @@ from dsstage.hooks.decisions import Verdict, job_action, on_failure, task_lines
 from dsstage.node import eviction, space, staging
 from dsstage.node.lock import read_owner
 from dsstage.node.store import Store, open_tier
+from dsstage.ready import lease as ready_lease
 from dsstage.slurm.records import Job
 from dsstage.units import human
 
@@ -67,13 +68,14 @@ def one(conf: Config, store: Store, name: str, user: cat.User, job: Job) -> Step
             return _stage(conf, store, ds, digest, path, step, None)
         with open_tier(layout, create=False) as tier:
             state = store.ready_state(tier, name, digest)
-            if state.ready and ds.verify == "quick":
+            why_not = ready_lease.reusable(tier, name, digest, ds.verify)  # the stage's own rule
+            if why_not is None:
                 step.verdict = Verdict(name, "local", path, "cached")
                 step.notes.append(f"reuse: a ready copy at {path} ({state.reason}); the Prolog takes a lease "
                                   "and copies nothing")
                 return step
-            step.notes.append(f"no ready copy here: {state.reason}" if not state.ready else
-                              "verify: full, so the Prolog checks every file of the copy again")
+            step.notes.append(f"no ready copy here: {why_not}" if not state.ready else
+                              f"{why_not}, so the Prolog checks every file of the copy again")
             return _stage(conf, store, ds, digest, path, step, tier)
     except DsstageError as exc:
         step.verdict = on_failure(name, ds, exc)

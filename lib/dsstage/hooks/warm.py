@@ -10,7 +10,7 @@ job's plan, and its view), using the configuration cache the full Prolog
 leaves in the run directory; anything else (a cache miss, a copy that is not ready, a
 restricted dataset the user may not use, any error) falls through to the full Prolog in
 ``dsstage.hooks.job``, which decides and explains. The store protocol both follow is in
-``dsstage.fs``, so the two paths cannot drift apart.
+``dsstage.ready`` (the ready-copy core the full stage uses too), so the paths cannot drift apart.
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ from dsstage.fs.groups import group_names
 from dsstage.fs.safe import RootDir
 from dsstage.hooks import bbrequest, bounded, joblog
 from dsstage.node import metrics, report, rollout
-from dsstage.node.warmlease import Pick, give_back, lease, ready_whole, requested_names
+from dsstage.ready import warmconf
+from dsstage.ready.lease import Holder, Pick, Take, give_back, lease, ready_whole, record
+from dsstage.ready.request import requested_names
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
     from typing import Any
 
+    from dsstage.ready.warmconf import WarmConfig, WarmDataset
     from dsstage.shards.indexfile import Shard
 
 # a job on several nodes or a sharded dataset imports what it needs (the job records, the
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
 
 
 def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
-           log: Any = None, cache: Mapping[str, Any] | None = None) -> int | None:
+           log: Any = None, cache: WarmConfig | None = None) -> int | None:
     """0 if every requested dataset was ready and is now leased; None: use the full Prolog.
     ``cache``: the configuration cache, if the caller read it already."""
     job_id, node, user = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", ""), env.get("SLURM_JOB_USER", "")
@@ -47,24 +50,24 @@ def prolog(env: Mapping[str, str], run_dir: str, config_path: str,
     except ValueError:
         return None
     request = next((env[v] for v in runfiles.REQUEST_VARS if env.get(v)), "")
-    cache = runfiles.load_cache(run_dir, config_path) if cache is None else cache
+    cache = warmconf.read(run_dir, config_path) if cache is None else cache
     if cache is not None and bbrequest.flagged(env):  # #BB_LUA dataset=, alone or with --dataset
         try:
-            recorded = bbrequest.read(cache["state_dir"], job_id, cache.get("bb_uid"))
+            recorded = bbrequest.read(cache.state_dir, job_id, cache.bb_uid)
         except (OSError, DsstageError):
             return None  # the full Prolog holds the job and says why
         request = ",".join(r for r in (request, recorded) if r)
     names = requested_names(request)
     if not names or not layout.job_id_ok(job_id) or not node or not user or cache is None:
         return None
-    state_dir, catalog = cache["state_dir"], cache["datasets"]
-    if rollout.off_reason(rollout.read_switch(state_dir), cache.get("rollout_partitions"), cache.get("rollout_nodes"),
+    state_dir = cache.state_dir
+    if rollout.off_reason(rollout.read_switch(state_dir), cache.rollout_partitions, cache.rollout_nodes,
                           env.get("SLURM_JOB_PARTITION", ""), node):
         return None  # the full Prolog gives the job its sources and says why
     tiers: dict[str, RootDir] = {}
     job = Job(job_id, node, user, uid, gid, env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""))
     try:
-        return _lease_all(names, catalog, tiers, state_dir, run_dir, job, log, cache.get("report_user"))
+        return _lease_all(names, cache, tiers, run_dir, job, log)
     except (OSError, ValueError, DsstageError):
         return None  # the full Prolog decides, and says why
     finally:
@@ -90,17 +93,20 @@ class Job:
         return expand_nodes(self.nodes)  # ValueError: the full Prolog says what is wrong
 
 
-def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str, RootDir], state_dir: str,
-               run_dir: str, job: Job, log: Any, report_user: str | None = None) -> int | None:
+def _lease_all(names: Sequence[str], conf: WarmConfig, tiers: dict[str, RootDir], run_dir: str, job: Job,
+               log: Any) -> int | None:
+    state_dir, report_user = conf.state_dir, conf.report_user
     groups: set[str] | None = None
     chosen: dict[str, str] = {}
+    catalog: dict[str, WarmDataset] = {}
     for name in names:
-        ds = catalog.get(name)
-        if not ds or ds.get("verify") != "quick":
+        ds = conf.dataset(name)
+        if ds is None or ds.verify != "quick":
             return None
-        if ds.get("groups") is not None and job.uid != 0:
+        catalog[name] = ds
+        if ds.groups is not None and job.uid != 0:
             groups = group_names(job.user, job.gid) if groups is None else groups
-            if not groups & set(ds["groups"]):
+            if not groups & ds.groups:
                 return None
         digest = layout.read_current(state_dir, name)
         if digest is None:
@@ -117,11 +123,11 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
     picked: list[Pick] = []
     for name in names:
         ds, digest = catalog[name], chosen[name]
-        root = ds["root"].replace("{node}", job.node)
+        root = ds.root_on(job.node)
         if root not in tiers:
             tiers[root] = RootDir(root, create=False)
         tier = tiers[root]
-        if ds.get("shards"):
+        if ds.shards:
             pick = _part(name, digest, tier, run_dir, job, parts[name]) if name in parts else None
             if pick is None:
                 return None
@@ -130,15 +136,16 @@ def _lease_all(names: Sequence[str], catalog: Mapping[str, Any], tiers: dict[str
             picked.append(whole)
         else:
             return None
-    if not lease(picked, job.job_id, job.user, job.node):
+    holder = Holder(job.job_id, job.user, job.node)
+    if not lease(picked, holder):
         return None  # lost a race with an eviction (see dsstage.node.store): take the full path
     try:
         lines = runfiles.export_lines([(p.name, p.path) for p in picked])
         for p in picked:
             lines += runfiles.more_exports(p.name, p.exports, first=p is picked[0]) if p.exports else []
         runfiles.write_task_file(run_dir, job.node, job.job_id, lines, (job.uid, job.gid))
-    except BaseException:
-        give_back(picked, job.job_id)  # the full Prolog takes its own leases
+    except BaseException:  # the full Prolog takes its own leases
+        give_back([Take(p.tier, record(p.name, p.digest, holder)) for p in picked])
         raise
     bounded.tell("decided run")  # what follows writes to the shared state directory, which may hang
     try:
@@ -164,16 +171,16 @@ class Part:
         self.shards, self.plan = shards, plan
 
 
-def _parts(names: Sequence[str], catalog: Mapping[str, Any], versions: Mapping[str, str], state_dir: str, job: Job,
-           nodes: Sequence[str], report_user: str | None) -> dict[str, Part]:
+def _parts(names: Sequence[str], catalog: Mapping[str, WarmDataset], versions: Mapping[str, str], state_dir: str,
+           job: Job, nodes: Sequence[str], report_user: str | None) -> dict[str, Part]:
     """The shards and the job's plan of each of its sharded datasets, planned together in one
     record (dsstage.node.jobrecord.plan_for), as the full Prolog plans them."""
-    sharded = [n for n in names if catalog[n].get("shards")]
+    sharded = [n for n in names if catalog[n].shards]
     if not sharded:
         return {}
     from dsstage.node import jobrecord
     from dsstage.shards import indexfile
-    shards = {n: indexfile.read(os.path.join(state_dir, "manifests", n), n, versions[n], int(catalog[n]["shards"]))
+    shards = {n: indexfile.read(os.path.join(state_dir, "manifests", n), n, versions[n], int(catalog[n].shards or 0))
               for n in sharded}
     ids = {n: [s.id for s in v] for n, v in shards.items()}
     plans = jobrecord.plan_for(state_dir, job.job_id, nodes, job.node, ids, report_user)
@@ -194,11 +201,13 @@ def _part(name: str, version: str, tier: RootDir, run_dir: str, job: Job, part: 
     if view is None:
         return None
     map_path = shardmap.write_map(run_dir, job.node, job.job_id, (job.uid, job.gid), name, version, shards, plan)
-    return Pick(name, version, tier, view.path, tuple(mine),
-                shardmap.exports(mine, len(shards), shards, plan, view.files_list, view.files, map_path))
+    pick = Pick(name, version, tier, view.path, tuple(mine))
+    pick.exports = shardmap.exports(mine, len(shards), shards, plan, view.files_list, view.files, map_path)
+    pick.view = lambda: views.find(tier, name, [s.id for s in mine]) is not None
+    return pick
 
 
-def main(argv: Sequence[str], cache: Mapping[str, Any] | None = None) -> int | None:
+def main(argv: Sequence[str], cache: WarmConfig | None = None) -> int | None:
     """The warm Prolog for ``["prolog"]``: its exit code, or None for the full Prolog to decide
     (dsstage.hooks.__main__ then runs it). ``cache``: the configuration cache, if read already."""
     env = os.environ

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from functools import cached_property
 
 from dsstage.errors import StoreError
-from dsstage.fs import formats, safe
+from dsstage.fs import safe
 from dsstage.fs.layout import job_id_ok, version_id
 from dsstage.fs.safe import RootDir
+from dsstage.ready import lease as ready_lease
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,17 @@ class Lease:
 LEASE_FIELDS = frozenset(f.name for f in fields(Lease))
 
 
+def record(lease: Lease) -> dict[str, object]:
+    """The lease file's record (dsstage.ready.lease.record: the one writer's)."""
+    holder = ready_lease.Holder(check_job_id(lease.job_id), lease.user, lease.node, lease.pid, host=lease.host,
+                                taken=lease.taken)
+    return ready_lease.record(lease.dataset, lease.digest, holder, lease.shards)
+
+
 def check_job_id(job_id: str) -> str:
     if not job_id_ok(job_id or ""):
         raise StoreError(f"job id {job_id!r} is not valid: use the Slurm job id (digits, optionally _ or +)")
     return job_id
-
-
-def _file(job_id: str) -> str:
-    return check_job_id(job_id) + ".json"
 
 
 class LeaseBook:
@@ -73,11 +77,10 @@ class LeaseBook:
         self.tier = tier
 
     def take(self, lease: Lease) -> None:
-        safe.write_json_at(self.tier.dir("leases", lease.dataset), _file(lease.job_id),
-                           formats.stamp("lease", asdict(lease)), fsync=False)
+        ready_lease.write(self.tier, record(lease))
 
     def release(self, dataset: str, job_id: str) -> bool:
-        return safe.unlink_at(self.tier.has_dir("leases", dataset), _file(job_id))
+        return ready_lease.remove(self.tier, dataset, check_job_id(job_id))
 
     def _read(self, dataset: str) -> tuple[list[Lease], list[str]]:
         """The leases of ``dataset``, and the names of damaged lease files."""

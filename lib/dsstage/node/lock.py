@@ -1,8 +1,8 @@
-"""Per-dataset locks that record who holds them.
+"""The dataset lock of a full stage, a verification or an eviction: waited for, its holder named.
 
-The lock itself is an flock(2) through filelock: the kernel drops it when its holder
-dies, even by kill -9, so a crashed stage never blocks the next one. Beside it an owner
-file records host, pid and job so that ``dsstage status`` can say who is staging.
+The lock and its owner record are dsstage.ready.lock's (the fast ``verify --full`` takes the
+same lock there without waiting); this adds the wait, the error that names the holder, and
+the request a stage makes of a prefetch holding the lock to yield.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ from types import TracebackType
 
 from dsstage.errors import LockTimeout, StoreError
 from dsstage.fs.safe import read_json, write_json
+from dsstage.ready import lock as core
+from dsstage.ready.lock import is_held
+
+__all__ = ["YIELD", "DatasetLock", "ask_to_yield", "clear_yield", "is_held", "read_owner", "yield_request"]
 
 #: beside a lock: a stage waiting for it asks the prefetch holding it to yield
 YIELD = ".yield"
@@ -24,53 +28,50 @@ class DatasetLock:
         self.path = path
         # what ends the wait, when not lock_timeout: the hook's budget
         self.bound = bound
-        self.owner_path = path + ".owner"
         self.timeout = timeout
         self.job_id = job_id
         self.what = what or os.path.basename(path)
         self.action = action  # what the holder does (stage, verify, evict): for status
-        # imported here: filelock 4 takes about 30 ms to import (python -X importtime), which
-        # what only reads the locks' state (is_held, read_owner: a node's report) does not pay
-        import filelock
-        self._lock = filelock.UnixFileLock(path, timeout=timeout, mode=0o600)
-        self._timeout: type[Exception] = filelock.Timeout
+        self._dir, self._name = os.path.split(path)
+        self._locks = -1
+        self._fd = -1
 
     def __enter__(self) -> DatasetLock:
         try:
-            self._lock.acquire()
-        except self._timeout:
+            try:
+                self._locks = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:  # a tier opened before (dsstage.node.store.open_tier) has it
+                os.makedirs(self._dir, 0o755, exist_ok=True)
+                self._locks = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fd = core.wait_lock(self._locks, self._name, self.timeout)
+            except BaseException:
+                os.close(self._locks)
+                raise
+        except OSError as exc:
+            raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
+        if fd is None:
+            os.close(self._locks)
             holder = read_owner(self.path)
             who = f" (held by {holder.get('host')} pid {holder.get('pid')} job {holder.get('job_id') or '-'})" \
                 if holder else ""
             if self.bound:
                 raise LockTimeout(f"waited {self.timeout:g}s for the lock on {self.what}{who}, all that is left of "
                                   f"{self.bound}; another stage is still running: the job starts as the dataset's "
-                                  "on_failure says, and a later job finds the copy") from None
+                                  "on_failure says, and a later job finds the copy")
             raise LockTimeout(f"waited {self.timeout:g}s for the lock on {self.what}{who}; another stage is "
-                              "still running: wait for it, or raise lock_timeout in the configuration") from None
-        except OSError as exc:
-            raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
-        try:
-            write_json(self.owner_path, owner_record(self.job_id, self.action), fsync=False)
-        except OSError:
-            pass  # the owner file is informative only
+                              "still running: wait for it, or raise lock_timeout in the configuration")
+        self._fd = fd
+        core.note_owner(self._locks, self._name, self.job_id, self.action)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            os.unlink(self.owner_path)
-        except OSError:
-            pass
-        self._lock.release()
-
-
-def owner_record(job_id: str, action: str) -> dict[str, object]:
-    """What the owner file beside a held lock says (read_owner; ``dsstage status`` shows it):
-    host (uname's node name, gethostname()'s without socket's import), pid, job, since, and
-    what the holder does."""
-    return {"host": os.uname().nodename, "pid": os.getpid(), "job_id": job_id, "since": time.time(),
-            "action": action}
+            core.unlock(self._locks, self._name, self._fd)
+        finally:
+            os.close(self._locks)
+            self._fd = self._locks = -1
 
 
 def ask_to_yield(lock_path: str, job_id: str) -> bool:
@@ -104,26 +105,4 @@ def clear_yield(lock_path: str) -> None:
 
 def read_owner(lock_path: str) -> dict[str, object]:
     """Who holds (or last held) the lock at ``lock_path``: host, pid, job id, since, action."""
-    return read_json(lock_path + ".owner")
-
-
-def is_held(path: str) -> bool:
-    """Whether some process holds the lock right now: a non-blocking flock() on the file, the
-    lock filelock takes (a bare probe: through filelock a probe took 230 us here, this one 3 us,
-    and a node's report probes every dataset's lock). A missing file, or a link, is not held."""
-    import fcntl
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    return read_json(lock_path + core.OWNER)

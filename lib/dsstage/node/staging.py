@@ -27,8 +27,9 @@ from dsstage.fs.safe import RootDir
 from dsstage.hostlist import expand_nodes
 from dsstage.node import background, eviction, inventory, publish, space, stagers, verifying
 from dsstage.node import report as node_report
-from dsstage.node.lease import Lease, LeaseBook, check_job_id
+from dsstage.node.lease import Lease, LeaseBook, check_job_id, record
 from dsstage.node.store import Prefetching, StageResult, Store, local_errors, open_tier
+from dsstage.ready import lease as ready_lease
 from dsstage.transfer import peers
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
@@ -137,24 +138,17 @@ def authorize(store: Store, name: str, job: StageRequest, digest: str | None = N
 
 
 def reuse(store: Store, tier: RootDir, ds: Dataset, digest: str, book: LeaseBook, lease: Lease) -> bool:
-    """Lease a ready copy without the dataset lock (quick verification only); True if leased.
-
-    The lease is written first and the ready mark checked again after it: either this sees the
-    mark gone (an eviction was under way) and gives the lease back, or the evictor sees the
-    lease (see "Leases and eviction" in dsstage.node.store)."""
+    """Lease a ready copy without the dataset lock (quick verification only); True if leased:
+    dsstage.ready.lease's protocol, as the warm paths follow it. A shard's lease gives back
+    this shard only where the check after it fails: the job keeps those it held."""
     name = ds.name
     with local_errors(f"staging {name!r} into {tier.root}"):
         store.apply_access(tier, ds)
-        if ds.verify != "quick" or not store.ready_state(tier, name, digest).ready:
+        if ready_lease.reusable(tier, name, digest, ds.verify) is not None:
             return False
-        book.take(lease)
-        if store.ready_state(tier, name, digest).ready:
-            return True
-        if lease.shards[:-1]:  # give back this shard only: the job keeps those it held
-            book.take(replace(lease, shards=lease.shards[:-1]))
-        else:
-            book.release(name, lease.job_id)
-    return False
+        previous = record(replace(lease, shards=lease.shards[:-1])) if lease.shards[:-1] else None
+        return ready_lease.hold([ready_lease.Take(book.tier, record(lease), previous)],
+                                lambda: store.ready_state(tier, name, digest).ready)
 
 
 def dataset_lock(store: Store, layout: Layout, name: str, job: StageRequest) -> AbstractContextManager[object]:
