@@ -9,7 +9,7 @@ warm,verify`` first: it makes the ready copies used here). Per command: the medi
 and CPU (user + system, from the child's rusage) under each tree, and their ratio.
 
 Commands, page cache warm:
-- the warm Prolog of the cached 10k-file dataset (``python -m dsstage.hooks prolog``, the
+- the warm Prolog of the cached 10k-file dataset (``python -c CODE prolog``, the
   environment slurmd gives it; prolog/dsstage-prolog runs the same with ``-I``, which would
   ignore the PYTHONPATH that picks the tree), and of a new 3-node job on the same files as
   a dataset of 96 shards, this node's third ready (as bench/run's sharded warm Prolog);
@@ -35,6 +35,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 TOP = Path(__file__).resolve().parent.parent
+
+
+def hook_code() -> str:
+    """How the hook scripts start the hooks (dsstage.hooks.__main__.CODE, this checkout's; an
+    older tree's ``__main__`` has the same ``main``)."""
+    from dsstage.hooks.__main__ import CODE
+    return CODE
 
 
 def tree_of(rev: str, where: Path) -> Path:
@@ -104,18 +111,18 @@ def main() -> int:
         sharded_env["SLURM_JOB_ID"] = str(next(jobs))
 
     def job_started() -> None:  # the Epilog's job: its Prolog ran (warm path), it holds a lease
-        subprocess.run([py, "-m", "dsstage.hooks", "prolog"], env=hook, check=True)
+        subprocess.run([py, "-c", hook_code(), "prolog"], env=hook, check=True)
 
     # name: (argv, environment, what to do before each run)
     commands: dict[str, tuple[list[str], dict[str, str], Callable[[], None] | None]] = {
-        "warm prolog, 10k files": ([py, "-m", "dsstage.hooks", "prolog"], hook, None),
+        "warm prolog, 10k files": ([py, "-c", hook_code(), "prolog"], hook, None),
         "warm prolog, sharded, this node's third of 10k files in 96 shards":
-            ([py, "-m", "dsstage.hooks", "prolog"], sharded_env, new_job),
+            ([py, "-c", hook_code(), "prolog"], sharded_env, new_job),
         "verify (fast path)": (ds("verify", "warm10k"), cli, None),
         "stage of a ready copy (fast path)": (ds("stage", "warm10k", "--job-id", "compare"), cli, None),
         "verify --full, large files": (ds("verify", "large", "--full"), cli, None),
         "verify --full, small files": (ds("verify", "small", "--full"), cli, None),
-        "epilog, releasing a cached dataset's lease": ([py, "-m", "dsstage.hooks", "epilog"], epilog_env,
+        "epilog, releasing a cached dataset's lease": ([py, "-c", hook_code(), "epilog"], epilog_env,
                                                        job_started),
         "release": (ds("release", "warm10k", "--job-id", "compare"), cli, None),
         "report": (ds("report"), cli, None),

@@ -17,7 +17,8 @@ from dsstage.config import load
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what the warm paths must not import (tests/unit/test_warm_imports.py)
-WARM_HEAVY = ("typing", "dataclasses", "inspect", "logging", "yaml", "argparse", "json", "re", "enum")
+WARM_HEAVY = ("typing", "dataclasses", "inspect", "logging", "yaml", "argparse", "json", "re", "enum",
+              "collections", "contextlib", "functools")
 
 
 def python_copier(monkeypatch) -> None:
@@ -140,7 +141,7 @@ class Env:
 
 def run_hook(env: Env, which: str, job: str, request: str = "coco",
              timeout: float = 120) -> tuple[int, float, list[str]]:
-    """``python -I -m dsstage.hooks which`` as slurmd runs it: its exit code, its seconds and
+    """The hook ``which`` as its script runs it (``python -I -c CODE which``): its exit code, its seconds and
     the job's TaskProlog lines (if any)."""
     run = Path(env.run)
     proc_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DSSTAGE_CONFIG": str(env.config_path),
@@ -149,7 +150,8 @@ def run_hook(env: Env, which: str, job: str, request: str = "coco",
                 "SLURMD_NODENAME": env.node, "SLURM_JOB_NODELIST": env.node,
                 "SPANK__SLURM_SPANK_OPTION_dsstage_dataset": request}
     t = time.monotonic()
-    res = subprocess.run([sys.executable, "-I", "-m", "dsstage.hooks", which], env=proc_env, cwd="/",
+    from dsstage.hooks.__main__ import CODE
+    res = subprocess.run([sys.executable, "-I", "-c", CODE, which], env=proc_env, cwd="/",
                          capture_output=True, text=True, timeout=timeout)
     took = time.monotonic() - t
     task = run / env.node / "jobs" / f"{job}.task"

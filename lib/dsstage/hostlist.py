@@ -7,10 +7,10 @@ Imports only the standard library and ClusterShell.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
 #: the most node names a hostlist may stand for: more is a typo (n[1-100000000]), and

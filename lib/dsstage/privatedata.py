@@ -11,12 +11,11 @@ and counts of the rest. Read from the slurm.conf Slurm's clients use on this hos
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Mapping
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -40,15 +39,22 @@ def hides_jobs_in(text: str) -> bool:
     return found is not None and "jobs" in {v.strip().lower() for v in found.split(",")}
 
 
-@functools.lru_cache(maxsize=4)
+#: what each slurm.conf said, read once per process (a dict, not functools.lru_cache: the warm
+#: Prolog publishes its report through here, and functools with collections costs it 5 ms)
+_read: dict[str, bool] = {}
+
+
 def _hides_jobs(path: str) -> bool:
-    for p in (path, CONFIGLESS):
-        try:
-            with open(p, encoding="utf-8", errors="replace") as fh:
-                return hides_jobs_in(fh.read(1 << 20))
-        except OSError:
-            continue
-    return False
+    if path not in _read:
+        _read[path] = False
+        for p in (path, CONFIGLESS):
+            try:
+                with open(p, encoding="utf-8", errors="replace") as fh:
+                    _read[path] = hides_jobs_in(fh.read(1 << 20))
+                    break
+            except OSError:
+                continue
+    return _read[path]
 
 
 def hides_jobs(environ: Mapping[str, str] = os.environ) -> bool:

@@ -111,7 +111,7 @@ def test_main_falls_through_to_the_full_prolog(env: Env, tmp_path, monkeypatch):
 
 
 def test_the_warm_prolog_imports_nothing_heavy(env: Env, ready):
-    """The real hook process (``python -m dsstage.hooks prolog``, as prolog/dsstage-prolog runs it)
+    """The real hook process (``python -c CODE prolog``, as prolog/dsstage-prolog runs it)
     answered by the warm path imports none of what tests/unit/test_warm_imports.py keeps out."""
     import subprocess
     import sys
@@ -119,7 +119,8 @@ def test_the_warm_prolog_imports_nothing_heavy(env: Env, ready):
     from helpers import WARM_HEAVY as HEAVY
     hook_env = {**os.environ, **prolog_env(env, "coco", job="78"), "DSSTAGE_CONFIG": str(env.config_path),
                 "DSSTAGE_RUN_DIR": str(ready), "DSSTAGE_LOG": str(env.tmp / "hook.log")}
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "dsstage.hooks", "prolog"], env=hook_env,
+    from dsstage.hooks.__main__ import CODE
+    res = subprocess.run([sys.executable, "-X", "importtime", "-c", CODE, "prolog"], env=hook_env,
                          capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "(warm path)" in (env.tmp / "hook.log").read_text().splitlines()[-1]

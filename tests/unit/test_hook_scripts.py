@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from dsstage.hooks import bbrequest
+from dsstage.hooks.__main__ import CODE
 
 TOP = Path(__file__).resolve().parents[2]
 PROLOG = TOP / "prolog" / "dsstage-prolog"
@@ -73,7 +74,7 @@ def test_root_python_imports_nothing_from_cwd_or_pythonpath(tmp_path, script, ki
     plant(planted, kind, marker)
 
     # the plant works: a Python started as the scripts used to start it picks it up
-    res = subprocess.run([sys.executable, "-m", "dsstage.hooks", "prolog"], cwd=cwd, env=env,
+    res = subprocess.run([sys.executable, "-c", CODE, "prolog"], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=60)
     assert marker.exists(), res.stderr
     marker.unlink()
@@ -296,3 +297,11 @@ def test_taskprolog_drops_what_dsstage_exports_inherited_by_any_job(installed, t
     assert lines[-2:] == ["export DSSTAGE_PATH_COCO=/n2/coco", "export DSSTAGE_DATASET_DIR=/n2/coco"]
     assert all(line.startswith("unset ") for line in lines[:-2]) and "unset DSSTAGE_CONFIG" not in lines
     assert taskprolog(installed, SLURM_JOB_ID="43").stdout == ""  # nothing inherited, no file: nothing
+
+
+def test_the_hook_scripts_start_python_with_the_hooks_code():
+    """The scripts run ``python -I -c CODE prolog|epilog`` (not ``-m``: runpy's imports cost
+    the warm Prolog about 6 ms), with the one CODE of dsstage.hooks.__main__."""
+    for script, which in ((PROLOG, "prolog"), (TOP / "epilog" / "dsstage-epilog", "epilog")):
+        last = script.read_text().rstrip().splitlines()[-1]
+        assert last == f'exec "${{DSSTAGE_PYTHON:-/usr/lib/dsstage/venv/bin/python}}" -I -c \'{CODE}\' {which}', last

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 
 from dsstage.cli.output import write_json
 from dsstage.fs import layout, runfiles
@@ -34,6 +33,7 @@ from dsstage.ready.request import requested_names
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
     from dsstage.ready.warmconf import WarmConfig

@@ -7,7 +7,6 @@ where exceptions become exit codes for the command line.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
 
 from dsstage import __version__
 from dsstage.errors import DsstageError, NotPermitted
@@ -15,6 +14,7 @@ from dsstage.errors import DsstageError, NotPermitted
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable, Sequence
 
     Handler = Callable[[argparse.Namespace], int]
 

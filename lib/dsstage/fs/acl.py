@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 ACCESS = "system.posix_acl_access"
 _VERSION = 2

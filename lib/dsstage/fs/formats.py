@@ -15,10 +15,9 @@ a format newer than that is said to be from a newer dsstage: upgrade the reader.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 #: each file kind's current format

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
 
 from dsstage.errors import StoreError, UnsafeStore
 from dsstage.fs import acl, jsontext
@@ -19,6 +18,7 @@ from dsstage.fs.safe import RootDir, _read_json_fd, open_regular, read_json_at, 
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
 REQUEST_VARS = ("SPANK__SLURM_SPANK_OPTION_dsstage_dataset", "SPANK_DSSTAGE_DATASETS")

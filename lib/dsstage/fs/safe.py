@@ -37,7 +37,6 @@ import itertools
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from dsstage.errors import StoreError, UnsafeStore
@@ -46,6 +45,7 @@ from dsstage.fs.acl import set_on as set_acl
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from typing import Any, Self
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -15,10 +15,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Sequence
 
 from dsstage.errors import UnsafeStore
 from dsstage.fs import safe
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 #: the largest record read
 MAX = 64 * 1024

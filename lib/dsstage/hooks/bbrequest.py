@@ -24,10 +24,13 @@ Prolog uses it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 
 from dsstage.errors import ConfigError, StateError
 from dsstage.fs import jsontext, runfiles, safe, shared
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 DIR = "bb"
 #: the hook scripts' variable naming the directory (from the defaults file)

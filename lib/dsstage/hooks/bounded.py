@@ -25,7 +25,10 @@ import os
 import select
 import sys
 import time
-from collections.abc import Callable
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 #: seconds of the budget kept for deciding, holding the job and writing files
 DECIDE_MARGIN = 10.0

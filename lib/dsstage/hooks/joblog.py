@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+
+TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 SOCKET = "/dev/log"
 ENV_SOCKET = "DSSTAGE_SYSLOG"

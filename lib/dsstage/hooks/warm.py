@@ -4,7 +4,7 @@ A Prolog for datasets that are already cached must cost little: this module impo
 standard library, ``dsstage.fs``, the light node modules and the job records, never the
 configuration's loader, yaml or the staging code (their import costs more than the whole
 warm path); a job on several nodes adds ClusterShell, to read its hostlist.
-``python -I -m dsstage.hooks prolog`` tries this first: it handles a job whose datasets are all ready,
+The Prolog (dsstage.hooks.__main__) tries this first: it handles a job whose datasets are all ready,
 quick-verified and allowed for the user (for a sharded dataset: this node's part of the
 job's plan, and its view), using the configuration cache the full Prolog
 leaves in the run directory; anything else (a cache miss, a copy that is not ready, a
@@ -16,7 +16,6 @@ restricted dataset the user may not use, any error) falls through to the full Pr
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 
 from dsstage.errors import DsstageError
 from dsstage.fs import layout, runfiles
@@ -30,6 +29,7 @@ from dsstage.ready.request import requested_names
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from dsstage.ready.warmconf import WarmConfig, WarmDataset

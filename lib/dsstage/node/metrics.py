@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from dsstage.errors import DsstageError
 from dsstage.fs import layout
@@ -37,7 +36,10 @@ from dsstage.fs.safe import RootDir
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
     from typing import Any
+
+    Event = tuple[str, Mapping[str, str], float]  # for the type checker only: annotations are strings
 
 PREFIX = "dsstage_"
 COUNTERS_FILE = "metrics.json"
@@ -75,7 +77,6 @@ _REASON_MAX = 32
 _REASON_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz")
 _REASON = _REASON_FIRST | frozenset("0123456789_")
 
-Event = tuple[str, Mapping[str, str], float]
 
 
 # -- counting (the warm path: standard library only) ---------------------------------------------
@@ -161,7 +162,7 @@ def _checked(event: Event, known: Mapping[str, tuple[Any, ...]] = COUNTERS) -> t
     if spec is None:
         raise ValueError(f"unknown metric {name!r}; known: {', '.join(known)}")
     names = spec[0]
-    if not isinstance(labels, Mapping) or sorted(labels) != sorted(names):
+    if not isinstance(labels, dict) or sorted(labels) != sorted(names):
         raise ValueError(f"metric {name!r} takes labels {list(names)}, not {labels!r}")
     values = tuple(labels[k] for k in names)
     for key, label in zip(names, values):
@@ -298,7 +299,7 @@ def families(record: Mapping[str, Any], tiers: Sequence[Mapping[str, Any]],
         gauges["copy_bytes"][key] = gauges["copy_bytes"].get(key, 0.0) + float(row.get("bytes") or 0)
         gauges["copies"][(tier, state)] = gauges["copies"].get((tier, state), 0.0) + 1
         leases.setdefault((tier, dataset), set()).update(
-            str(job.get("job_id") if isinstance(job, Mapping) else job) for job in row.get("leases") or ())
+            str(job.get("job_id") if isinstance(job, dict) else job) for job in row.get("leases") or ())
     gauges["leases"] = {key: float(len(jobs)) for key, jobs in leases.items()}
     gauges["metrics_updated_timestamp_seconds"][()] = now
     for name, (labels, text) in GAUGES.items():

@@ -16,12 +16,12 @@ Imports only the standard library and dsstage.fs: the warm path reads the switch
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping
 
 from dsstage.fs import formats, safe
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
     from typing import Any
 
 SWITCH = "disabled.json"
