@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,25 @@ def test_a_purge_cut_short_is_restarted_by_the_next_retention_pass(env: Env, mon
     monkeypatch.undo()
     epilog(env, "5", "y", caplog)
     wait_trash_empty(env)
+
+
+def test_with_peers_evict_dry_run_says_which_copy_is_the_last_in_the_cluster(env: Env):
+    """With peers.enabled the snapshot's copies (the poller reads every node's report) reach
+    the node's plan: of two unwanted copies the cluster has used, the one no other node holds
+    is "the last copy in the cluster"; the other, held on n9 too, is not."""
+    data = yaml.safe_load(env.config_path.read_text())
+    data["peers"] = {"enabled": True}
+    env.config_path.write_text(yaml.safe_dump(data))
+    for i, name in enumerate(("x", "y")):
+        env.cli("stage", name, "--job-id", str(i + 1))
+        env.cli("release", name, "--job-id", str(i + 1))
+    version = {name: env.cli_json("stage", name, "--job-id", "7")["digest"][:16] for name in ("x", "y")}
+    env.cli("release", "x", "--job-id", "7")
+    env.cli("release", "y", "--job-id", "7")
+    snap = demand.build((), time.time(), copies={"x": {version["x"]: env.node},
+                                                  "y": {version["y"]: f"{env.node},n9"}})
+    demand.write(str(env.state), replace(snap, uses={"x": 2.0, "y": 2.0}))
+    out = env.cli("evict", "--dry-run").stdout
+    line = {n: next(ln for ln in out.splitlines() if f"nvme {n} " in ln) for n in ("x", "y")}
+    assert "kept: the last copy in the cluster; used by 2 jobs in the cluster" in line["x"], out
+    assert "last copy" not in line["y"] and "kept: no demand; used by 2 jobs" in line["y"], out

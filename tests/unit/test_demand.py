@@ -352,3 +352,33 @@ def test_old_manifests_are_removed_as_their_directorys_owner(tmp_path):
         assert manifests_gc.prune(c, time.time()) == []  # as nobody, who may not write there
         d.chmod(0o755)
         assert manifests_gc.prune(c, time.time()) == [("coco", free)]
+
+
+def test_with_peers_the_poller_writes_which_nodes_hold_each_version_and_the_nodes_read_it(tmp_path):
+    """The poller reads the nodes' published reports once per round and writes, per dataset and
+    version, the nodes that show it ready and current (stale reports, staging copies and old
+    versions left out); a node's planner gets them only with peers on."""
+    from dsstage.node import report
+    c = conf(tmp_path, poll_interval="20s")
+    c = replace(c, peers=replace(c.peers, enabled=True))
+    os.makedirs(os.path.join(c.state_dir, report.NODES))
+    rows = {"n1": [{"dataset": "coco", "version": "aaaa", "state": "ready", "current": True}],
+            "n2": [{"dataset": "coco", "version": "aaaa", "state": "ready", "current": True},
+                   {"dataset": "in22k", "version": "bbbb", "state": "staging", "current": True},
+                   {"dataset": "in22k", "version": "cccc", "state": "ready", "current": False}],
+            "n3": [{"dataset": "coco", "version": "aaaa", "state": "ready", "current": True}]}
+    for node, copies in rows.items():
+        when = NOW - (10_000 if node == "n3" else 5)  # n3's report is stale
+        Path(report.published_path(c.state_dir, node)).write_text(
+            json.dumps({"node": node, "time": when, "copies": copies}))
+    slurm = FakeSlurm()
+    slurm.submit(JOBS[0])
+    assert poller.run(c, slurm, once=True, clock=lambda: NOW) == 0
+    snap = demand.read(c.state_dir)
+    assert snap.copies == {"coco": {"aaaa": "n[1-2]"}}
+    assert snap.demand(NOW, 300, copies=True).copies == {"coco": {"aaaa": frozenset({"n1", "n2"})}}
+    assert snap.demand(NOW, 300).copies == {}
+    off = replace(c, peers=replace(c.peers, enabled=False))
+    assert poller.run(off, slurm, once=True, clock=lambda: NOW + 20) == 0
+    assert demand.read(c.state_dir).copies == {}
+    assert "copies" not in json.loads(Path(demand.path(c.state_dir)).read_text())

@@ -329,3 +329,43 @@ def test_a_count_that_has_decayed_a_little_reads_as_whole_jobs():
     assert "used by 1 job in the cluster" in d["once"]
     assert "used by 2 jobs in the cluster" in d["twice"]
     assert "used by <1 job in the cluster" in d["half"]
+
+
+# -- the last copy in the cluster (issue 55: peers across jobs make other nodes' copies a source) --
+
+def _copies(**held: tuple[str, ...]) -> dict:
+    """dataset -> {version: nodes}, with each dataset's version as ``copy`` makes it."""
+    return {name: {copy(name).version: frozenset(nodes)} for name, nodes in held.items()}
+
+
+def test_a_copy_other_nodes_hold_goes_before_the_last_one_in_the_cluster():
+    """Two copies, both wanted alike; only "b" is held elsewhere (n2): with the copies known
+    (peers on), the Epilog evicts "b" first, and keeps "a" saying why; without them (peers off,
+    or an older poller) the order is the usual one (here: "a", used longer ago, goes)."""
+    copies = [copy("a", 50, idle=2 * DAY), copy("b", 50, idle=DAY)]
+    wants = {"a": [pending("1", nodes=("n5",))], "b": [pending("2", nodes=("n5",))]}
+    space = Space(capacity=100 * GB, high=0.9, low=0.75)
+    known = plan(copies, Demand(wants=wants, age=10, copies=_copies(a=("n1",), b=("n1", "n2"))), space, NOW, node="n1")
+    d = {x.copy.dataset: x for x in known.decisions}
+    assert d["b"].evict and not d["a"].evict
+    assert d["a"].reason.endswith("; the last copy in the cluster")
+    unknown = plan(copies, Demand(wants=wants, age=10), space, NOW, node="n1")
+    assert [x.copy.dataset for x in unknown.evictions()] == ["a"]
+
+
+def test_the_last_copy_rule_needs_a_fresh_snapshot_and_a_want_or_a_use():
+    """Nothing wants "a" and the cluster has not used it: being the last copy does not keep it;
+    used by a job (a count of 1) it is kept; on a stale snapshot the copies are as old as its
+    queue and count for nothing."""
+    copies = [copy("a", 50, idle=2 * DAY), copy("b", 50, idle=DAY)]
+    space = Space(capacity=100 * GB, high=0.9, low=0.75)
+    held = _copies(a=("n1",), b=("n1", "n2"))
+    idle = plan(copies, Demand(age=10, copies=held), space, NOW, node="n1")
+    assert [x.copy.dataset for x in idle.evictions()] == ["a"]
+    used_once = plan(copies, Demand(age=10, copies=held, uses={"a": 1.0, "b": 1.0}), space, NOW, node="n1")
+    assert [x.copy.dataset for x in used_once.evictions()] == ["b"]
+    kept = {x.copy.dataset: x.reason for x in used_once.decisions}["a"]
+    assert kept.startswith("the last copy in the cluster; used by 1 job in the cluster"), kept
+    stale = plan(copies, Demand(age=7200, stale=True, copies=held, uses={"a": 1.0, "b": 1.0}), space, NOW,
+                 node="n1")
+    assert [x.copy.dataset for x in stale.evictions()] == ["a"]

@@ -16,7 +16,7 @@ from dsstage.policy.sim import cli as simulate
 from dsstage.policy.sim import trace as tr
 from dsstage.policy.sim.bound import lower_bound, pack
 from dsstage.policy.sim.planner import Planner
-from dsstage.policy.sim.replay import Features, JobEnd, Lru, Offline, Policy, Result, Tier
+from dsstage.policy.sim.replay import Features, JobEnd, Lru, Offline, Policy, QueueOracle, Result, Tier
 from dsstage.policy.sim.replay import simulate as run_sim
 from dsstage.policy.sim.sched import Nodes, Schedule, Scheduler, project, schedule
 
@@ -45,6 +45,45 @@ def serial(datasets: list[str]) -> list[tr.Job]:
 # -- policies on hand-made request sequences ------------------------------------------------------
 
 BELADY = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]  # the textbook string, 3 frames
+
+
+def test_the_queue_oracle_is_belady_when_the_queue_shows_everything_and_history_when_it_shows_nothing():
+    """The textbook string on one node: every job submitted at once, the queue-oracle knows each
+    next use and does what the offline policy does (9 misses, Belady's); each job submitted
+    only as the one before ends (the queue shows nothing ahead), it can only fall back on the
+    history the planner has too (the cluster's decayed start counts, then recency): 13 misses
+    here, one more than LRU's 12, against the 9 that knowing the future gives."""
+    sizes = {f"p{p}": GB for p in set(BELADY)}
+    known = serial([f"p{p}" for p in BELADY])
+    sched = schedule(known, nodes=1, slots_per_node=1)
+    oracle = replay(sched, sizes, 3 * GB, 2 * GB, QueueOracle(sched.runs))
+    offline = replay(sched, sizes, 3 * GB, 2 * GB, Offline(sched.runs))
+    assert oracle.bytes_staged // GB == offline.bytes_staged // GB == 9
+    late = [job(i + 1, f"p{p}", submit=i * 1000.0, runtime=1000.0) for i, p in enumerate(BELADY)]
+    sched = schedule(late, nodes=1, slots_per_node=1)
+    assert [r.start for r in sched.runs] == [j.submit for j in late]  # each starts as it is submitted
+    blind = replay(sched, sizes, 3 * GB, 2 * GB, QueueOracle(sched.runs))
+    assert replay(sched, sizes, 3 * GB, 2 * GB, Lru()).bytes_staged // GB == 12
+    assert blind.bytes_staged // GB == 13
+    assert replay(sched, sizes, 3 * GB, 2 * GB, Offline(sched.runs)).bytes_staged // GB == 9
+
+
+def test_with_peers_a_dataset_is_read_from_the_source_once_and_a_peer_never_runs_ahead_of_its_copy():
+    """Two nodes: a 2-node job on a cold dataset reads it from the source on one node and from
+    that node on the other, which cannot finish before the copy it reads (1 GB/s source,
+    4 GB/s peers: both ready at 10 s); the next jobs, one on a second dataset (no node holds
+    it: the source) and one on the first (still on its node), read nothing more from it."""
+    jobs = [job(1, "a", submit=0.0, runtime=100.0, slots=2), job(2, "b", submit=0.0, runtime=100.0),
+            job(3, "a", submit=0.0, runtime=100.0)]
+    sizes = {"a": 10 * GB, "b": 10 * GB}
+    off, _ = run_sim(jobs, 2, 1, sizes, 10 * GB, GB, Lru())
+    on, sched = run_sim(jobs, 2, 1, sizes, 10 * GB, GB, Lru(), peer_bandwidth=4 * GB)
+    assert (off.bytes_from_source, off.bytes_from_peers) == (off.bytes_staged, 0)
+    assert on.bytes_staged == off.bytes_staged
+    first = sched.runs[0]
+    assert first.job.id == "1" and on.wait_max >= 10.0
+    assert (on.bytes_staged, on.bytes_from_source, on.bytes_from_peers) == (30 * GB, 20 * GB, 10 * GB)
+    assert off.wait_max == on.wait_max == 10.0  # the peer's 2.5 s transfer waits for the copy it reads
 
 
 def test_lru_and_belady_on_the_textbook_string():
@@ -438,19 +477,29 @@ def test_json_keys():
     code, out = run_main(["--jobs", "120", "--nodes", "4", "--datasets", "10", "--json"])
     assert code == 0
     rep = json.loads(out)
-    assert set(rep) == {"trace", "cluster", "scheduler", "planner", "rows", "offline_method", "bound", "goal",
-                        "seconds"}
+    assert set(rep) == {"trace", "cluster", "scheduler", "planner", "rows", "offline_method", "queue_oracle_method",
+                        "bound", "goal", "seconds"}
     # offline only on the unaware schedule: its known future is that schedule's
-    assert [(r["policy"], r["placement"]) for r in rep["rows"]] == [
-        ("planner", "unaware"), ("lru", "unaware"), ("job-end", "unaware"), ("offline", "unaware"),
-        ("planner", "prefer"), ("lru", "prefer"), ("job-end", "prefer")]
-    keys = {"policy", "placement", "bytes_staged", "bytes_staged_again", "bytes_compulsory", "requests", "hits",
+    one = [("planner", "unaware"), ("lru", "unaware"), ("job-end", "unaware"), ("queue-oracle", "unaware"),
+           ("offline", "unaware"), ("planner", "prefer"), ("lru", "prefer"), ("job-end", "prefer"),
+           ("queue-oracle", "prefer")]
+    assert [(r["policy"], r["placement"], r["peers"]) for r in rep["rows"]] == \
+        [(*k, "off") for k in one] + [(*k, "on") for k in one]
+    keys = {"policy", "placement", "peers", "bytes_staged", "bytes_from_source", "bytes_from_peers",
+            "bytes_staged_again", "bytes_compulsory", "requests", "hits",
             "hit_ratio", "wait_mean_s", "wait_p95_s", "stage_wait_total_s", "stage_wait_mean_s", "stage_wait_max_s",
             "jobs_delayed", "jobs_on_preferred_nodes", "stages", "stages_evicting", "evictions", "bytes_evicted",
             "bypassed", "no_room", "seconds"}
     for r in rep["rows"]:
         assert keys <= set(r)
         assert (r["jobs_on_preferred_nodes"] is None) == (r["placement"] == "unaware")
+        assert r["bytes_from_source"] + r["bytes_from_peers"] == r["bytes_staged"]
+        assert r["bytes_from_peers"] == 0 or r["peers"] == "on"
+    oracle = next(r for r in rep["rows"] if r["policy"] == "queue-oracle")
+    assert oracle["bound_on_queue_aware_optimum"] == "upper" and oracle["replays"] == 1
+    assert oracle["future_as_it_happened"] is True  # unaware: the schedule is the trace's alone
+    assert {"planner_unaware_gap_closed", "planner_prefer_gap_closed",
+            "planner_prefer_peers_source_vs_baseline"} <= set(rep["goal"])
     offline = next(r for r in rep["rows"] if r["policy"] == "offline")
     assert offline["bound_on_optimum"] == "upper"
     assert rep["bound"]["bound_on_optimum"] == "lower"
@@ -468,7 +517,8 @@ def test_one_placement_only():
                           "--policies", "planner,offline"])
     assert code == 0
     rows = json.loads(out)["rows"]
-    assert [(r["policy"], r["placement"]) for r in rows] == [("planner", "prefer")]
+    assert [(r["policy"], r["placement"], r["peers"]) for r in rows] == [("planner", "prefer", "off"),
+                                                                        ("planner", "prefer", "on")]
 
 
 def test_text_report_says_what_the_offline_figures_are():
@@ -480,11 +530,11 @@ def test_text_report_says_what_the_offline_figures_are():
 def test_dsstage_simulate_runs_the_simulator(capsys):
     assert cli.main(["simulate", "--jobs", "80", "--nodes", "4", "--datasets", "8", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert {r["policy"] for r in rows} == {"planner", "lru", "job-end", "offline"}
+    assert {r["policy"] for r in rows} == {"planner", "lru", "job-end", "queue-oracle", "offline"}
 
 
 @pytest.mark.parametrize("argv", [["--policies", "fifo"], ["--capacity", "lots"], ["--high", "0.5"],
-                                  ["--placement", "anywhere"],
+                                  ["--placement", "anywhere"], ["--peers", "maybe"], ["--peer-bandwidth", "fast"],
                                   ["--trace", "/nonexistent.swf"]])
 def test_bad_options_end_in_one_line(argv, capsys):
     assert simulate.main(argv) != 0

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from dsstage import privatedata
-from dsstage.cluster import leader
+from dsstage.cluster import leader, reports
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs.safe import write_atomic
-from dsstage.policy.demand import Snapshot, build, read, write
+from dsstage.policy.demand import Snapshot, build, copies_from, read, write
 from dsstage.slurm.client import SlurmClient
 from dsstage.slurm.records import Job
 
@@ -35,8 +35,10 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
     from dsstage.cluster import manifests_gc
     jobs = slurm.queue()
     previous = read(conf.state_dir)
-    snap = build(jobs, clock(), backend=type(slurm).__name__, host=socket.gethostname(),
-                 previous=previous if previous.time else None)
+    now = clock()
+    copies = copies_from(reports.read_all(conf.state_dir), now, conf.report.max_age) if conf.peers.enabled else None
+    snap = build(jobs, now, backend=type(slurm).__name__, host=socket.gethostname(),
+                 previous=previous if previous.time else None, copies=copies)
     with as_writer(conf):
         write(conf.state_dir, snap, private=privatedata.hides_jobs())
     export_metrics(conf, snap.time, jobs, acting=True)
@@ -68,7 +70,7 @@ def export_metrics(conf: Config, snapshot_time: float, jobs: list[Job], *, actin
     path = conf.metrics.controller_textfile
     if not path:
         return
-    from dsstage.cluster import controller_metrics, reports
+    from dsstage.cluster import controller_metrics
     from dsstage.node import breaker
     from dsstage.slurm.conf import slurm_conf_path
     try:

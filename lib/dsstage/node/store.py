@@ -264,7 +264,8 @@ class Store:
         from dsstage.fs.identity import writing_as
         with writing_as(self.config.report.user):
             snap = demand.read(self.config.state_dir)
-        return snap.demand(self.clock(), self.config.retention.demand_max_age), snap
+        # which nodes hold each version counts only where they serve each other (peers across jobs)
+        return snap.demand(self.clock(), self.config.retention.demand_max_age, copies=self.config.peers.enabled), snap
 
     def reclaim_stale(self, snap: Snapshot) -> list[Lease]:
         """Remove the leases of jobs that the demand snapshot shows are gone: not running

@@ -12,7 +12,8 @@ active jobs (one ``squeue`` with fixed fields, see dsstage.slurm.client) and wri
                       "start": 1763801200.0, "nodes": "gpu[01-02]"}],
          "running": [{"job_id": "123", "user": "bo", "partition": "gpu", "nodes": "gpu07"}]}},
      "running": {"123": "gpu07", "124": "cpu[01-04]"},
-     "uses": {"imagenet22t": 12.4, "coco": 0.8}}
+     "uses": {"imagenet22t": 12.4, "coco": 0.8},
+     "copies": {"imagenet22t": {"3f2a9c0d1e4b5a6f": "gpu[01-03]"}}}
 
 ``datasets`` lists, per dataset, the pending jobs that requested it (expected start and the
 backfill plan's nodes where Slurm knows them, else null and "") and the running ones with
@@ -28,6 +29,11 @@ snapshot, and a job id in that one's ``running`` was counted then. A job that st
 ends between two rounds is not seen, and the starts while the poller is down are lost
 (the counts only rank datasets, so a uniform loss changes nothing). The planner ranks
 copies nothing in the queue wants by these counts (see dsstage.policy.retention).
+``copies`` (with ``peers.enabled``): per dataset and version, the nodes whose current
+report, as the poller read it this round, shows the current version ready: a node's Epilog
+then keeps the last copy in the cluster of what the queue wants over a copy other nodes
+hold too (retention.last_copy), one read of the reports per round for the whole cluster
+rather than one per Epilog.
 
 Prologs and Epilogs only read this file; they never ask Slurm about demand. A snapshot
 older than ``retention.demand_max_age`` is stale: the Epilog then keeps what it cannot
@@ -71,6 +77,8 @@ class Snapshot:
     datasets: Mapping[str, Mapping[str, list[dict[str, Any]]]] = field(default_factory=dict)
     running: Mapping[str, str] = field(default_factory=dict)  # job id -> its nodes (hostlist)
     uses: Mapping[str, float] = field(default_factory=dict)  # dataset -> decayed job starts, as of time
+    #: dataset -> version id -> the nodes (a hostlist) whose reports show it ready
+    copies: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     host: str = ""
     backend: str = ""
     problem: str = ""  # why there is no usable snapshot
@@ -84,12 +92,14 @@ class Snapshot:
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "time": self.time, "host": self.host, "backend": self.backend,
-                "datasets": self.datasets, "running": self.running, "uses": self.uses}
+                "datasets": self.datasets, "running": self.running, "uses": self.uses,
+                **({"copies": self.copies} if self.copies else {})}
 
-    def demand(self, now: float, max_age: float) -> Demand:
+    def demand(self, now: float, max_age: float, copies: bool = False) -> Demand:
         """The planner's view: every dataset's wants, stale if too old or missing; the
         counts of job starts decayed to ``now``, also from a stale snapshot (they are
-        history, not the queue: see dsstage.policy.retention)."""
+        history, not the queue: see dsstage.policy.retention); with ``copies`` (peers on),
+        which nodes hold each version."""
         age = self.age(now)
         uses = decay(self.uses, self.time, now) if self.time else {}
         if self.stale(now, max_age):
@@ -102,7 +112,9 @@ class Snapshot:
                     out.append(Want(job_id=str(r.get("job_id", "")), state=state, partition=str(r.get("partition", "")),
                                     priority=_int(r.get("priority")), start=_float(r.get("start")),
                                     nodes=tuple(expand_nodes(str(r.get("nodes") or ""))), user=str(r.get("user", ""))))
-        return Demand(wants=wants, age=age, uses=uses)
+        held = {name: {v: frozenset(expand_nodes(nodes)) for v, nodes in versions.items()}
+                for name, versions in self.copies.items()} if copies else {}
+        return Demand(wants=wants, age=age, uses=uses, copies=held)
 
 
 def decay(uses: Mapping[str, float], since: float, now: float) -> dict[str, float]:
@@ -138,9 +150,10 @@ def _float(value: Any) -> float | None:
 
 
 def build(jobs: Iterable[Any], now: float, *, backend: str = "", host: str = "",
-          previous: Snapshot | None = None) -> Snapshot:
+          previous: Snapshot | None = None, copies: Mapping[str, Mapping[str, str]] | None = None) -> Snapshot:
     """The snapshot of ``jobs`` (dsstage.slurm.records.Job records from one query); ``previous``: the last
-    one written, whose counts of job starts it carries on (without it, they start at 0)."""
+    one written, whose counts of job starts it carries on (without it, they start at 0);
+    ``copies``: which nodes hold each version (``copies_from``)."""
     from dsstage.policy import datawait  # the poller's, not the nodes' readers of the snapshot
     datasets: dict[str, dict[str, list[dict[str, Any]]]] = {}
     running: dict[str, str] = {}
@@ -168,7 +181,27 @@ def build(jobs: Iterable[Any], now: float, *, backend: str = "", host: str = "",
     for rows in datasets.values():
         rows["pending"].sort(key=lambda r: (r["start"] is None, r["start"] or 0, -r["priority"], r["job_id"]))
     uses = count_starts(previous.uses if previous else {}, previous.time if previous else 0.0, now, started)
-    return Snapshot(time=now, datasets=datasets, running=running, uses=uses, host=host, backend=backend)
+    return Snapshot(time=now, datasets=datasets, running=running, uses=uses, host=host, backend=backend,
+                    copies=dict(copies or {}))
+
+
+def copies_from(reports: Iterable[Mapping[str, Any]], now: float, max_age: float) -> dict[str, dict[str, str]]:
+    """dataset -> version -> the nodes (a hostlist) whose report, younger than ``max_age``,
+    shows that version ready and current (reports are other hosts' writes: read as data)."""
+    from dsstage.hostlist import fold_nodes
+    held: dict[str, dict[str, list[str]]] = {}
+    for rep in reports:
+        node, when = rep.get("node"), rep.get("time")
+        rows = rep.get("copies")
+        if not isinstance(node, str) or not node or not isinstance(when, (int, float)) \
+                or not 0 <= now - when <= max_age or not isinstance(rows, list):
+            continue
+        for row in rows:
+            if isinstance(row, dict) and row.get("state") == "ready" and row.get("current") \
+                    and isinstance(row.get("dataset"), str) and isinstance(row.get("version"), str):
+                held.setdefault(row["dataset"], {}).setdefault(row["version"], []).append(node)
+    return {name: {v: fold_nodes(sorted(set(nodes))) for v, nodes in versions.items()}
+            for name, versions in held.items()}
 
 
 def read(state_dir: str) -> Snapshot:
@@ -183,9 +216,12 @@ def read(state_dir: str) -> Snapshot:
     datasets = data.get("datasets") if isinstance(data.get("datasets"), dict) else {}
     running = data.get("running") if isinstance(data.get("running"), dict) else {}
     uses = data.get("uses") if isinstance(data.get("uses"), dict) else {}  # none before dsstage wrote them
+    copies = data.get("copies") if isinstance(data.get("copies"), dict) else {}  # none without peers
     return Snapshot(time=_float(data.get("time")) or 0.0, datasets=datasets or {},
                     running={str(k): str(v) for k, v in (running or {}).items()},
                     uses={str(k): f for k, v in (uses or {}).items() if (f := _float(v)) is not None and f > 0},
+                    copies={str(k): {str(v): str(n) for v, n in vs.items()} for k, vs in (copies or {}).items()
+                            if isinstance(vs, dict)},
                     host=str(data.get("host", "")), backend=str(data.get("backend", "")))
 
 

@@ -32,8 +32,12 @@ The rules, in order:
    is recomputed as copies go: bytes that two versions share (hard links) are freed only
    when both are gone.
 
-The eviction order: superseded versions first; then by demand (each pending job that
-wants the dataset, more if the backfill plan put it on this node, more the sooner it is
+The eviction order: superseded versions first; then, where the snapshot says which nodes
+hold each version (``Demand.copies``: the poller reads the nodes' reports, and the nodes pass
+it only with ``peers.enabled``, where another node's copy is what a stage reads instead of the
+source), a copy with another ready copy in the cluster before the last one of a version the
+queue wants or the cluster has used (``last_copy``: "the last copy in the cluster"); then by
+demand (each pending job that wants the dataset, more if the backfill plan put it on this node, more the sooner it is
 expected to start; running jobs on other nodes: the dataset is in use in the cluster);
 then, among copies with equal demand (in practice: none), by use frequency; then the
 least recently used; then the larger copy (fewer evictions for the room).
@@ -124,6 +128,9 @@ class Demand:
     age: float = 0.0
     #: dataset -> job starts seen in the cluster, decayed count as of now (valid when stale too)
     uses: Mapping[str, float] = field(default_factory=dict)
+    #: dataset -> version -> the nodes whose reports show it ready, as the poller last read
+    #: them; empty: not known (or peers off: another node's copy spares the source nothing)
+    copies: Mapping[str, Mapping[str, frozenset[str]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -342,12 +349,28 @@ def soonness(w: Want, now: float) -> float:
     return 1.0 / (1.0 + max(0.0, w.start - now) / SOON)
 
 
-def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, float, float, float, int]:
-    """Lowest first: superseded versions, then by demand, then by use frequency, then least
-    recently used, then the larger copy."""
-    return (1 if c.current else 0, demand_score(c.dataset, demand, node, now, c.not_for),
-            demand.uses.get(c.dataset, 0.0),
+def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, int, float, float, float, int]:
+    """Lowest first: superseded versions, then a copy with another in the cluster before the
+    last one worth keeping, then by demand, then by use frequency, then least recently used,
+    then the larger copy."""
+    return (1 if c.current else 0, 1 if last_copy(c, demand, node, now) else 0,
+            demand_score(c.dataset, demand, node, now, c.not_for), demand.uses.get(c.dataset, 0.0),
             c.last_used, -c.bytes)
+
+
+def last_copy(c: Copy, demand: Demand, node: str, now: float) -> bool:
+    """Whether ``c`` is the last ready copy in the cluster of a version worth keeping: no other
+    node holds it (``Demand.copies``, known), and a pending job wants the dataset or the
+    cluster has used it (a decayed count of at least one job start). False where the copies
+    are not known, for an old version, and on a stale snapshot (which nodes hold what then is
+    as old as its queue)."""
+    if not demand.copies or demand.stale or not c.current or not c.ready:
+        return False
+    holders = demand.copies.get(c.dataset, {}).get(c.version, frozenset())
+    if holders - {node}:
+        return False
+    wanted = any(w.state == "pending" for w in wants_of(c.dataset, demand, c.not_for))
+    return wanted or demand.uses.get(c.dataset, 0.0) >= 1.0
 
 
 # -- reasons -------------------------------------------------------------------------
@@ -356,7 +379,8 @@ def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: floa
     why = (f"over high watermark ({space.high:.0%} of {_size(space.capacity)})" if space.need == 0 else
            f"room for the stage in progress ({_size(space.need)} in a tier of {_size(space.capacity)})")
     what = "old version" if not c.current else _demand_text(c.dataset, demand, node, now, c.not_for) or "no demand"
-    return (f"{why}; {what}{_uses_text(c.dataset, demand)}, "
+    last = "; the last copy in the cluster" if last_copy(c, demand, node, now) else ""
+    return (f"{why}; {what}{_uses_text(c.dataset, demand)}{last}, "
             f"idle {human_duration(now - c.last_used)}")
 
 
@@ -364,9 +388,12 @@ def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy)
     if not c.current:
         return "old version, kept while there is room: staging the current one reuses its files"
     wanted = _demand_text(c.dataset, demand, node, now, c.not_for)
+    last = "; the last copy in the cluster" if last_copy(c, demand, node, now) else ""
     if wanted:
-        return wanted
+        return wanted + last
     idle = now - c.last_used
+    if last:
+        return f"the last copy in the cluster{_uses_text(c.dataset, demand)}, idle {human_duration(idle)}"
     if idle < policy.min_keep:
         return f"used {human_duration(idle)} ago (min_keep {human_duration(policy.min_keep)})"
     uses = _uses_text(c.dataset, demand)

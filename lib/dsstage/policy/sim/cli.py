@@ -1,10 +1,11 @@
 """``dsstage simulate``: replay a job trace through retention policies and placements, side by side.
 
 A scheduler (FIFO with EASY backfill) places the jobs, cache-unaware or preferring the
-nodes that hold a job's dataset, while each policy decides what the nodes' tiers keep; the
-report gives, per policy and placement, the bytes staged (and staged again beyond each
-node's first stage of a dataset), the hit ratio, the queue wait and the wait that staging
-causes. The baseline is LRU with unaware placement: a site without dsstage. See
+nodes that hold a job's dataset, while each policy decides what the nodes' tiers keep, with
+or without peers (a stage reads from a node that holds the dataset); the report gives, per
+policy, placement and peers, the bytes staged (and staged again beyond each node's first
+stage of a dataset, and how many of them the source served), the hit ratio, the queue wait
+and the wait that staging causes. The baseline is LRU with unaware placement: a site without dsstage. See
 docs/simulation.md for the model, the rules and the keys of ``--json``.
 """
 
@@ -23,11 +24,21 @@ from dsstage.policy import retention as rt
 from dsstage.policy.sim import trace as tr
 from dsstage.policy.sim.bound import Bound, lower_bound
 from dsstage.policy.sim.planner import Planner
-from dsstage.policy.sim.replay import PLACEMENTS, JobEnd, Lru, Offline, Policy, Result, simulate
+from dsstage.policy.sim.replay import PLACEMENTS, JobEnd, Lru, Offline, Policy, QueueOracle, Result, simulate
 from dsstage.policy.sim.sched import Schedule, schedule
 from dsstage.units import parse_size
 
-POLICIES = ("planner", "lru", "job-end", "offline")
+POLICIES = ("planner", "lru", "job-end", "queue-oracle", "offline")
+#: the policies whose known future is the unaware schedule: replayed with placement unaware only
+ORACLES = ("offline",)
+#: with placement prefer the schedule depends on the caches: the queue-oracle's known future is
+#: the schedule of its previous replay, from LRU/prefer's, until it repeats (at most this many replays)
+ORACLE_ROUNDS = 4
+PEERS = ("off", "on")
+QUEUE_ORACLE_METHOD = ("Belady farthest-next-use over the pending queue only (each submitted job's start and "
+                       "nodes known as they will happen, nothing of jobs not yet submitted; copies no submitted "
+                       "job uses go first, least recently used first): a feasible policy, so an UPPER bound on "
+                       "what the best queue-aware policy stages: the planner's target")
 OFFLINE_METHOD = ("Belady farthest-next-use (future requests per node known; evict the copy needed "
                   "farthest ahead, never-again first): a feasible policy, so an UPPER bound on the optimum")
 BOUND_METHOD = ("fractional relaxation (a copy may be kept in part) of the offline problem, solved exactly by "
@@ -37,6 +48,9 @@ BOUND_METHOD = ("fractional relaxation (a copy may be kept in part) of the offli
 #: baseline (LRU, unaware) in bytes staged again, and in mean queue wait
 GOAL_VS_BASELINE, GOAL_WAIT = 0.6, 1.02
 BASELINE = ("lru", "unaware")
+
+#: a row's key: policy, placement, peers (off or on)
+Key = tuple[str, str, str]
 
 #: the bounded wait the simulator measures by default (what the example suggests a site turns on)
 WAIT_FOR_DATA = 1800.0
@@ -71,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "the datasets the trace uses (0.33)")
     c.add_argument("--bandwidth", default="2GB", metavar="SIZE",
                    help="staging bandwidth per node, per second (2GB)")
+    c.add_argument("--peers", default="both", metavar="off|on|both",
+                   help="on: a stage reads from another node that holds the dataset (ready or arriving), the "
+                        "source only for a dataset no node holds, as dsstage's peers across jobs do; off: every "
+                        "stage reads the source; both (the default)")
+    c.add_argument("--peer-bandwidth", metavar="SIZE",
+                   help="with peers: the bandwidth of a stage from a peer, per second (default: --bandwidth)")
     c.add_argument("--backfill-depth", type=int, default=100, help="pending jobs the scheduler backfills (100)")
     c.add_argument("--placement", default="both", metavar="unaware|prefer|both",
                    help="unaware: the scheduler ignores the caches; prefer: a job starts on free nodes that hold "
@@ -96,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "SECONDS of simulated time; 0: fresh at every call (30, the poller's default)")
     r.add_argument("--demand-max-age", type=float, default=300.0, metavar="SECONDS",
                    help="planner: an older snapshot is stale and counts for nothing (300)")
+    r.add_argument("--last-copy", action=argparse.BooleanOptionalAction, default=True,
+                   help="planner, with peers: the snapshot says which nodes hold each dataset, and a node evicts "
+                        "a copy other nodes hold before the last one in the cluster of what is wanted or used "
+                        "(retention.last_copy), as dsstage does with peers.enabled (on)")
     r.add_argument("--plan-depth", type=int, default=100, metavar="N",
                    help="planner: the first N pending jobs have an expected start and planned nodes in the "
                         "snapshot, the others none (100, like Slurm's bf_max_job_test)")
@@ -158,17 +182,20 @@ def capacity_of(text: str, working_set: int) -> tuple[int, float]:
     return size, size / working_set if working_set else 0.0
 
 
-def make_policy(name: str, args: argparse.Namespace, sched: Schedule, capacity: int) -> Policy:
-    """A fresh policy; ``sched``: the unaware schedule (the offline policy's known future)."""
+def make_policy(name: str, args: argparse.Namespace, sched: Schedule, capacity: int, peers: bool = False) -> Policy:
+    """A fresh policy; ``sched``: the schedule an oracle knows; ``peers``: the planner's
+    snapshot carries which nodes hold each dataset (``--last-copy``)."""
     if name == "lru":
         return Lru()
     if name == "job-end":
         return JobEnd()
     if name == "offline":
         return Offline(sched.runs)
+    if name == "queue-oracle":
+        return QueueOracle(sched.runs)
     return Planner(sched.nodes, sched.slots_per_node, capacity, high=args.high, low=args.low,
                    policy=rt.Policy(min_keep=args.min_keep), interval=args.snapshot_interval,
-                   depth=args.plan_depth, max_age=args.demand_max_age)
+                   depth=args.plan_depth, max_age=args.demand_max_age, copies=peers and args.last_copy)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -188,6 +215,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise OptionError(f"--bandwidth: {exc}") from None
     if bandwidth <= 0:
         raise OptionError("--bandwidth must be positive")
+    if args.peers not in (*PEERS, "both"):
+        raise OptionError(f"unknown --peers {args.peers}: choose from off, on or both")
+    try:
+        peer_bandwidth = parse_size(args.peer_bandwidth) if args.peer_bandwidth else bandwidth
+    except ValueError as exc:
+        raise OptionError(f"--peer-bandwidth: {exc}") from None
+    if peer_bandwidth <= 0:
+        raise OptionError("--peer-bandwidth must be positive")
     if not 0 <= args.wait_for_data < float("inf"):
         raise OptionError("--wait-for-data must be a number of seconds, 0 or more")
     trace = load_trace(args)
@@ -198,44 +233,88 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sched = schedule(trace.jobs, trace.nodes, trace.slots_per_node, args.backfill_depth)
     t_sched = time.perf_counter() - t1
     placements = PLACEMENTS if args.placement == "both" else (args.placement,)
-    results: dict[tuple[str, str], Result] = {}
-    extra: dict[tuple[str, str], dict[str, Any]] = {}
-    for placement in placements:
-        for name in names:
-            if name == "offline" and placement != "unaware":
-                continue  # the known future is the unaware schedule's
-            policy = make_policy(name, args, sched, capacity)
-            res, _ = simulate(trace.jobs, trace.nodes, trace.slots_per_node, trace.sizes, capacity, bandwidth, policy,
-                              placement=placement, features_interval=args.snapshot_interval,
-                              backfill_depth=args.backfill_depth, wait_for_data=args.wait_for_data)
-            results[(name, placement)] = res
-            if isinstance(policy, Planner):
-                extra[(name, placement)] = {
-                    "plan_calls": policy.calls,
-                    "planned_jobs": policy.planned_jobs,
-                    "planned_nodes_right": (policy.planned_nodes_right / policy.planned_jobs
-                                            if policy.planned_jobs else None),
-                }
+    peers = PEERS if args.peers == "both" else (args.peers,)
+    results: dict[Key, Result] = {}
+    extra: dict[Key, dict[str, Any]] = {}
+    for key in ((n, p, q) for q in peers for p in placements for n in names):
+        name, placement, peer = key
+        if name in ORACLES and placement != "unaware":
+            continue  # the known future is the unaware schedule's
+        known, happened = sched, False  # the future an oracle knows; whether it was the one that happened
+        for rounds in range(1, ORACLE_ROUNDS + 1):
+            policy = make_policy(name, args, known, capacity, peer == "on")
+            res, out = simulate(trace.jobs, trace.nodes, trace.slots_per_node, trace.sizes, capacity, bandwidth,
+                                policy, placement=placement, features_interval=args.snapshot_interval,
+                                backfill_depth=args.backfill_depth, wait_for_data=args.wait_for_data,
+                                peer_bandwidth=peer_bandwidth if peer == "on" else None)
+            happened = out.runs == known.runs
+            if name != "queue-oracle" or happened:
+                break
+            known = out
+        if name == "queue-oracle":
+            extra[key] = {"replays": rounds, "future_as_it_happened": happened}
+        results[key] = res
+        if isinstance(policy, Planner):
+            extra[key] = {
+                "plan_calls": policy.calls,
+                "planned_jobs": policy.planned_jobs,
+                "planned_nodes_right": (policy.planned_nodes_right / policy.planned_jobs
+                                        if policy.planned_jobs else None),
+            }
     bound: Bound | None = None
     t_bound = 0.0
     if not args.no_bound:
         t2 = time.perf_counter()
         bound = lower_bound(sched, trace.sizes, capacity)
         t_bound = time.perf_counter() - t2
-    return _report(args, trace, sched, capacity, fraction, working_set, bandwidth, results, extra, bound,
+    cluster = {"nodes": trace.nodes, "slots_per_node": trace.slots_per_node, "capacity_bytes": capacity,
+               "capacity_fraction": fraction, "bandwidth_bytes_per_s": bandwidth,
+               "peer_bandwidth_bytes_per_s": peer_bandwidth}
+    return _report(args, trace, sched, working_set, cluster, (results, extra, bound),
                    {"trace": t_trace, "schedule": t_sched, "bound": t_bound, "total": time.perf_counter() - t0})
 
 
-def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity: int, fraction: float,  # noqa: PLR0913
-            working_set: int, bandwidth: int, results: dict[tuple[str, str], Result],
-            extra: dict[tuple[str, str], dict[str, Any]], bound: Bound | None,
+def _goal(results: dict[Key, Result], bound: Bound | None) -> dict[str, Any]:
+    """Each row against the baseline (LRU, unaware, peers off), and the planner against the
+    queue-oracle: the share of the gap between LRU and the queue-oracle it closes (unaware)."""
+    goal: dict[str, Any] = {"baseline": "/".join(BASELINE), "planner_prefer_vs_baseline_max": GOAL_VS_BASELINE,
+                            "wait_vs_baseline_max": GOAL_WAIT}
+    base = results.get((*BASELINE, "off"))
+    if base is None:
+        return goal
+    for (name, placement, peers), r in results.items():
+        tag = f"{name}_{placement}" + ("_peers" if peers == "on" else "")
+        goal[f"{tag}_vs_baseline"] = r.bytes_staged_again / base.bytes_staged_again if base.bytes_staged_again \
+            else None
+        goal[f"{tag}_wait_vs_baseline"] = r.queue_wait_mean / base.queue_wait_mean if base.queue_wait_mean else None
+        if peers == "on":
+            goal[f"{tag}_source_vs_baseline"] = r.bytes_from_source / base.bytes_from_source \
+                if base.bytes_from_source else None
+    best = results.get(("planner", "prefer", "off"))
+    if bound is not None and best is not None and bound.bytes_staged_again:
+        goal["planner_prefer_vs_bound"] = best.bytes_staged_again / bound.bytes_staged_again
+    for placement in PLACEMENTS:
+        planner, lru, oracle = (results.get((n, placement, "off")) for n in ("planner", "lru", "queue-oracle"))
+        if planner is not None and lru is not None and oracle is not None:
+            gap = lru.bytes_staged_again - oracle.bytes_staged_again
+            goal[f"planner_{placement}_gap_closed"] = \
+                (lru.bytes_staged_again - planner.bytes_staged_again) / gap if gap > 0 else None
+    return goal
+
+
+def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, working_set: int,
+            cluster: dict[str, Any], found: tuple[dict[Key, Result], dict[Key, dict[str, Any]], Bound | None],
             seconds: dict[str, float]) -> dict[str, Any]:
+    results, extra, bound = found
     rows: list[dict[str, Any]] = []
-    for (name, placement), r in results.items():
+    for (name, placement, peers), r in results.items():
         row: dict[str, Any] = {
             "policy": name,
             "placement": placement,
+            "peers": peers,
             "bytes_staged": r.bytes_staged,
+            "bytes_from_source": r.bytes_from_source,
+            "bytes_from_peers": r.bytes_from_peers,
             "bytes_staged_again": r.bytes_staged_again,
             "bytes_compulsory": r.bytes_compulsory,
             "requests": r.requests,
@@ -259,20 +338,10 @@ def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity
         }
         if name == "offline":
             row.update(method="belady-farthest-next-use", bound_on_optimum="upper")
-        row.update(extra.get((name, placement), {}))
+        if name == "queue-oracle":
+            row.update(method="belady-over-the-queue", bound_on_queue_aware_optimum="upper")
+        row.update(extra.get((name, placement, peers), {}))
         rows.append(row)
-    base = results.get(BASELINE)
-    goal: dict[str, Any] = {"baseline": "/".join(BASELINE), "planner_prefer_vs_baseline_max": GOAL_VS_BASELINE,
-                            "wait_vs_baseline_max": GOAL_WAIT}
-    if base is not None:
-        for (name, placement), r in results.items():
-            again = r.bytes_staged_again / base.bytes_staged_again if base.bytes_staged_again else None
-            wait = r.queue_wait_mean / base.queue_wait_mean if base.queue_wait_mean else None
-            goal[f"{name}_{placement}_vs_baseline"] = again
-            goal[f"{name}_{placement}_wait_vs_baseline"] = wait
-        best = results.get(("planner", "prefer"))
-        if bound is not None and best is not None and bound.bytes_staged_again:
-            goal["planner_prefer_vs_bound"] = best.bytes_staged_again / bound.bytes_staged_again
     return {
         "trace": {
             "source": trace.source,
@@ -285,17 +354,11 @@ def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity
             "working_set_bytes": working_set,
             "rules": trace.rules,
         },
-        "cluster": {
-            "nodes": trace.nodes,
-            "slots_per_node": trace.slots_per_node,
-            "capacity_bytes": capacity,
-            "capacity_fraction": fraction,
-            "bandwidth_bytes_per_s": bandwidth,
-        },
+        "cluster": cluster,
         "scheduler": {
             "method": "FIFO with EASY backfill; planned nodes from running jobs' time limits; the figures below "
                       "are the unaware schedule's (the offline policy's and the bound's)",
-            "placements": list(dict.fromkeys(p for _, p in results)),
+            "placements": list(dict.fromkeys(p for _, p, _ in results)),
             "backfill_depth": args.backfill_depth,
             "wait_for_data_s": args.wait_for_data,
             "backfilled": sched.backfilled,
@@ -306,10 +369,11 @@ def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity
         "planner": {
             "high": args.high, "low": args.low, "min_keep_s": args.min_keep,
             "snapshot_interval_s": args.snapshot_interval, "demand_max_age_s": args.demand_max_age,
-            "plan_depth": args.plan_depth,
+            "plan_depth": args.plan_depth, "last_copy_with_peers": args.last_copy,
         },
         "rows": rows,
         "offline_method": OFFLINE_METHOD,
+        "queue_oracle_method": QUEUE_ORACLE_METHOD,
         "bound": None if bound is None else {
             "method": BOUND_METHOD,
             "bound_on_optimum": "lower",
@@ -319,7 +383,7 @@ def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, capacity
             "gaps": bound.gaps,
             "gap_bytes_kept": bound.gap_bytes_kept,
         },
-        "goal": goal,
+        "goal": _goal(results, bound),
         "seconds": seconds,
     }
 
@@ -340,7 +404,8 @@ def render(rep: dict[str, Any]) -> str:
                f"datasets), {tr_['jobs']} jobs")
     out.append(f"cluster: {cl['nodes']} nodes x {cl['slots_per_node']} slots; tier {_tb(cl['capacity_bytes'])} "
                f"per node ({cl['capacity_fraction']:.2f} of the working set); staging "
-               f"{cl['bandwidth_bytes_per_s'] / 1e9:g} GB/s per node, one stage at a time")
+               f"{cl['bandwidth_bytes_per_s'] / 1e9:g} GB/s per node from the source, "
+               f"{cl['peer_bandwidth_bytes_per_s'] / 1e9:g} GB/s from a peer, one stage at a time")
     waits = f" (a job waits up to {sc['wait_for_data_s']:g} s for its data's nodes)" if sc["wait_for_data_s"] else ""
     out.append(f"scheduler: FIFO with EASY backfill, placement {' and '.join(sc['placements'])}{waits}; "
                f"unaware: mean queue wait {sc['mean_queue_wait_s'] / 3600:.2f} h, longest queue {sc['max_queue']}, "
@@ -349,31 +414,34 @@ def render(rep: dict[str, Any]) -> str:
                f"min_keep {pl['min_keep_s']:g} s, snapshot every {pl['snapshot_interval_s']:g} s, "
                f"first {pl['plan_depth']} pending jobs planned")
     out.append("")
-    head = ("policy", "placement", "staged", "staged again", "vs base", "hit ratio", "queue wait", "p95",
-            "stage wait", "jobs delayed", "evictions", "bypassed", "no room")
+    head = ("policy", "placement", "peers", "staged", "staged again", "vs base", "from source", "hit ratio",
+            "queue wait", "p95", "stage wait", "jobs delayed", "evictions", "bypassed", "no room")
     rows = []
-    base = next((r for r in rep["rows"] if (r["policy"], r["placement"]) == BASELINE), None)
+    base = next((r for r in rep["rows"] if (r["policy"], r["placement"], r["peers"]) == (*BASELINE, "off")), None)
     again = base["bytes_staged_again"] if base else None
     for r in rep["rows"]:
-        rows.append((r["policy"], r["placement"], _tb(r["bytes_staged"]), _tb(r["bytes_staged_again"]),
-                     _ratio(r["bytes_staged_again"] / again) if again else "-", f"{r['hit_ratio']:.3f}",
+        rows.append((r["policy"], r["placement"], r["peers"], _tb(r["bytes_staged"]), _tb(r["bytes_staged_again"]),
+                     _ratio(r["bytes_staged_again"] / again) if again else "-", _tb(r["bytes_from_source"]),
+                     f"{r['hit_ratio']:.3f}",
                      f"{r['wait_mean_s'] / 3600:,.2f} h", f"{r['wait_p95_s'] / 3600:,.1f} h",
                      f"{r['stage_wait_mean_s']:,.0f} s", str(r["jobs_delayed"]), str(r["evictions"]),
                      str(r["bypassed"]), str(r["no_room"])))
     b = rep["bound"]
     if b is not None:
-        rows.append(("bound", "unaware", _tb(b["bytes_staged"]), _tb(b["bytes_staged_again"]),
+        rows.append(("bound", "unaware", "-", _tb(b["bytes_staged"]), _tb(b["bytes_staged_again"]),
                      _ratio(b["bytes_staged_again"] / again) if again else "-", "-", "-", "-", "-", "-", "-", "-",
-                     "-"))
+                     "-", "-"))
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
 
     def fmt(row: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        return "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
     out.append(fmt(head))
     out.extend(fmt(r) for r in rows)
     out.append("")
     out.append(f"base: {'/'.join(BASELINE)}, what a site has without dsstage; queue wait: mean submission to start, "
                "p95 its 95th percentile; stage wait: per job, start until its data is on all its nodes")
+    if any(r["policy"] == "queue-oracle" for r in rep["rows"]):
+        out.append(f"queue-oracle: {rep['queue_oracle_method']}")
     if any(r["policy"] == "offline" for r in rep["rows"]):
         out.append(f"offline: {rep['offline_method']}")
     if b is not None:
@@ -389,8 +457,15 @@ def render(rep: dict[str, Any]) -> str:
         if lru is not None:
             text += f"; lru/prefer {lru:.2f}x (what placement alone gives)"
         out.append(text)
+    for placement in PLACEMENTS:
+        if g.get(f"planner_{placement}_gap_closed") is not None:
+            out.append(f"queue-oracle gap: planner/{placement} closes {g[f'planner_{placement}_gap_closed']:.0%} of "
+                       f"the gap between lru/{placement} and the queue-oracle in bytes staged again")
+    if g.get("planner_prefer_peers_source_vs_baseline") is not None:
+        out.append(f"peers: planner/prefer with peers reads {g['planner_prefer_peers_source_vs_baseline']:.2f}x "
+                   "the base's bytes from the source")
     for r in rep["rows"]:
-        if r["policy"] == "planner":
+        if r["policy"] == "planner" and r["peers"] == "off":
             right = r.get("planned_nodes_right")
             out.append(f"planner/{r['placement']}: {r.get('plan_calls', 0)} calls of retention.plan; "
                        f"{r.get('planned_jobs', 0)} jobs had planned nodes before they started"
@@ -401,6 +476,7 @@ def render(rep: dict[str, Any]) -> str:
                           if r.get("jobs_waited_for_data") else ""))
     s = rep["seconds"]
     out.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in s.items() if k != "total")
-               + "; " + ", ".join(f"{r['policy']}/{r['placement']} {r['seconds']:.1f} s" for r in rep["rows"])
+               + "; " + ", ".join(f"{r['policy']}/{r['placement']}{'/peers' if r['peers'] == 'on' else ''} "
+                                  f"{r['seconds']:.1f} s" for r in rep["rows"])
                + f"; total {s['total']:.1f} s")
     return "\n".join(out)

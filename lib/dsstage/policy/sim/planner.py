@@ -34,7 +34,9 @@ class Planner(Policy):
 
     def __init__(self, nodes: int, slots_per_node: int, capacity: int, *, high: float = HIGH_WATERMARK,  # noqa: PLR0913
                  low: float = LOW_WATERMARK, policy: rt.Policy = rt.Policy(), interval: float = 30.0, depth: int = 100,
-                 max_age: float = 300.0, shortcut: bool = True):
+                 max_age: float = 300.0, shortcut: bool = True, copies: bool = False):
+        """``copies``: the snapshot says which nodes hold each dataset (the poller's ``copies``,
+        written with peers on), and the planner keeps the last copy in the cluster first."""
         self.space = rt.Space(capacity, high=high, low=low)
         self.policy = policy
         self.interval = interval
@@ -44,6 +46,9 @@ class Planner(Policy):
         self.names = [node_name(n) for n in range(nodes)]
         self.free = Nodes(nodes, slots_per_node)
         self.features: Features | None = None
+        self.tiers: Sequence[Tier] = ()
+        self.copies = copies
+        self._held: dict[str, dict[str, frozenset[str]]] = {}
         self.queue: dict[str, Job] = {}  # pending jobs by id, in submission order
         self.running: dict[str, Run] = {}
         self.pending_want: dict[str, rt.Want] = {}
@@ -62,6 +67,7 @@ class Planner(Policy):
 
     def attach(self, tiers: Sequence[Tier], features: Features | None) -> None:
         self.features = features
+        self.tiers = tiers
 
     # the queue --------------------------------------------------------------------
     def before(self, now: float) -> None:
@@ -83,6 +89,13 @@ class Planner(Policy):
         self._frozen = (tick, free, queue, list(self.running.values()), self.features.held if self.features else {})
         self._demand = None
         self._count(tick)
+        if self.copies:  # the poller's copies: the ready copies the nodes' reports show at the tick
+            held: dict[str, set[str]] = {}
+            for n, tier in enumerate(self.tiers):
+                for ds, slot in tier.copies.items():
+                    if slot.ready <= tick:
+                        held.setdefault(ds, set()).add(self.names[n])
+            self._held = {ds: {"1": frozenset(nodes)} for ds, nodes in held.items()}
 
     def submitted(self, job: Job, now: float) -> None:
         self.queue[job.id] = job
@@ -111,7 +124,8 @@ class Planner(Policy):
             self._demand = (self._frozen[0], self._build(*self._frozen))
         taken, wants = self._demand
         age = now - taken
-        return rt.Demand(wants, stale=age > self.max_age, age=age, uses=dm.decay(self.uses, self.uses_time, now))
+        return rt.Demand(wants, stale=age > self.max_age, age=age, uses=dm.decay(self.uses, self.uses_time, now),
+                         copies=self._held)
 
     def _count(self, tick: float) -> None:
         """The snapshot's counts of job starts at ``tick``, from the previous snapshot's."""

@@ -7,7 +7,11 @@ with ``prefer`` a job starts on free nodes whose ``ds_<dataset>`` feature says t
 dataset, as the demand poller last set the features (every ``features_interval`` seconds),
 where there are enough of them. Each job that starts requests its dataset on each of its
 nodes: a hit if a copy is there (it may still be arriving), else a stage over the node's link
-(``bandwidth`` bytes per second, one stage at a time per node). The job holds a lease on that
+(``bandwidth`` bytes per second, one stage at a time per node). With ``peers`` (dsstage's
+peers across jobs: dsstage.node.staging.from_whom), a stage reads from another node whose tier
+holds the dataset, ready or still arriving, at the peers' bandwidth and never ahead of that
+copy; only a dataset no node holds is read from the source. Every stage counts its bytes as
+from the source or from peers. The job holds a lease on that
 copy until it ends; a leased copy is never evicted. When the leased copies and the new one
 together exceed the tier, the dataset is streamed past the tier (``bypassed``: staged, not
 kept).
@@ -18,11 +22,13 @@ caches only through placement.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dsstage.policy import demand
 from dsstage.policy.sim.sched import Clock, Run, Schedule, Scheduler
 from dsstage.policy.sim.trace import Job
 
@@ -68,6 +74,9 @@ class Result:
     hits: int = 0  # requests that found a copy on the node
     bytes_staged: int = 0
     bytes_compulsory: int = 0  # the first stage of each (node, dataset) pair
+    bytes_from_source: int = 0  # of bytes_staged: read from the dataset's source (the shared filesystem)
+    bytes_from_peers: int = 0  # of bytes_staged: read from another node's copy (peers)
+    peers: bool = False
     bypassed: int = 0  # requests streamed past the tier: leased copies leave no room
     no_room: int = 0  # requests the policy found no room for although the leases left some
     evictions: int = 0
@@ -210,6 +219,65 @@ class Offline(Policy):
             slot.next_use = self.next_use.get((run.job.id, node), math.inf)
 
 
+class QueueOracle(Policy):
+    """Belady's rule with only the queue known: on need, evict first the unleased copies that no
+    job submitted so far will use on this node (the least used in the cluster first, by the
+    planner's own history: job starts counted and decayed as the demand poller counts them;
+    then the least recently used), then those whose next use by a submitted job is farthest
+    away. Each submitted job's start and nodes are
+    known as they will happen, nothing of jobs not yet submitted: what
+    a planner could do that reads the queue perfectly (a pending job's expected start and
+    planned nodes, dsstage.policy.demand). A feasible policy, so its bytes staged are an upper
+    bound on what the best queue-aware policy stages (that one stages at most this), the
+    target for the planner; not a proof that no queue-aware policy does better."""
+
+    name = "queue-oracle"
+
+    def __init__(self, runs: Sequence[Run]):
+        """``runs``: the schedule as it will happen (the unaware one; with placement prefer,
+        which depends on the caches, the replay's own, found by replaying until it repeats:
+        dsstage.policy.sim.cli), in start order."""
+        uses: dict[tuple[int, str], list[tuple[float, float]]] = {}
+        for r in runs:
+            for n in r.nodes:
+                uses.setdefault((n, r.job.dataset), []).append((r.start, r.job.submit))
+        self.queue = uses
+        self.starts = {k: [start for start, _ in v] for k, v in uses.items()}
+        self.uses: dict[str, float] = {}  # decayed job starts per dataset, as of self.since
+        self.since = 0.0
+
+    def started(self, run: Run, now: float) -> None:
+        self.uses = demand.count_starts(self.uses, self.since, now, [[run.job.dataset]])
+        self.since = now
+
+    def next_known(self, node: int, dataset: str, now: float) -> float:
+        """The next use of ``dataset`` on ``node`` at or after ``now`` by a job submitted by
+        ``now``; inf if the queue shows none."""
+        uses = self.queue.get((node, dataset))
+        if not uses:
+            return math.inf
+        for start, submit in uses[bisect.bisect_left(self.starts[(node, dataset)], now):]:
+            if submit <= now:
+                return start
+        return math.inf
+
+    def make_room(self, tier: Tier, node: int, need: int, now: float) -> bool:
+        if tier.used + need <= tier.capacity:
+            return True
+        order = []
+        used = demand.decay(self.uses, self.since, now) if self.since else {}
+        for d, s in tier.copies.items():
+            if s.leases:
+                continue
+            nxt = self.next_known(node, d, now)
+            order.append((0, used.get(d, 0.0), s.last_used, d) if nxt == math.inf else (1, -nxt, -s.bytes, d))
+        for *_, d in sorted(order):
+            tier.evict(d)
+            if tier.used + need <= tier.capacity:
+                return True
+        return False
+
+
 class Features:
     """The ``ds_<dataset>`` features the demand poller keeps (dsstage.cluster.features): the
     nodes whose tier holds a ready copy of the dataset, as of the poller's last round, every
@@ -240,24 +308,45 @@ class Features:
         return self.held.get(job.dataset, frozenset())
 
 
+@dataclass
+class Cluster:
+    """The nodes' tiers and links as a stage sees them: the source's ``bandwidth`` per node,
+    and with ``peer_bandwidth`` (peers on) the other nodes' copies."""
+
+    tiers: list[Tier]
+    capacity: int
+    bandwidth: float
+    peer_bandwidth: float | None = None
+    link: list[float] = field(default_factory=list)  # when each node's link is free
+    seen: set[tuple[int, str]] = field(default_factory=set)  # (node, dataset) pairs staged once
+
+    def holder(self, dataset: str, node: int) -> Slot | None:
+        """With peers, the copy of ``dataset`` on another node that is ready first (it may be
+        still arriving: a peer serves it as it lands); None without peers or holder."""
+        if self.peer_bandwidth is None:
+            return None
+        slots = [t.copies[dataset] for m, t in enumerate(self.tiers) if m != node and dataset in t.copies]
+        return min(slots, key=lambda s: s.ready) if slots else None
+
+
 def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[str, int], capacity: int,  # noqa: PLR0913
              bandwidth: float, policy: Policy, *, placement: str = "unaware", features_interval: float = 30.0,
              backfill_depth: int = 100, features_of: type[Features] | None = None,
-             wait_for_data: float = 0.0) -> tuple[Result, Schedule]:
+             wait_for_data: float = 0.0, peer_bandwidth: float | None = None) -> tuple[Result, Schedule]:
     """Schedule ``jobs`` and serve their requests with ``policy`` deciding what the tiers keep;
     the figures, and the schedule as it came out. ``features_of``: a Features class that
     places by something else than the caches (bench/sim_noise.py, a control).
     ``wait_for_data``: with placement ``prefer``, the seconds a job may wait for the nodes that
-    hold its dataset (``sched.Scheduler``'s ``wait``)."""
+    hold its dataset (``sched.Scheduler``'s ``wait``). ``peer_bandwidth``: peers on, a stage
+    reads from a node holding the dataset at this many bytes per second."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement {placement!r}: one of {', '.join(PLACEMENTS)}")
     t0 = time.perf_counter()
     sch = Scheduler(nodes, slots_per_node, backfill_depth, wait_for_data if placement == "prefer" else 0.0)
     clock = Clock(jobs)
     tiers = [Tier(node_name(n), capacity) for n in range(nodes)]
-    link = [0.0] * nodes  # when each node's link is free
-    seen: set[tuple[int, str]] = set()
-    res = Result(policy.name, placement, jobs=len(jobs))
+    cl = Cluster(tiers, capacity, bandwidth, peer_bandwidth, [0.0] * nodes)
+    res = Result(policy.name, placement, jobs=len(jobs), peers=peer_bandwidth is not None)
     features = (features_of or Features)(tiers, features_interval) if placement == "prefer" else None
     policy.attach(tiers, features)
     runs: list[Run] = []
@@ -280,7 +369,7 @@ def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[s
             res.queue_waits.append(t - run.job.submit)
             if features is not None and set(run.nodes) <= features(run.job):
                 res.on_preferred += 1
-            _serve(tiers, link, seen, run, sizes[run.job.dataset], capacity, bandwidth, policy, res, t)
+            _serve(cl, run, sizes[run.job.dataset], policy, res, t)
             policy.started(run, t)
     for tier in tiers:
         res.evictions += tier.evictions
@@ -305,38 +394,32 @@ def _release(tiers: list[Tier], run: Run, policy: Policy, t: float) -> None:
         policy.job_ended(tier, n, ds, t)
 
 
-def _serve(tiers: list[Tier], link: list[float], seen: set[tuple[int, str]], run: Run, size: int, capacity: int,  # noqa: PLR0913
-           bandwidth: float, policy: Policy, res: Result, t: float) -> None:
+def _serve(cl: Cluster, run: Run, size: int, policy: Policy, res: Result, t: float) -> None:
     """A job's start: its dataset on each of its nodes, a hit or a stage (the Prolog)."""
     ds = run.job.dataset
     ready = t
     for n in run.nodes:
-        tier = tiers[n]
+        tier = cl.tiers[n]
         res.requests += 1
         slot = tier.copies.get(ds)
         if slot is not None:
             res.hits += 1
         else:
-            res.bytes_staged += size
-            if (n, ds) not in seen:
-                seen.add((n, ds))
-                res.bytes_compulsory += size
-            begin = max(t, link[n])
-            link[n] = begin + size / bandwidth
-            if tier.leased + size > capacity:
+            done = _stage(cl, n, ds, size, res, t)
+            if tier.leased + size > cl.capacity:
                 res.bypassed += 1
-                ready = max(ready, link[n])
+                ready = max(ready, done)
                 policy.requested(tier, n, ds, run, t)
                 continue
             before = tier.evictions
             room = policy.make_room(tier, n, size, t)
             res.stages_evicting += tier.evictions > before
-            if not room or tier.used + size > capacity:
+            if not room or tier.used + size > cl.capacity:
                 res.no_room += 1
-                ready = max(ready, link[n])
+                ready = max(ready, done)
                 policy.requested(tier, n, ds, run, t)
                 continue
-            slot = tier.copies[ds] = Slot(size, t, link[n])
+            slot = tier.copies[ds] = Slot(size, t, done)
             tier.used += size
         if not slot.leases:
             tier.leased += slot.bytes
@@ -349,6 +432,24 @@ def _serve(tiers: list[Tier], link: list[float], seen: set[tuple[int, str]], run
         res.jobs_delayed += 1
         res.wait_total += wait
         res.wait_max = max(res.wait_max, wait)
+
+
+def _stage(cl: Cluster, n: int, ds: str, size: int, res: Result, t: float) -> float:
+    """A stage of ``ds`` onto node ``n`` at ``t``: counted, its source chosen; when it ends."""
+    res.bytes_staged += size
+    if (n, ds) not in cl.seen:
+        cl.seen.add((n, ds))
+        res.bytes_compulsory += size
+    begin = max(t, cl.link[n])
+    holder = cl.holder(ds, n)
+    if holder is not None and cl.peer_bandwidth:
+        res.bytes_from_peers += size
+        done = max(begin + size / cl.peer_bandwidth, holder.ready)  # never ahead of the copy it reads
+    else:
+        res.bytes_from_source += size
+        done = begin + size / cl.bandwidth
+    cl.link[n] = done
+    return done
 
 
 def node_name(n: int) -> str:
