@@ -377,6 +377,44 @@ def test_any_nodes_ready_copy_serves_another_jobs_stage_and_the_source_serves_no
     assert any("peer n1: it no longer holds the version" in m for m in caplog.messages), caplog.messages
 
 
+def test_a_cold_stage_reads_the_reports_of_the_holders_the_snapshot_lists_not_every_nodes(cluster, monkeypatch):
+    """Issue 53: a stage looking for holders read every node's report (a metadata operation per
+    node on the shared filesystem, per cold stage). With the poller's ``copies`` in a fresh
+    snapshot it reads only the listed holders' reports: n2 reads n1's alone and fetches from
+    it; a snapshot that lists no holder of the version makes n3 read no holder's report (the
+    source, or a claimer, serves it); without ``copies`` every report is read, as before."""
+    from dsstage.node import report
+    from dsstage.policy import demand
+    env, fs, peers = cluster
+    stage(env, "n1", "1100", "")
+    published(env, "n1")
+    peers.start("n1")
+    vid = staging.version_id(env.store(node="n1").current("shared"))
+    for other in ("n7", "n8"):  # reports of nodes that hold nothing of it
+        Path(report.published_path(str(env.state), other)).write_text(
+            json.dumps({"node": other, "time": time.time(), "copies": []}))
+    read: list[str] = []
+    real = report.untrusted.read_json
+
+    def counting(path, *a, **k):
+        if os.sep + report.NODES + os.sep in str(path):
+            read.append(os.path.basename(str(path)))
+        return real(path, *a, **k)
+    monkeypatch.setattr(report.untrusted, "read_json", counting)
+    demand.write(str(env.state), demand.build((), time.time(), copies={"shared": {vid: "n1"}}))
+    r = stage(env, "n2", "1101", "")
+    assert r.peer_files == FILES and r.transferred_files == 0, r  # type: ignore[attr-defined]
+    assert "n1.json" in read and not {"n7.json", "n8.json"} & set(read), read
+    demand.write(str(env.state), demand.build((), time.time(), copies={"shared": {"0" * 16: "n1"}}))
+    read.clear()
+    staging.from_whom(env.store(node="n3"), "shared", env.store(node="n3").current("shared"))
+    assert not {"n7.json", "n8.json"} & set(read), read  # (n1's is read for its claim: dsstage.node.stagers)
+    demand.write(str(env.state), demand.build((), time.time()))
+    read.clear()
+    staging.from_whom(env.store(node="n3"), "shared", env.store(node="n3").current("shared"))
+    assert {"n1.json", "n7.json", "n8.json"} <= set(read), read
+
+
 def test_one_node_jobs_that_start_at_once_on_cold_nodes_read_the_source_once(env: Env, tmp_path: Path, caplog):
     """The first wave of an array: three one-node jobs of their own start together on three
     cold nodes. The first to get there claims the version (dsstage.node.stagers) and reads it

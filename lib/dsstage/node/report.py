@@ -91,19 +91,24 @@ def version_states(report: Mapping[str, Any], name: str, version: str) -> set[st
             if isinstance(r, dict) and r.get("dataset") == name and r.get("version") == version}
 
 
-def holders(state_dir: str, name: str, version: str, now: float, max_age: float) -> list[str]:
+def holders(state_dir: str, name: str, version: str, now: float, max_age: float,
+            among: Sequence[str] | None = None) -> list[str]:
     """The nodes whose current published report (younger than ``max_age``) shows ``version``
     (a version id; a shard's id) of ``name`` ready: the peers any node may fetch it from,
-    whichever job they staged it for. One bounded read per report; a report that cannot be
-    read, or names another node than its file, holds nothing."""
-    try:
-        files = sorted(f for f in os.listdir(os.path.join(state_dir, NODES))
-                       if f.endswith(".json") and not f.startswith("."))
-    except OSError:
-        return []
+    whichever job they staged it for. One bounded read per report, of every node's or only of
+    those ``among`` (the ones the demand snapshot says hold it: dsstage.policy.demand's
+    ``copies``); a report that cannot be read, or names another node than its file, holds nothing."""
+    if among is None:
+        try:
+            files = sorted(f for f in os.listdir(os.path.join(state_dir, NODES))
+                           if f.endswith(".json") and not f.startswith("."))
+        except OSError:
+            return []
+        nodes = [f[:-len(".json")] for f in files]
+    else:
+        nodes = [n for n in among if n and "/" not in n and not n.startswith(".")]
     out = []
-    for f in files:
-        node = f[:-len(".json")]
+    for node in nodes:
         rep = untrusted.read_json(published_path(state_dir, node))  # another node wrote it
         when = rep.get("time")
         if rep.get("node") != node or not isinstance(when, (int, float)) or not 0 <= now - when <= max_age:

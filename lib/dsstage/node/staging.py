@@ -210,7 +210,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     eviction.make_room(store, tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
                        resumed=record, job_id=job.job_id)
     linked: dict[int, tuple[int, int]] = {}
-    holders, ready, claimed = from_whom(store, name, digest)
+    holders, ready, claimed = from_whom(store, name, digest, shard=job.shard)
     # a shard: only the nodes that stage the same one (its replicas) are peers
     group = peers.group_for(store.config.peers, job.replicas if job.shard else job.nodes, store.node, holders, ready)
     # the claim first: a reservation that fails gives it back
@@ -239,7 +239,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     return stats
 
 
-def from_whom(store: Store, name: str, digest: str) -> tuple[list[str], bool, bool]:
+def from_whom(store: Store, name: str, digest: str, *, shard: bool = False) -> tuple[list[str], bool, bool]:
     """With ``peers.enabled``, whom a stage of this version (or shard) of ``name`` fetches it
     from before the source, whatever job they stage it for: (the nodes whose published
     reports show it ready, True, False); else, where none does, the node that claimed to read
@@ -249,7 +249,8 @@ def from_whom(store: Store, name: str, digest: str) -> tuple[list[str], bool, bo
     if not conf.peers.enabled:
         return [], True, False
     vid = version_id(digest)
-    ready = node_report.holders(conf.state_dir, name, vid, store.clock(), conf.report.max_age)
+    ready = node_report.holders(conf.state_dir, name, vid, store.clock(), conf.report.max_age,
+                                among=None if shard else listed_holders(store, name, vid))
     ready = [n for n in ready if n != store.node]
     if ready:
         return ready, True, False
@@ -257,6 +258,23 @@ def from_whom(store: Store, name: str, digest: str) -> tuple[list[str], bool, bo
     if claimer is None or claimer == store.node:
         return [], True, claimer == store.node
     return [claimer], False, False
+
+
+def listed_holders(store: Store, name: str, vid: str) -> list[str] | None:
+    """The nodes the demand snapshot says hold version ``vid`` of ``name`` ready (the poller
+    writes ``copies`` from the reports once per round, with peers on), other than this one:
+    a cold stage then reads their reports only, not every node's (the snapshot is one file; a
+    report per node is a metadata operation per node on the shared filesystem). None (read
+    every report) where the snapshot is stale or has no ``copies`` (an older poller, or no
+    node holds anything). A version made ready since the poller's round is not listed: the
+    node that staged it is found through its claim (dsstage.node.stagers), which it keeps."""
+    try:
+        dem = store.demand()[0]
+    except (DsstageError, OSError):
+        return None
+    if dem.stale or not dem.copies:
+        return None
+    return sorted(dem.copies.get(name, {}).get(vid, frozenset()) - {store.node})
 
 
 @contextmanager
