@@ -243,6 +243,15 @@ class QueueOracle(Policy):
                 uses.setdefault((n, r.job.dataset), []).append((r.start, r.job.submit))
         self.queue = uses
         self.starts = {k: [start for start, _ in v] for k, v in uses.items()}
+        # the earliest submission among each use and those after it: a scan stops where no later
+        # use was submitted yet (else a dataset with thousands of uses ahead is read to its end)
+        self.later_submit: dict[tuple[int, str], list[float]] = {}
+        for k, v in uses.items():
+            low, out = math.inf, [0.0] * len(v)
+            for i in range(len(v) - 1, -1, -1):
+                low = min(low, v[i][1])
+                out[i] = low
+            self.later_submit[k] = out
         self.uses: dict[str, float] = {}  # decayed job starts per dataset, as of self.since
         self.since = 0.0
 
@@ -256,9 +265,12 @@ class QueueOracle(Policy):
         uses = self.queue.get((node, dataset))
         if not uses:
             return math.inf
-        for start, submit in uses[bisect.bisect_left(self.starts[(node, dataset)], now):]:
-            if submit <= now:
-                return start
+        later = self.later_submit[(node, dataset)]
+        for i in range(bisect.bisect_left(self.starts[(node, dataset)], now), len(uses)):
+            if later[i] > now:
+                break
+            if uses[i][1] <= now:
+                return uses[i][0]
         return math.inf
 
     def make_room(self, tier: Tier, node: int, need: int, now: float) -> bool:
