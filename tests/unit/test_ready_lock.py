@@ -112,3 +112,22 @@ def test_a_lock_file_replaced_before_the_flock_is_granted_is_locked_anew(tmp_pat
         assert not is_held(str(tmp_path / "x.lock"))
     finally:
         os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to an ordinary user: run as root (CI does)")
+def test_the_cores_unit_tests_pass_as_an_ordinary_user(tmp_path: Path):
+    """Issue 52: the ready-copy core's tests need no root. This file's other tests, run again as
+    uid 65534 (keeping only the capability to read this checkout wherever it is, as
+    tests/functional/test_ordinary_user.py does), all pass."""
+    base = tmp_path / "as-user"
+    base.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chown(base, 65534, 65534)
+    here = Path(__file__)
+    res = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=+dac_read_search",
+         "--ambient-caps=+dac_read_search", "--", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"--basetemp={base / 'bt'}", str(here), "-k", "not ordinary_user"],
+        cwd=here.parents[2], env={**os.environ, "HOME": str(base)}, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "4 passed" in res.stdout and "skipped" not in res.stdout, \
+        res.stdout[-2000:] + res.stderr[-2000:]
