@@ -255,7 +255,8 @@ def test_a_purge_cut_short_is_restarted_by_the_next_retention_pass(env: Env, mon
 def test_with_peers_evict_dry_run_says_which_copy_is_the_last_in_the_cluster(env: Env):
     """With peers.enabled the snapshot's copies (the poller reads every node's report) reach
     the node's plan: of two unwanted copies the cluster has used, the one no other node holds
-    is "the last copy in the cluster"; the other, held on n9 too, is not."""
+    is "the last copy in the cluster"; the other, held on a0 too (whose name comes first: the
+    cluster keeps it there), is not."""
     data = yaml.safe_load(env.config_path.read_text())
     data["peers"] = {"enabled": True}
     env.config_path.write_text(yaml.safe_dump(data))
@@ -266,9 +267,10 @@ def test_with_peers_evict_dry_run_says_which_copy_is_the_last_in_the_cluster(env
     env.cli("release", "x", "--job-id", "7")
     env.cli("release", "y", "--job-id", "7")
     snap = demand.build((), time.time(), copies={"x": {version["x"]: env.node},
-                                                  "y": {version["y"]: f"{env.node},n9"}})
+                                                  "y": {version["y"]: f"{env.node},a0"}})
     demand.write(str(env.state), replace(snap, uses={"x": 2.0, "y": 2.0}))
     out = env.cli("evict", "--dry-run").stdout
     line = {n: next(ln for ln in out.splitlines() if f"nvme {n} " in ln) for n in ("x", "y")}
     assert "kept: the last copy in the cluster; used by 2 jobs in the cluster" in line["x"], out
-    assert "last copy" not in line["y"] and "kept: no demand; used by 2 jobs" in line["y"], out
+    assert "cluster keeps" not in line["y"] and "last copy" not in line["y"], out
+    assert "kept: no demand; used by 2 jobs" in line["y"], out

@@ -371,12 +371,18 @@ def test_with_peers_the_poller_writes_which_nodes_hold_each_version_and_the_node
         when = NOW - (10_000 if node == "n3" else 5)  # n3's report is stale
         Path(report.published_path(c.state_dir, node)).write_text(
             json.dumps({"node": node, "time": when, "copies": copies}))
+    Path(report.published_path(c.state_dir, "n9")).write_text(  # hostile: a hostlist for a name, rows of junk
+        json.dumps({"node": "x[1-200000]", "time": NOW, "copies": [{"dataset": "coco", "version": "aaaa",
+                                                                     "state": "ready", "leases": 5}, 7]}))
+    Path(report.published_path(c.state_dir, "n8")).write_text(  # n8's file claiming to be n1: n1 holds nothing more
+        json.dumps({"node": "n1", "time": NOW, "copies": [{"dataset": "in22k", "version": "bbbb", "state": "ready"}]}))
     slurm = FakeSlurm()
     slurm.submit(JOBS[0])
     assert poller.run(c, slurm, once=True, clock=lambda: NOW) == 0
     snap = demand.read(c.state_dir)
-    assert snap.copies == {"coco": {"aaaa": "n[1-2]"}}
-    assert snap.demand(NOW, 300, copies=True).copies == {"coco": {"aaaa": frozenset({"n1", "n2"})}}
+    assert snap.copies == {"coco": {"aaaa": "n[1-2]"}, "in22k": {"cccc": "n2"}}  # an old version too
+    assert snap.demand(NOW, 300, copies=True).copies == {"coco": {"aaaa": frozenset({"n1", "n2"})},
+                                                         "in22k": {"cccc": frozenset({"n2"})}}
     assert snap.demand(NOW, 300).copies == {}
     off = replace(c, peers=replace(c.peers, enabled=False))
     assert poller.run(off, slurm, once=True, clock=lambda: NOW + 20) == 0

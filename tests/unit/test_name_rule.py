@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from dsstage.config.catalog import parse_request
+from dsstage.errors import UnknownDataset
 from dsstage.ready.request import VALUE_MAX, requested_names
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -100,3 +102,22 @@ def test_generated_values_have_one_verdict_in_c_lua_and_python(rules, values):
     for value, in_c, in_lua in zip(values, c, lua, strict=True):
         py = requested_names(value) is not None
         assert (in_c, in_lua) == (py, py), repr(value)
+
+
+def full_rule(value: str) -> bool:
+    """Whether the full Prolog's parser (dsstage.config.catalog.parse_request, which says what
+    is wrong) accepts ``value``."""
+    try:
+        parse_request(value)
+    except UnknownDataset:
+        return False
+    return True
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.text(alphabet="abz09._-, \tA/\u00e9\u00a0\x1c\x85", max_size=80))
+def test_the_full_prologs_parser_has_the_warm_paths_rule(value):
+    """The full Prolog's parser and the warm paths' (dsstage.ready.request) accept the same
+    values, Unicode blanks (which str.strip() would take) included."""
+    assert full_rule(value) == (requested_names(value) is not None), repr(value)
+    assert full_rule("x" * 64 + "," + "y" * 64) and not full_rule(",".join(["abcdefgh"] * 114))

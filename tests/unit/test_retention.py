@@ -339,13 +339,14 @@ def _copies(**held: tuple[str, ...]) -> dict:
 
 
 def test_a_copy_other_nodes_hold_goes_before_the_last_one_in_the_cluster():
-    """Two copies, both wanted alike; only "b" is held elsewhere (n2): with the copies known
-    (peers on), the Epilog evicts "b" first, and keeps "a" saying why; without them (peers off,
-    or an older poller) the order is the usual one (here: "a", used longer ago, goes)."""
+    """Two copies, both wanted alike; only "b" is held elsewhere (n0, whose name comes first: the
+    cluster keeps b there): with the copies known (peers on), the Epilog evicts "b" first, and
+    keeps "a" saying why; without them (peers off, or an older poller) the order is the usual
+    one (here: "a", used longer ago, goes)."""
     copies = [copy("a", 50, idle=2 * DAY), copy("b", 50, idle=DAY)]
     wants = {"a": [pending("1", nodes=("n5",))], "b": [pending("2", nodes=("n5",))]}
     space = Space(capacity=100 * GB, high=0.9, low=0.75)
-    known = plan(copies, Demand(wants=wants, age=10, copies=_copies(a=("n1",), b=("n1", "n2"))), space, NOW, node="n1")
+    known = plan(copies, Demand(wants=wants, age=10, copies=_copies(a=("n1",), b=("n0", "n1"))), space, NOW, node="n1")
     d = {x.copy.dataset: x for x in known.decisions}
     assert d["b"].evict and not d["a"].evict
     assert d["a"].reason.endswith("; the last copy in the cluster")
@@ -359,7 +360,7 @@ def test_the_last_copy_rule_needs_a_fresh_snapshot_and_a_want_or_a_use():
     queue and count for nothing."""
     copies = [copy("a", 50, idle=2 * DAY), copy("b", 50, idle=DAY)]
     space = Space(capacity=100 * GB, high=0.9, low=0.75)
-    held = _copies(a=("n1",), b=("n1", "n2"))
+    held = _copies(a=("n1",), b=("n0", "n1"))
     idle = plan(copies, Demand(age=10, copies=held), space, NOW, node="n1")
     assert [x.copy.dataset for x in idle.evictions()] == ["a"]
     used_once = plan(copies, Demand(age=10, copies=held, uses={"a": 1.0, "b": 1.0}), space, NOW, node="n1")
@@ -369,3 +370,24 @@ def test_the_last_copy_rule_needs_a_fresh_snapshot_and_a_want_or_a_use():
     stale = plan(copies, Demand(age=7200, stale=True, copies=held, uses={"a": 1.0, "b": 1.0}), space, NOW,
                  node="n1")
     assert [x.copy.dataset for x in stale.evictions()] == ["a"]
+
+
+def test_one_holder_keeps_a_version_and_a_want_planned_here_outranks_the_cluster_s_keeper():
+    """Two holders of the only copies of "a" under pressure at once: only the one whose name
+    comes first keeps it for the cluster, so they do not both evict it. And a copy a pending
+    job planned on this node needs soon goes after the cluster's keeper of an unwanted dataset
+    (the review's case: the keeper rule orders only copies wanted alike)."""
+    copies = [copy("a", 50, idle=2 * DAY), copy("b", 50, idle=DAY)]
+    space = Space(capacity=100 * GB, high=0.9, low=0.75)
+    held = _copies(a=("n1", "n2"), b=("n1", "n2"))
+    uses = {"a": 1.0, "b": 0.5}
+    first = plan(copies, Demand(age=10, copies=held, uses=uses), space, NOW, node="n1")
+    second = plan(copies, Demand(age=10, copies=held, uses=uses), space, NOW, node="n2")
+    assert [x.copy.dataset for x in first.evictions()] == ["b"]
+    assert {x.copy.dataset: x.reason for x in first.decisions}["a"].startswith(
+        "the copy the cluster keeps (the first of its 2 holders)")
+    assert "keeps" not in {x.copy.dataset: x.reason for x in second.decisions}["a"]  # n2 is not its keeper
+    planned = {"b": [pending("9", start_in=60, nodes=("n1",))]}
+    here = plan(copies, Demand(wants=planned, age=10, copies=_copies(a=("n1",), b=("n1",)), uses=uses), space, NOW,
+                node="n1")
+    assert [x.copy.dataset for x in here.evictions()] == ["a"]

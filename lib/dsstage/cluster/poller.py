@@ -36,7 +36,12 @@ def poll_once(conf: Config, slurm: SlurmClient, clock: Callable[[], float] = tim
     jobs = slurm.queue()
     previous = read(conf.state_dir)
     now = clock()
-    copies = copies_from(reports.read_all(conf.state_dir), now, conf.report.max_age) if conf.peers.enabled else None
+    copies = None
+    if conf.peers.enabled:
+        try:  # the reports are other hosts' writes: one that cannot be read costs the copies, never the round
+            copies = copies_from(reports.read_all(conf.state_dir), now, conf.report.max_age)
+        except Exception as exc:  # noqa: BLE001 - the snapshot must be written whatever a report holds
+            log.warning("which nodes hold which versions not written this round: %s", exc)
     snap = build(jobs, now, backend=type(slurm).__name__, host=socket.gethostname(),
                  previous=previous if previous.time else None, copies=copies)
     with as_writer(conf):

@@ -34,8 +34,9 @@ def normalize(report: Mapping[str, Any], node: str = "") -> dict[str, Any]:
     copies = [c for c in report.get("copies") or [] if isinstance(c, dict)] \
         if isinstance(report.get("copies"), list) else []
     for c in copies:
-        c["leases"] = [x if isinstance(x, dict) else {"job_id": str(x), "user": "", "since": None}
-                       for x in c.get("leases") or []]
+        leases = c.get("leases")
+        leases = leases if isinstance(leases, list) else []  # another host's write: data
+        c["leases"] = [x if isinstance(x, dict) else {"job_id": str(x), "user": "", "since": None} for x in leases]
         c.setdefault("state", "unknown")
         c.setdefault("decision", None)
         c.setdefault("progress", None)
@@ -49,7 +50,8 @@ def normalize(report: Mapping[str, Any], node: str = "") -> dict[str, Any]:
     prefetch = [p for p in report.get("prefetch") or [] if isinstance(p, dict)] \
         if isinstance(report.get("prefetch"), list) else []
     return {"format": report.get("format", 1), "node": str(report.get("node") or node), "time": when,
-            "tiers": tiers, "copies": copies, "demand": demand, "prefetch": prefetch}
+            "tiers": tiers, "copies": copies, "demand": demand, "prefetch": prefetch,
+            **({"file_node": node} if node else {})}  # whose file it was: a report may name another node
 
 
 def stale_reason(report: Mapping[str, Any], now: float, max_age: float, down: Mapping[str, str]) -> str:

@@ -14,9 +14,10 @@ from dsstage.config.model import Config, Dataset
 from dsstage.config.names import check_name
 from dsstage.errors import AccessDenied, UnknownDataset
 from dsstage.fs.groups import group_names
+from dsstage.fs.layout import BLANKS, REQUEST_MAX
 
 #: the longest --dataset value accepted (the same bound is in the generated Lua catalog)
-VALUE_MAX = 1024
+VALUE_MAX = REQUEST_MAX  # the rule of dsstage.ready.request, with messages (tests/unit/test_name_rule.py)
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,13 @@ class User:
 
 def parse_request(value: str) -> list[str]:
     """Split a ``--dataset`` value (``a,b``) into names; raises UnknownDataset when malformed."""
-    if value is None or not value.strip():
+    if value is None or not value.strip(BLANKS):
         raise UnknownDataset("--dataset is empty: name at least one dataset (see `dsstage ls`)")
     if len(value) > VALUE_MAX:
         raise UnknownDataset(f"--dataset value is {len(value)} characters long; at most {VALUE_MAX} are accepted")
     names: list[str] = []
     for part in value.split(","):
-        name = part.strip()
+        name = part.strip(BLANKS)
         problem = check_name(name)
         if problem:
             raise UnknownDataset(f"--dataset: {problem}")

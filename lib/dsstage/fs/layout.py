@@ -23,6 +23,13 @@ _NAME = _FIRST | frozenset("._-")
 _JOB = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.+-")
 
 
+#: a ``--dataset`` value: at most this long, names separated by commas, these blanks around a
+#: name ignored (C's isspace in the C locale, Lua's %s): dsstage.ready.request and the full
+#: Prolog's dsstage.config.catalog.parse_request, the SPANK plugin and dsstage_submit.lua alike
+REQUEST_MAX = 1024
+BLANKS = " \t\n\r\v\f"
+
+
 def name_ok(name: str) -> bool:
     """A dataset or tier name: ``[a-z0-9][a-z0-9._-]*``, at most 64 characters."""
     return 0 < len(name) <= NAME_MAX and name[0] in _FIRST and all(c in _NAME for c in name)

@@ -74,8 +74,8 @@ def one(conf: Config, store: Store, name: str, user: cat.User, job: Job) -> Step
                 step.notes.append(f"reuse: a ready copy at {path} ({state.reason}); the Prolog takes a lease "
                                   "and copies nothing")
                 return step
-            step.notes.append(f"no ready copy here: {why_not}" if not state.ready else
-                              f"{why_not}, so the Prolog checks every file of the copy again")
+            step.notes.append(f"no ready copy here: {state.reason}" if not state.ready else
+                              f"{why_not}: the Prolog takes the lock and does so")
             return _stage(conf, store, ds, digest, path, step, tier)
     except DsstageError as exc:
         step.verdict = on_failure(name, ds, exc)

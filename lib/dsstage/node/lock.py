@@ -47,11 +47,13 @@ class DatasetLock:
                 fd = core.wait_lock(self._locks, self._name, self.timeout)
             except BaseException:
                 os.close(self._locks)
+                self._locks = -1
                 raise
         except OSError as exc:
             raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
         if fd is None:
             os.close(self._locks)
+            self._locks = -1
             holder = read_owner(self.path)
             who = f" (held by {holder.get('host')} pid {holder.get('pid')} job {holder.get('job_id') or '-'})" \
                 if holder else ""
@@ -62,11 +64,17 @@ class DatasetLock:
             raise LockTimeout(f"waited {self.timeout:g}s for the lock on {self.what}{who}; another stage is "
                               "still running: wait for it, or raise lock_timeout in the configuration")
         self._fd = fd
-        core.note_owner(self._locks, self._name, self.job_id, self.action)
+        try:
+            core.note_owner(self._locks, self._name, self.job_id, self.action)
+        except BaseException:  # never left held by a lock whose __exit__ will not run
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._fd < 0:
+            return
         try:
             core.unlock(self._locks, self._name, self._fd)
         finally:

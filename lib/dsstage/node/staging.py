@@ -270,7 +270,7 @@ def listed_holders(store: Store, name: str, vid: str) -> list[str] | None:
     node that staged it is found through its claim (dsstage.node.stagers), which it keeps."""
     try:
         dem = store.demand()[0]
-    except (DsstageError, OSError):
+    except (DsstageError, OSError, ValueError):
         return None
     if dem.stale or not dem.copies:
         return None

@@ -30,9 +30,9 @@ ends between two rounds is not seen, and the starts while the poller is down are
 (the counts only rank datasets, so a uniform loss changes nothing). The planner ranks
 copies nothing in the queue wants by these counts (see dsstage.policy.retention).
 ``copies`` (with ``peers.enabled``): per dataset and version, the nodes whose current
-report, as the poller read it this round, shows the current version ready: a node's Epilog
+report, as the poller read it this round, shows that version ready: a node's Epilog
 then keeps the last copy in the cluster of what the queue wants over a copy other nodes
-hold too (retention.last_copy), one read of the reports per round for the whole cluster
+hold too (retention.keeper), one read of the reports per round for the whole cluster
 rather than one per Epilog.
 
 Prologs and Epilogs only read this file; they never ask Slurm about demand. A snapshot
@@ -112,9 +112,19 @@ class Snapshot:
                     out.append(Want(job_id=str(r.get("job_id", "")), state=state, partition=str(r.get("partition", "")),
                                     priority=_int(r.get("priority")), start=_float(r.get("start")),
                                     nodes=tuple(expand_nodes(str(r.get("nodes") or ""))), user=str(r.get("user", ""))))
-        held = {name: {v: frozenset(expand_nodes(nodes)) for v, nodes in versions.items()}
-                for name, versions in self.copies.items()} if copies else {}
-        return Demand(wants=wants, age=age, uses=uses, copies=held)
+        return Demand(wants=wants, age=age, uses=uses, copies=self.holders() if copies else {})
+
+    def holders(self) -> dict[str, dict[str, frozenset[str]]]:
+        """``copies`` with each hostlist expanded; an entry that is no hostlist (the snapshot
+        is the poller's write, read back as data) is left out."""
+        out: dict[str, dict[str, frozenset[str]]] = {}
+        for name, versions in self.copies.items():
+            for v, nodes in versions.items():
+                try:
+                    out.setdefault(name, {})[v] = frozenset(expand_nodes(nodes))
+                except ValueError:
+                    continue
+        return out
 
 
 def decay(uses: Mapping[str, float], since: float, now: float) -> dict[str, float]:
@@ -187,17 +197,21 @@ def build(jobs: Iterable[Any], now: float, *, backend: str = "", host: str = "",
 
 def copies_from(reports: Iterable[Mapping[str, Any]], now: float, max_age: float) -> dict[str, dict[str, str]]:
     """dataset -> version -> the nodes (a hostlist) whose report, younger than ``max_age``,
-    shows that version ready and current (reports are other hosts' writes: read as data)."""
+    shows that version ready, current or not (a job may be pinned to the one before); reports
+    are other hosts' writes, read as data: a report whose node name is not a plain one (no
+    hostlist syntax) or not its file's (``file_node``, dsstage.cluster.reports) is skipped."""
+    from dsstage.fs.layout import job_id_ok
     from dsstage.hostlist import fold_nodes
     held: dict[str, dict[str, list[str]]] = {}
     for rep in reports:
         node, when = rep.get("node"), rep.get("time")
         rows = rep.get("copies")
-        if not isinstance(node, str) or not node or not isinstance(when, (int, float)) \
+        if not isinstance(node, str) or not job_id_ok(node) or rep.get("file_node", node) != node \
+                or not isinstance(when, (int, float)) \
                 or not 0 <= now - when <= max_age or not isinstance(rows, list):
             continue
         for row in rows:
-            if isinstance(row, dict) and row.get("state") == "ready" and row.get("current") \
+            if isinstance(row, dict) and row.get("state") == "ready" \
                     and isinstance(row.get("dataset"), str) and isinstance(row.get("version"), str):
                 held.setdefault(row["dataset"], {}).setdefault(row["version"], []).append(node)
     return {name: {v: fold_nodes(sorted(set(nodes))) for v, nodes in versions.items()}

@@ -32,14 +32,15 @@ The rules, in order:
    is recomputed as copies go: bytes that two versions share (hard links) are freed only
    when both are gone.
 
-The eviction order: superseded versions first; then, where the snapshot says which nodes
-hold each version (``Demand.copies``: the poller reads the nodes' reports, and the nodes pass
-it only with ``peers.enabled``, where another node's copy is what a stage reads instead of the
-source), a copy with another ready copy in the cluster before the last one of a version the
-queue wants or the cluster has used (``last_copy``: "the last copy in the cluster"); then by
-demand (each pending job that wants the dataset, more if the backfill plan put it on this node, more the sooner it is
+The eviction order: superseded versions first; then by demand (each pending job that
+wants the dataset, more if the backfill plan put it on this node, more the sooner it is
 expected to start; running jobs on other nodes: the dataset is in use in the cluster);
-then, among copies with equal demand (in practice: none), by use frequency; then the
+then, among copies with equal demand (in practice: those nothing in the queue wants), where
+the snapshot says which nodes hold each version (``Demand.copies``: the poller reads the
+nodes' reports, and the nodes pass it only with ``peers.enabled``, where another node's copy
+is what a stage reads instead of the source), a copy the cluster does not need kept here
+before the one it keeps (``keeper``: "the last copy in the cluster"); then by use
+frequency; then the
 least recently used; then the larger copy (fewer evictions for the room).
 
 Use frequency is ``Demand.uses``: per dataset, the job starts the demand poller saw in the
@@ -349,28 +350,33 @@ def soonness(w: Want, now: float) -> float:
     return 1.0 / (1.0 + max(0.0, w.start - now) / SOON)
 
 
-def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, int, float, float, float, int]:
-    """Lowest first: superseded versions, then a copy with another in the cluster before the
-    last one worth keeping, then by demand, then by use frequency, then least recently used,
-    then the larger copy."""
-    return (1 if c.current else 0, 1 if last_copy(c, demand, node, now) else 0,
-            demand_score(c.dataset, demand, node, now, c.not_for), demand.uses.get(c.dataset, 0.0),
+def eviction_key(c: Copy, demand: Demand, node: str, now: float) -> tuple[int, float, int, float, float, int]:
+    """Lowest first: superseded versions, then by demand, then (among copies wanted alike: in
+    practice, none) a copy the cluster does not need kept here before the one it keeps
+    (``keeper``), then by use frequency, then least recently used, then the larger copy."""
+    return (1 if c.current else 0, demand_score(c.dataset, demand, node, now, c.not_for),
+            1 if keeper(c, demand, node, now) else 0, demand.uses.get(c.dataset, 0.0),
             c.last_used, -c.bytes)
 
 
-def last_copy(c: Copy, demand: Demand, node: str, now: float) -> bool:
-    """Whether ``c`` is the last ready copy in the cluster of a version worth keeping: no other
-    node holds it (``Demand.copies``, known), and a pending job wants the dataset or the
-    cluster has used it (a decayed count of at least one job start). False where the copies
-    are not known, for an old version, and on a stale snapshot (which nodes hold what then is
-    as old as its queue)."""
+def keeper(c: Copy, demand: Demand, node: str, now: float) -> str:
+    """Why ``c`` is the copy the cluster keeps of its version, or "": the version is worth
+    keeping (a pending job wants the dataset, or the cluster has used it: a decayed count of
+    at least one job start) and ``Demand.copies`` (known) shows it ready on no other node
+    ("the last copy in the cluster"), or this node's name is the first of its holders' (one
+    keeper per version: two holders under pressure at once do not both evict it). "" where
+    the copies are not known, for an old version, and on a stale snapshot (which nodes hold
+    what is then as old as its queue)."""
     if not demand.copies or demand.stale or not c.current or not c.ready:
-        return False
-    holders = demand.copies.get(c.dataset, {}).get(c.version, frozenset())
-    if holders - {node}:
-        return False
+        return ""
+    holders = demand.copies.get(c.dataset, {}).get(c.version, frozenset()) | {node}
+    if min(holders) != node:
+        return ""
     wanted = any(w.state == "pending" for w in wants_of(c.dataset, demand, c.not_for))
-    return wanted or demand.uses.get(c.dataset, 0.0) >= 1.0
+    if not wanted and demand.uses.get(c.dataset, 0.0) < 1.0:
+        return ""
+    return "the last copy in the cluster" if len(holders) == 1 else \
+        f"the copy the cluster keeps (the first of its {len(holders)} holders)"
 
 
 # -- reasons -------------------------------------------------------------------------
@@ -379,7 +385,8 @@ def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: floa
     why = (f"over high watermark ({space.high:.0%} of {_size(space.capacity)})" if space.need == 0 else
            f"room for the stage in progress ({_size(space.need)} in a tier of {_size(space.capacity)})")
     what = "old version" if not c.current else _demand_text(c.dataset, demand, node, now, c.not_for) or "no demand"
-    last = "; the last copy in the cluster" if last_copy(c, demand, node, now) else ""
+    kept = keeper(c, demand, node, now)
+    last = f"; {kept}" if kept else ""
     return (f"{why}; {what}{_uses_text(c.dataset, demand)}{last}, "
             f"idle {human_duration(now - c.last_used)}")
 
@@ -388,12 +395,12 @@ def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy)
     if not c.current:
         return "old version, kept while there is room: staging the current one reuses its files"
     wanted = _demand_text(c.dataset, demand, node, now, c.not_for)
-    last = "; the last copy in the cluster" if last_copy(c, demand, node, now) else ""
+    kept = keeper(c, demand, node, now)
     if wanted:
-        return wanted + last
+        return wanted + (f"; {kept}" if kept else "")
     idle = now - c.last_used
-    if last:
-        return f"the last copy in the cluster{_uses_text(c.dataset, demand)}, idle {human_duration(idle)}"
+    if kept:
+        return f"{kept}{_uses_text(c.dataset, demand)}, idle {human_duration(idle)}"
     if idle < policy.min_keep:
         return f"used {human_duration(idle)} ago (min_keep {human_duration(policy.min_keep)})"
     uses = _uses_text(c.dataset, demand)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dsstage.fs import layout
 
 #: the longest ``--dataset`` value accepted (the SPANK plugin's DSSTAGE_VALUE_MAX, the Lua module's value_max)
-VALUE_MAX = 1024
+VALUE_MAX = layout.REQUEST_MAX
 #: what is stripped around a name (C's isspace in the C locale, Lua's %s)
-BLANKS = " \t\n\r\v\f"
+BLANKS = layout.BLANKS
 
 
 def requested_names(request: str) -> list[str] | None:

@@ -253,10 +253,12 @@ class QueueOracle(Policy):
                 out[i] = low
             self.later_submit[k] = out
         self.uses: dict[str, float] = {}  # decayed job starts per dataset, as of self.since
-        self.since = 0.0
+        self.since: float | None = None  # no start seen yet
 
     def started(self, run: Run, now: float) -> None:
-        self.uses = demand.count_starts(self.uses, self.since, now, [[run.job.dataset]])
+        if self.since is not None:  # (not demand.count_starts: it reads a "since" of 0 as no history)
+            self.uses = demand.decay(self.uses, self.since, now)
+        self.uses[run.job.dataset] = self.uses.get(run.job.dataset, 0.0) + 1.0
         self.since = now
 
     def next_known(self, node: int, dataset: str, now: float) -> float:
@@ -277,7 +279,7 @@ class QueueOracle(Policy):
         if tier.used + need <= tier.capacity:
             return True
         order = []
-        used = demand.decay(self.uses, self.since, now) if self.since else {}
+        used = demand.decay(self.uses, self.since, now) if self.since is not None else {}
         for d, s in tier.copies.items():
             if s.leases:
                 continue
