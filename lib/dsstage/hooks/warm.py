@@ -24,7 +24,7 @@ from dsstage.fs.safe import RootDir
 from dsstage.hooks import bbrequest, bounded, joblog
 from dsstage.node import metrics, report, rollout
 from dsstage.ready import warmconf
-from dsstage.ready.lease import Holder, Pick, Take, give_back, lease, ready_whole, record
+from dsstage.ready.lease import Holder, Pick, lease, ready_whole, release
 from dsstage.ready.request import requested_names
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
@@ -136,16 +136,15 @@ def _lease_all(names: Sequence[str], conf: WarmConfig, tiers: dict[str, RootDir]
             picked.append(whole)
         else:
             return None
-    holder = Holder(job.job_id, job.user, job.node)
-    if not lease(picked, holder):
+    if not lease(picked, Holder(job.job_id, job.user, job.node)):
         return None  # lost a race with an eviction (see dsstage.node.store): take the full path
     try:
         lines = runfiles.export_lines([(p.name, p.path) for p in picked])
         for p in picked:
             lines += runfiles.more_exports(p.name, p.exports, first=p is picked[0]) if p.exports else []
         runfiles.write_task_file(run_dir, job.node, job.job_id, lines, (job.uid, job.gid))
-    except BaseException:  # the full Prolog takes its own leases
-        give_back([Take(p.tier, record(p.name, p.digest, holder)) for p in picked])
+    except BaseException:
+        release(picked, job.job_id)  # the full Prolog takes its own leases
         raise
     bounded.tell("decided run")  # what follows writes to the shared state directory, which may hang
     try:

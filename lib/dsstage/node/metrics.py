@@ -78,7 +78,6 @@ _REASON_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz")
 _REASON = _REASON_FIRST | frozenset("0123456789_")
 
 
-
 # -- counting (the warm path: standard library only) ---------------------------------------------
 
 def count(run_dir: str, node: str, events: Iterable[Event], observed: Iterable[Event] = ()) -> None:

@@ -268,13 +268,14 @@ def listed_holders(store: Store, name: str, vid: str) -> list[str] | None:
     every report) where the snapshot is stale or has no ``copies`` (an older poller, or no
     node holds anything). A version made ready since the poller's round is not listed: the
     node that staged it is found through its claim (dsstage.node.stagers), which it keeps."""
-    try:
-        dem = store.demand()[0]
-    except (DsstageError, OSError, ValueError):
+    try:  # the snapshot's copies alone: its queue (every pending job's hostlist) is not read here
+        snap = store.snapshot()
+    except (DsstageError, OSError):
         return None
-    if dem.stale or not dem.copies:
+    held = snap.holders()
+    if snap.stale(store.clock(), store.config.retention.demand_max_age) or not held:
         return None
-    return sorted(dem.copies.get(name, {}).get(vid, frozenset()) - {store.node})
+    return sorted(held.get(name, {}).get(vid, frozenset()) - {store.node})
 
 
 @contextmanager

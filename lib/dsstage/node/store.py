@@ -257,13 +257,17 @@ class Store:
 
     # -- retention and eviction --------------------------------------------------
 
-    def demand(self) -> tuple[retention.Demand, Snapshot]:
-        """The queue's demand from the poller's snapshot (stale if old or missing), read as
-        ``report.user`` where set: under ``PrivateData=jobs`` the snapshot is that user's alone
-        (0600), which root on an NFS client that squashes root could not read."""
+    def snapshot(self) -> Snapshot:
+        """The poller's demand snapshot, read as ``report.user`` where set: under
+        ``PrivateData=jobs`` the snapshot is that user's alone (0600), which root on an NFS
+        client that squashes root could not read."""
         from dsstage.fs.identity import writing_as
         with writing_as(self.config.report.user):
-            snap = demand.read(self.config.state_dir)
+            return demand.read(self.config.state_dir)
+
+    def demand(self) -> tuple[retention.Demand, Snapshot]:
+        """The queue's demand from the poller's snapshot (stale if old or missing)."""
+        snap = self.snapshot()
         # which nodes hold each version counts only where they serve each other (peers across jobs)
         return snap.demand(self.clock(), self.config.retention.demand_max_age, copies=self.config.peers.enabled), snap
 

@@ -90,6 +90,12 @@ def hold(takes: Sequence[Take], still_ready: Callable[[], bool]) -> bool:
     return False
 
 
+def release(picked: Sequence[Pick], job_id: str) -> None:
+    """Give back the leases ``lease`` took for ``job_id`` on ``picked``."""
+    for p in picked:
+        remove(p.tier, p.name, job_id)
+
+
 def give_back(takes: Sequence[Take]) -> None:
     for t in takes:
         if t.previous is not None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK
 from dsstage.policy import demand as dm
 from dsstage.policy import retention as rt
-from dsstage.policy.sim.replay import Features, Policy, Tier, node_name
+from dsstage.policy.sim.replay import Features, Policy, Tier, node_name, ready_at
 from dsstage.policy.sim.sched import Nodes, Run, project
 from dsstage.policy.sim.trace import Job
 
@@ -90,12 +90,8 @@ class Planner(Policy):
         self._demand = None
         self._count(tick)
         if self.copies:  # the poller's copies: the ready copies the nodes' reports show at the tick
-            held: dict[str, set[str]] = {}
-            for n, tier in enumerate(self.tiers):
-                for ds, slot in tier.copies.items():
-                    if slot.ready <= tick:
-                        held.setdefault(ds, set()).add(self.names[n])
-            self._held = {ds: {"1": frozenset(nodes)} for ds, nodes in held.items()}
+            self._held = {ds: {"1": frozenset(self.names[n] for n in ns)}
+                          for ds, ns in ready_at(self.tiers, tick).items()}
 
     def submitted(self, job: Job, now: float) -> None:
         self.queue[job.id] = job

@@ -292,6 +292,17 @@ class QueueOracle(Policy):
         return False
 
 
+def ready_at(tiers: Sequence[Tier], tick: float) -> dict[str, frozenset[int]]:
+    """dataset -> the nodes whose tier holds it ready at ``tick``: what the nodes' reports show
+    a poller round at that time (the features it sets, the copies it writes)."""
+    held: dict[str, set[int]] = {}
+    for n, tier in enumerate(tiers):
+        for ds, slot in tier.copies.items():
+            if slot.ready <= tick:
+                held.setdefault(ds, set()).add(n)
+    return {ds: frozenset(ns) for ds, ns in held.items()}
+
+
 class Features:
     """The ``ds_<dataset>`` features the demand poller keeps (dsstage.cluster.features): the
     nodes whose tier holds a ready copy of the dataset, as of the poller's last round, every
@@ -311,12 +322,7 @@ class Features:
             return
         self.window = window
         tick = self.tick = window * self.interval if self.interval > 0 else now
-        held: dict[str, set[int]] = {}
-        for n, tier in enumerate(self.tiers):
-            for ds, slot in tier.copies.items():
-                if slot.ready <= tick:
-                    held.setdefault(ds, set()).add(n)
-        self.held = {ds: frozenset(ns) for ds, ns in held.items()}
+        self.held = ready_at(self.tiers, tick)
 
     def __call__(self, job: Job) -> frozenset[int]:
         return self.held.get(job.dataset, frozenset())
