@@ -71,6 +71,16 @@ def random_tree(root: Path, count: int, size: int, seed: int = 1, fanout: int = 
     return root
 
 
+def wait_flushed(env: Env, node: str | None = None) -> None:
+    """Wait for the detached flushes of new copies on ``node`` (dsstage.node.background): each
+    takes its dataset's lock for a moment (an Epilog keeps a copy whose lock is busy for now)
+    and rewrites the copy's ready mark, durable (one a test removed meanwhile comes back)."""
+    deadline = time.monotonic() + 30
+    marks = list((env.tier_root(node) / "ready").glob("*/*.json"))
+    while time.monotonic() < deadline and not all('"durable": true' in m.read_text() for m in marks):
+        time.sleep(0.05)
+
+
 class Env:
     """A dsstage installation on tmp_path: state dir, tiers, sources, configuration."""
 

@@ -18,7 +18,7 @@ from dsstage.node import background, eviction, staging
 from dsstage.policy import demand
 from dsstage.slurm.records import Job
 
-from tests.helpers import Env
+from tests.helpers import Env, wait_flushed
 
 SIZE = 3000  # bytes per dataset
 
@@ -58,15 +58,6 @@ def epilog(env: Env, job: str, request: str, caplog: pytest.LogCaptureFixture) -
                           run_dir=str(env.tmp / "run"), load_config=env.config)
     assert rc == 0
     return caplog.text
-
-
-def wait_flushed(env: Env) -> None:
-    """Wait for the detached flushes of new copies (each takes its dataset's lock for a
-    moment, and an Epilog keeps a copy whose lock is busy for now)."""
-    deadline = time.monotonic() + 30
-    marks = list((env.tier_root() / "ready").glob("*/*.json"))
-    while time.monotonic() < deadline and not all('"durable": true' in m.read_text() for m in marks):
-        time.sleep(0.05)
 
 
 def wait_trash_empty(env: Env) -> None:

@@ -31,7 +31,7 @@ from dsstage.hooks import warm
 from dsstage.node import inventory, metrics, report, staging
 from dsstage.node.lease import Lease, LeaseBook
 from dsstage.slurm.fake import FakeSlurm
-from helpers import Env, random_tree
+from helpers import Env, random_tree, wait_flushed
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
 
@@ -93,15 +93,6 @@ def set_capacity(env: Env, capacity: str) -> None:
     data = yaml.safe_load(env.config_path.read_text())
     data["tiers"]["nvme"]["capacity"] = capacity
     env.config_path.write_text(yaml.safe_dump(data))
-
-
-def wait_flushed(env: Env) -> None:
-    """Wait for the detached flushes of new copies: each holds its dataset's lock for a
-    moment, and an Epilog keeps, for now, a copy whose lock is busy."""
-    deadline = time.monotonic() + 30
-    marks = list((env.tier_root() / "ready").glob("*/*.json"))
-    while time.monotonic() < deadline and not all('"durable": true' in m.read_text() for m in marks):
-        time.sleep(0.05)
 
 
 # -- 1. concurrent writers lose nothing ----------------------------------------------------------
