@@ -113,15 +113,11 @@ def make(tier: RootDir, name: str, shards: Sequence[ShardFiles]) -> View:
         return found
     vid = view_id(ids)
     top = tier.dir(TOP, name, mode=0o700)
-    tmp = safe.temp_name()
-    # made where nobody else can enter (0700: no descriptor of it, or of anything in it, can be
-    # had by another user while it is filled), opened up only as it is renamed into place
-    os.mkdir(tmp, 0o700, dir_fd=top)
-    tmp_fd = os.open(tmp, safe.O_DIR, dir_fd=top)
     path = tier.path(TOP, name, vid)
-    lines = []
-    try:
-        with Tree(tmp_fd, create=True, mode=0o755) as dest:
+    lines: list[str] = []
+
+    def fill(fd: int) -> None:
+        with Tree(fd, create=True, mode=0o755) as dest:
             for m in shards:
                 with Tree(tier.dir("datasets", name, version_id(m.digest), create=False)) as src:
                     for e in m.entries:
@@ -129,19 +125,17 @@ def make(tier: RootDir, name: str, shards: Sequence[ShardFiles]) -> View:
                             os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
                         # one line a file, whatever its name holds (pathtext: as the manifest writes it)
                         lines.append(pathtext.escape(os.path.join(path, e.path)))
-        files, nbytes = len(lines), sum(m.total_bytes for m in shards)
         safe.write_at(top, f"{vid}.files", "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape"),
                       fsync=False)
-        safe.write_json_at(top, f"{vid}.json", {"shards": ids, "files": files, "bytes": nbytes, "made": time.time()},
+        safe.write_json_at(top, f"{vid}.json", {"shards": ids, "files": len(lines),
+                                                "bytes": sum(m.total_bytes for m in shards), "made": time.time()},
                            fsync=False)
         safe.remove_at(top, vid)  # a half view left by a crash between the rename and its record
-        os.fchmod(tmp_fd, 0o755)  # who may enter is decided by the top directory, restricted first
-    except BaseException:
-        os.close(tmp_fd)
-        safe.remove_at(top, tmp)
-        raise
-    os.close(tmp_fd)
-    os.rename(tmp, vid, src_dir_fd=top, dst_dir_fd=top)
+
+    # made where nobody else can enter, opened up only as it is renamed into place; who may
+    # enter is decided by the top directory, restricted first
+    safe.make_dir_whole(top, vid, fill)
+    files, nbytes = len(lines), sum(m.total_bytes for m in shards)
     return View(vid, path, tier.path(TOP, name, f"{vid}.files"), files, nbytes)
 
 
