@@ -24,6 +24,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 #: burst_buffer.status_max_age in packaging/devcluster's configuration
 BBSTAT_MAX_AGE = 2
+#: bytes/s the cluster's slow source (Cluster.slowfs) delivers
+SLOW_RATE = 2 << 20
 
 
 class Cluster:
@@ -40,6 +42,7 @@ class Cluster:
         #: runs in a Debian root of its own, and its commands (and dsstage) are $DIR/bin's
         self.series = os.environ.get("DEVCLUSTER_SLURM") or "22.05"
         self.hangfs: Any = None  # a latencyfs that can stop answering (hangable_mount), if any
+        self.slowfs: Any = None  # a latencyfs that delivers SLOW_RATE bytes/s (a busy shared filesystem), if any
         if self.series != "22.05":
             self.venv_bin = directory / "bin"
             self.env["PATH"] = f"{directory / 'bin'}:{self.env.get('PATH', '/usr/bin:/bin')}"
@@ -238,10 +241,12 @@ def daemons_of(directory: Path) -> list[int]:
 
 
 @contextmanager
-def hangable_mount(name: str) -> Iterator[Any]:
+def hangable_mount(name: str, rate: int = 0, allow_other: bool = False) -> Iterator[Any]:
     """A latencyfs of /tmp/NAME-<pid>/backing on /tmp/NAME-<pid>/mnt that a test can make stop
     answering (``hang()``), or None where latencyfs cannot run (a test that needs it calls
-    ``latencyfs.require()``). Mounted before the cluster starts: a series' root binds /tmp
+    ``latencyfs.require()``); ``rate``: its bytes/s, all readers together (0: unlimited);
+    ``allow_other``: jobs' users may read it (as a job under fallback or on a live view). Mounted
+    before the cluster starts: a series' root binds /tmp
     when its slurmd starts, and sees only the mounts that were there then."""
     import latencyfs
     if latencyfs.unavailable() is not None:
@@ -250,7 +255,8 @@ def hangable_mount(name: str) -> Iterator[Any]:
     top = Path(f"/tmp/{name}-{os.getpid()}")
     (top / "backing").mkdir(parents=True, exist_ok=True)
     try:
-        with latencyfs.LatencyFS(top / "backing", top / "mnt", delay_us=0) as fs:
+        with latencyfs.LatencyFS(top / "backing", top / "mnt", delay_us=0, rate=rate,
+                                 allow_other=allow_other) as fs:
             yield fs
     finally:
         shutil.rmtree(top, ignore_errors=True)
@@ -259,8 +265,10 @@ def hangable_mount(name: str) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     skip_without_cluster()
-    with hangable_mount("dsstage-hangfs") as fs, devcluster("dsstage-cluster-test", 26817) as c:
-        c.hangfs = fs
+    with hangable_mount("dsstage-hangfs") as fs, \
+            hangable_mount("dsstage-slowfs", rate=SLOW_RATE, allow_other=True) as slow, \
+            devcluster("dsstage-cluster-test", 26817) as c:
+        c.hangfs, c.slowfs = fs, slow
         yield c
 
 

@@ -117,11 +117,22 @@ def _staging_section(st: Status, limit: int | None) -> Section:
         for c in r["copies"]:
             if c.get("state") in ("staging", "verifying", "evicting", "interrupted"):
                 what = c["state"] if c["state"] in ("evicting", "interrupted") else _progress_text(c.get("progress"))
+                what += _live_text(c.get("live"))
                 rows.append((r["node"], str(c.get("dataset")), str(c.get("version"))[:12], what,
                              str(c.get("job_id") or "-")))
     rows, notes = _cut(sorted(rows), limit, "rows")
     return Section("Staging", ("node", "dataset", "version", "progress", "job"), rows, flex=3, notes=notes,
                    empty="Nothing is staging.")
+
+
+def _live_text(view: object) -> str:
+    """A live view's part of a staging row (jobs read it while the stage runs: dsstage.node.live);
+    why it failed is in ``--json`` (the copy's ``live``) and the hooks' log."""
+    if not isinstance(view, dict):
+        return ""
+    state = view.get("state")
+    return f"; live {view.get('local') or 0}/{view.get('files') or 0} local" + (
+        f", {state}" if state in ("failed", "stopped") else "")
 
 
 def _queue_section(st: Status, limit: int | None) -> Section:

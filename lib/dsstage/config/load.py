@@ -23,10 +23,12 @@ from dsstage.config.model import (
     DEFAULT_PATH,
     DEFAULT_PROLOG_BUDGET,
     DEFAULT_SLURM_BIN,
+    DEFAULT_START_BUDGET,
     FAILURE_POLICIES,
     HIGH_WATERMARK,
     LOW_WATERMARK,
     MAX_SHARDS,
+    START_MODES,
     VERIFY_MODES,
     Config,
     Dataset,
@@ -48,9 +50,9 @@ if TYPE_CHECKING:
 
 _TOP_KEYS = ("state_dir", "tiers", "datasets", "on_failure", "lock_timeout", "transfer", "slurm_bin",
              "prolog_budget", "source_user", "retention", "report", "fleet", "metrics", "prefetch", "placement",
-             "burst_buffer", "peers", "sources", "rollout")
+             "burst_buffer", "peers", "sources", "rollout", "start", "start_budget")
 _TIER_KEYS = ("path", "capacity", "high_watermark", "low_watermark", "root_filesystem")
-_DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description", "shards")
+_DATASET_KEYS = ("source", "tier", "groups", "verify", "on_failure", "description", "shards", "start")
 _TRANSFER_KEYS = ("streams", "rsh", "timeout", "hash_threads", "bwlimit", "max_parallel")
 _RETENTION_KEYS = ("min_keep", "max_idle", "demand_max_age", "poll_interval", "manifest_keep")
 _REPORT_KEYS = ("user", "interval", "max_age")
@@ -123,6 +125,11 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     transfer = v.transfer(data.get("transfer") or {})
     slurm_bin = v.abs_path(data.get("slurm_bin", DEFAULT_SLURM_BIN), "slurm_bin")
     prolog_budget = v.number(data.get("prolog_budget", DEFAULT_PROLOG_BUDGET), "prolog_budget", minimum=1)
+    start = v.choice(data.get("start", "wait"), "start", START_MODES)
+    start_budget = v.number(data.get("start_budget", DEFAULT_START_BUDGET), "start_budget", minimum=0)
+    if start_budget >= prolog_budget:
+        v.fail("start_budget", f"{start_budget:g}s is not below prolog_budget ({prolog_budget:g}s): it is the "
+               "part of the Prolog's time an at-once dataset's stage may take before the job starts on a live view")
     source_user = v.user(data.get("source_user"), "source_user")
     retention = v.retention({} if data.get("retention") is None else data["retention"])
     report = v.report({} if data.get("report") is None else data["report"])
@@ -143,11 +150,12 @@ def from_dict(data: Any, origin: str = "<config>") -> Config:
     raw_datasets = data.get("datasets") or {}
     if not isinstance(raw_datasets, dict):
         v.fail("datasets", "must be a mapping of dataset name to its description")
-    datasets = {name: v.dataset(name, spec, tiers, on_failure) for name, spec in raw_datasets.items()}
+    datasets = {name: v.dataset(name, spec, tiers, on_failure, start) for name, spec in raw_datasets.items()}
     v.distinct_env_vars(datasets)
     return Config(origin=origin, state_dir=state_dir, tiers=tiers, datasets=datasets,
                   on_failure=on_failure, lock_timeout=lock_timeout, transfer=transfer,
-                  slurm_bin=slurm_bin, prolog_budget=prolog_budget, source_user=source_user,
+                  slurm_bin=slurm_bin, prolog_budget=prolog_budget, start_budget=start_budget,
+                  source_user=source_user,
                   retention=retention, report=report, fleet=fleet, metrics=metrics, prefetch=prefetch,
                   placement=placement, burst_buffer=burst_buffer, peers=peers, sources=sources, rollout=rollout,
                   unknown_keys=tuple(v.unknown))
@@ -228,7 +236,8 @@ class _Validator(Sections):
         return Tier(name=name, path=path, capacity=capacity, high_watermark=hw, low_watermark=lw,
                     root_filesystem=on_root)
 
-    def dataset(self, name: Any, spec: Any, tiers: Mapping[str, Tier], on_failure: str) -> Dataset:
+    def dataset(self, name: Any, spec: Any, tiers: Mapping[str, Tier], on_failure: str,
+                start: str = "wait") -> Dataset:
         key = f"datasets.{name}"
         problem = check_name(name)
         if problem:
@@ -266,8 +275,16 @@ class _Validator(Sections):
             self.fail(f"{key}.shards", f"{shards!r} is not a whole number from 2 to {MAX_SHARDS}: the number of "
                       "parts the dataset's files are split into, spread over a job's nodes; leave it out for a "
                       "dataset every node holds whole")
+        mode = self.choice(spec.get("start", start), f"{key}.start", START_MODES)
+        if mode == "at-once" and (source.kind != "local" or shards):
+            if "start" in spec:  # asked for this dataset: say why it cannot be
+                why = (f"its source {source.raw} is not mounted on the nodes, so a job cannot read it while it "
+                       "is staged" if source.kind != "local" else "a sharded dataset's part is staged whole")
+                self.fail(f"{key}.start", f"at-once is not possible: {why}; leave start out (the job waits "
+                          "for the stage, as before)")
+            mode = "wait"  # the site's default applies to the datasets it can
         return Dataset(name=name, source=source, tier=str(tier), groups=groups, verify=verify,
-                       on_failure=policy, description=description, shards=shards)
+                       on_failure=policy, description=description, shards=shards, start=mode)
 
     def distinct_env_vars(self, datasets: Mapping[str, Dataset]) -> None:
         """Two names that give one DSSTAGE_PATH_<NAME> would hand a job the wrong directory."""

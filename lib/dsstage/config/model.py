@@ -17,6 +17,11 @@ DEFAULT_PROLOG_BUDGET = 300.0
 MAX_SHARDS = 65536
 VERIFY_MODES = ("quick", "full")
 FAILURE_POLICIES = ("fallback", "hold")
+#: how a job starts on a dataset not yet on its node: after the stage (within prolog_budget), or
+#: at once on a live view whose files switch to the local copy as they land (dsstage.node.live)
+START_MODES = ("wait", "at-once")
+#: seconds an ``at-once`` dataset's stage may take in the Prolog before the job gets a live view
+DEFAULT_START_BUDGET = 1.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class Dataset:
     on_failure: str
     description: str = ""
     shards: int | None = None  # split into this many shards over a job's nodes (dsstage.shards); None: whole
+    #: "at-once": a job that would wait for the stage starts on a live view (only a mounted,
+    #: whole dataset's: the loader leaves the others "wait")
+    start: str = "wait"
 
 
 @dataclass(frozen=True)
@@ -208,6 +216,7 @@ class Config:
     transfer: Transfer = field(default_factory=Transfer)
     slurm_bin: str = DEFAULT_SLURM_BIN  # where scontrol and squeue are: hooks run with no search path
     prolog_budget: float = DEFAULT_PROLOG_BUDGET  # seconds the Prolog may spend before it decides
+    start_budget: float = DEFAULT_START_BUDGET  # seconds an at-once dataset's stage may take in the Prolog
     source_user: str | None = None  # who reads mounted sources; None: root
     retention: Retention = field(default_factory=Retention)
     report: Report = field(default_factory=Report)

@@ -99,6 +99,9 @@ def _stage(conf: Config, store: Store, ds: Dataset, digest: str, path: str, step
             raise SourceError(f"the source of {name!r}: {problem}")
     step.notes.append(f"stage: {manifest.files} files, {human(needed)} to fetch from {ds.source.raw} with {how}, "
                       f"verified against the BLAKE3 manifest, within prolog_budget ({conf.prolog_budget:g}s)")
+    if ds.start == "at-once":
+        step.notes.append(f"start: at-once: if the stage takes more than start_budget ({conf.start_budget:g}s), "
+                          "the job starts on a live view and the stage goes on in the background")
     if conf.peers.enabled:
         step.notes.append("peers: on a job of several nodes each fetches its share from the source and the rest "
                           "from the others")

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from dsstage.config import catalog as cat
 from dsstage.config import load
-from dsstage.config.model import Config
-from dsstage.errors import DsstageError, UnsafeStore, VerifyError, local_error
+from dsstage.config.model import Config, Dataset
+from dsstage.errors import DsstageError, LockTimeout, OutOfTime, UnsafeStore, VerifyError, local_error
 from dsstage.fs import runfiles
 from dsstage.hooks import bbrequest, bounded, joblog
 from dsstage.hooks.bounded import stage_deadline
@@ -98,8 +98,11 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
     sharded_names = [n for n in names if (d := conf.datasets.get(n)) is not None and d.shards]
     outcomes = []
     part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.uid, ctx.gid)
+    # an at-once dataset's stage gets start_budget from the Prolog's start, then the job starts on a live view
+    at_once_deadline = time.monotonic() + conf.start_budget
     for name in names:
         ds = conf.datasets.get(name)
+        at_once = ds is not None and ds.start == "at-once"
         if ds is not None:  # if this stage stops answering, the hook trips its source's breaker
             bounded.tell(f"staging {breaker.key_of(conf, ds)}")
         try:
@@ -108,10 +111,18 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
                 outcomes.append(shardjob.stage(part_of, store, name, versions, user, deadline, sharded_names))
                 bounded.tell("staged")
                 continue
-            result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes,
+            stop = deadline
+            if at_once:
+                stop = at_once_deadline if deadline is None else min(deadline, at_once_deadline)
+            result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=stop, nodes=ctx.nodes,
                                    digest=versions.get(name))
         except DsstageError as exc:
             bounded.tell("staged")
+            if at_once and ds is not None and isinstance(exc, (OutOfTime, LockTimeout)):
+                viewed = live_view(ctx, store, ds, versions.get(name), user, exc)
+                if viewed is not None:
+                    outcomes.append(viewed)
+                    continue
             log.warning("job %s: %s: %s", ctx.job_id, name, exc)
             verdict = on_failure(name, ds, exc)
             if ds is not None and ds.shards:  # its part at the source, or the job held: never a rank without one
@@ -131,6 +142,19 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
         store.count([("misses", label, 1), ("staged_bytes", label, result.transferred_bytes),
                      ("staged_seconds", label, result.seconds)] if result.action == "staged" else [("hits", label, 1)])
     return outcomes
+
+
+def live_view(ctx: JobContext, store: Store, ds: Dataset, digest: str | None, user: cat.User,
+              exc: DsstageError) -> Verdict | None:
+    """An at-once dataset whose stage did not fit ``start_budget``: the job's live view
+    (dsstage.hooks.live), or None where it cannot be made (then as for any failed stage)."""
+    from dsstage.hooks import live
+    try:
+        return live.start(store, ds, digest or store.current(ds.name), ctx.job_id, user,
+                          f"its stage did not finish within start_budget ({store.config.start_budget:g}s): {exc}")
+    except DsstageError as err:
+        log.warning("job %s: %s: no live view (%s)", ctx.job_id, ds.name, err)
+        return None
 
 
 def pinned_versions(ctx: JobContext, conf: Config, store: Store, names: Sequence[str]) -> dict[str, str]:
@@ -379,6 +403,9 @@ def main(argv: Sequence[str] | None = None, *, started: float | None = None, con
             return prolog(os.environ, run_dir=run_dir, load_config=load_config, started=started)
         if which == "epilog":
             return epilog(os.environ, run_dir=run_dir, load_config=load_config)
+        if which == "live":  # a live view's worker (dsstage.hooks.live), started by a Prolog
+            from dsstage.hooks import live
+            return live.main(argv[1:])
     except Exception as exc:  # a bug must not drain the node, nor pass in silence: hold the job
         log.exception("dsstage %s failed unexpectedly for job %s", which, os.environ.get("SLURM_JOB_ID"))
         if which == "prolog":

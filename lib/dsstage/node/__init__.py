@@ -5,8 +5,9 @@ publish, lease), ``stager`` (filling a staging area), ``publish``, ``space``, ``
 ``background`` (purges), ``eviction``, ``verifying`` and ``treecheck``, ``local``, ``report`` (this node's report file),
 ``inventory`` (the report's body, built from the store), ``metrics``, ``rollout``; a sharded
 dataset's part (``sharded``, ``shardplan``, ``views``, ``standalone``); the job records
-(``jobrecord``); the shared state directory's layout (``statedir``); and the cluster's share of a
-source: ``breaker``, ``budget``, ``stagers``.
+(``jobrecord``); a job's live view of a dataset still staging (``live``); the shared state
+directory's layout (``statedir``); and the cluster's share of a source: ``breaker``,
+``budget``, ``stagers``.
 
 May import ``dsstage.transfer``, ``dsstage.policy``, ``dsstage.config``, ``dsstage.ready``, ``dsstage.fs`` and the
 bottom modules; never Slurm, the hooks or the cluster services: whoever calls the store hands

@@ -19,7 +19,7 @@ from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.layout import Layout, version_id
 from dsstage.fs.safe import RootDir
-from dsstage.node import background, publish, shardplan, space, views
+from dsstage.node import background, live, publish, shardplan, space, views
 from dsstage.node.lease import LeaseBook
 from dsstage.node.store import PREEMPT_WAIT, Eviction, Store, _human, _lock, local_errors, open_tier
 from dsstage.policy import retention
@@ -225,6 +225,7 @@ def _evict_version(store: Store, tier: RootDir, book: LeaseBook, c: retention.Co
         space.forget(tier, space.trash_record(entry))
         raise
     views.drop_containing(tier, name, version)  # their links would keep the copy's blocks
+    live.drop(tier, name, version)  # a live view's too (no job holds it: the copy has no lease)
     labels = {"dataset": name, "reason": rule or "other"}
     store.count([("evictions", labels, 1), ("evicted_bytes", labels, size)])
     return Eviction(name, version, "evicted", reason, size, c.tier)

@@ -15,7 +15,7 @@ from dsstage.errors import DsstageError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.safe import RootDir
-from dsstage.node import access, eviction, metrics, space, views
+from dsstage.node import access, eviction, live, metrics, space, views
 from dsstage.node.lease import LeaseBook
 from dsstage.node.lock import is_held, read_owner
 from dsstage.node.report import FORMAT, PREFETCH_KEPT, publish_target, replace
@@ -97,6 +97,9 @@ def _staging_rows(store: Store, tier: RootDir, tier_name: str, layout: Any, befo
                        job_id=str(read_owner(layout.lock(name)).get("job_id") or ""))
         else:
             row.update(state="interrupted")  # left by a killed stage: resumed or removed by the next
+        view = live.progress_of(tier, name, version)
+        if view is not None:  # jobs read it while it is staged
+            row["live"] = view
         rows.append(row)
     return rows
 
@@ -108,7 +111,7 @@ def _trash_rows(tier: RootDir, tier_name: str) -> list[dict[str, Any]]:
     reserved = tier.has_dir("reserved")
     for entry in tier.names("trash"):
         parts = entry.split(".")
-        if len(parts) < 3 or entry.startswith(views.TRASH_PREFIX):
+        if len(parts) < 3 or entry.startswith((views.TRASH_PREFIX, live.TRASH_PREFIX)):
             continue
         rows.append({"tier": tier_name, "dataset": ".".join(parts[:-2]), "version": parts[-2], "state": "evicting",
                      "current": False, "files": 0, "leases": [], "last_used": None, "decision": None,

@@ -86,14 +86,19 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
          older: Sequence[tuple[int, Manifest]] = (), *, deadline: float | None = None,
          reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None,
          progress: Callable[[str, int, int], None] | None = None,
-         group: peers.Group | None = None, tier: str = "") -> FillStats:
+         group: peers.Group | None = None, tier: str = "",
+         checked: Callable[[int], None] | None = None) -> FillStats:
     """Make the staging area ``dest_fd`` (at ``dest_path``) hold exactly ``manifest``, sealed;
     raise VerifyError if the source cannot, OutOfTime when ``deadline`` passes (work is kept).
     ``linked`` receives what was hard-linked from each older version. ``progress(phase,
     delta, total)``: "copying" in bytes, then (rsync sources) "verifying" in files.
     With ``group`` (the nodes of a job, this tier's name ``tier``), this node copies its
     share from the source and the rest from the other nodes (dsstage.transfer.peers); what comes
-    back wrong from the source is fetched from the source again, as without peers."""
+    back wrong from the source is fetched from the source again, as without peers.
+    ``checked(dest_fd)`` is called once every file the area holds at its final name is
+    verified and sealed from then on (what an earlier stage left was checked again): a live
+    view (dsstage.node.live) may link them as they land. Not with ``group``: what rsync brings
+    from a peer stands at its final name before it is hashed."""
     def copying(delta: int, total: int) -> None:
         if progress:  # with peers, several copies run at once: their progress is of the whole
             progress("copying", delta, manifest.total_bytes if group is not None else total)
@@ -127,6 +132,8 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
         # of the node may have lost what was not yet on disk; and a stage with peers hashes
         # what a peer sent as it arrives, so a stage cut short may have left some unhashed
         _remove(dest_fd, check_tree(dest_fd, resumed, transfer.hash_threads))
+    if checked is not None and group is None and source.kind == "local":
+        checked(dest_fd)
     if group is not None:
         def present(entries: Sequence[Entry]) -> list[Entry]:
             # asked each round of each peer for that peer's share: a lookup of each, as

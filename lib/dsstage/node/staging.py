@@ -25,7 +25,7 @@ from dsstage.fs import layout as fs_layout
 from dsstage.fs.layout import Layout, version_id
 from dsstage.fs.safe import RootDir
 from dsstage.hostlist import expand_nodes
-from dsstage.node import background, eviction, inventory, publish, space, stagers, verifying
+from dsstage.node import background, eviction, inventory, live, publish, space, stagers, verifying
 from dsstage.node import report as node_report
 from dsstage.node.lease import Lease, LeaseBook, check_job_id, record
 from dsstage.node.store import Prefetching, StageResult, Store, local_errors, open_tier
@@ -52,13 +52,15 @@ class StageRequest:
     shard: bool = False  # the version staged is a shard (dsstage.node.sharded)
     #: a shard: the job's nodes that stage the same shard (its replicas), for the peers
     replicas: str = ""
+    #: a live view's worker (dsstage.node.live): switches the view's entries as files land
+    view: live.Switcher | None = None
 
 
 def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,  # noqa: PLR0913
           on_staging: Callable[[], None] | None = None, deadline: float | None = None,
           progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None,
           nodes: str = "", digest: str | None = None, shard_of: str = "",
-          leased: tuple[str, ...] = (), replicas: str = "") -> StageResult:
+          leased: tuple[str, ...] = (), replicas: str = "", view: live.Switcher | None = None) -> StageResult:
     """Make the current version of ``name`` (or the version ``digest``: the one the job's
     nodes agreed on) ready on this node and lease it to ``job_id``.
 
@@ -83,10 +85,13 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     ``shard_of``: ``digest`` is a shard of that version (dsstage.node.sharded); the job's
     lease then holds this shard with those it holds already (``leased``), and ``replicas``
     (a hostlist) are the job's nodes that stage the same shard: with ``peers.enabled`` they
-    share its transfer as a job's nodes share a version's."""
+    share its transfer as a job's nodes share a version's.
+
+    ``view``: this stage finishes a live view (dsstage.node.live), switching its entries as the
+    files land. Any stage that publishes a version switches the whole view of it, if there is one."""
     started = time.monotonic()
     job = StageRequest(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes,
-                       shard=bool(shard_of), replicas=replicas if shard_of else "")
+                       shard=bool(shard_of), replicas=replicas if shard_of else "", view=view)
     ds, digest = authorize(store, name, job, digest)
     if ds.shards and not shard_of:
         raise StateError(f"dataset {name!r} is sharded: a node stages its part of a job's plan "
@@ -228,13 +233,18 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
                                 store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
                                 interval=store.config.report.interval,
                                 publish_to=node_report.publish_target(store.config), also=progress),
-                            group=group,
-                            tier=tier_conf.name)
+                            group=group, tier=tier_conf.name,
+                            checked=job.view.begin if job.view else None)
+        if job.view:
+            job.view.stop()  # the rest is switched from the published copy
         versions = [version_id(m.digest) for _fd, m in older]
         publish.publish(tier, name, digest, {
             "files": manifest.files, "bytes": manifest.total_bytes, "staged_at": store.clock(),
             "node": store.node, "linked": {versions[i]: b for i, (_f, b) in linked.items()},
             **({"prefetched_for": prefetch.job_id, "expected_start": prefetch.start} if prefetch else {})})
+    # a job may read a live view of this version: every entry becomes the copy's file now
+    if live.complete(tier, name, digest, [e.path for e in manifest.entries]) is not None:
+        log.info("the live view of %s version %s is all local now", name, version_id(digest))
     background.flush_later(Layout(tier.root), name, digest)
     return stats
 
