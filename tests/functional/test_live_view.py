@@ -7,6 +7,7 @@ fails leaves the source's links and the next job resumes it; nothing unverified 
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import time
 from pathlib import Path
@@ -201,3 +202,131 @@ def test_at_once_is_refused_for_a_source_a_job_cannot_read(env: Env):
     env.write()
     conf = env.config()
     assert conf.datasets["remote"].start == "wait"
+
+
+def test_a_source_that_hangs_keeps_the_view_and_the_next_job_starts_at_once(env: Env, slow_source: LatencyFS):
+    """The worker's reads stop answering: the next job on the node finds the view and its worker
+    at it (the dataset's lock held), and starts on the same view within its start budget; once
+    the source answers again, the stage ends and every entry is local."""
+    rc, _took, lines = hook(env, "prolog", "5")
+    assert rc == 0, log(env)
+    view = exported(lines)
+    time.sleep(0.5)
+    slow_source.hang()
+    try:
+        rc, took, lines = hook(env, "prolog", "6")
+        assert rc == 0 and took < START_BUDGET + 3, (took, log(env))
+        assert exported(lines) == view, lines
+        assert record(env, view)["state"] == live.FILLING
+    finally:
+        slow_source.answer()
+    wait_worker(env, slow_source)
+    assert record(env, view)["state"] == live.WHOLE, (record(env, view), log(env))
+    assert set(kinds(view).values()) == {"local"}
+
+
+def worker_pid(env: Env, view: str, timeout: float = 10) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = record(env, view).get("pid")
+        if pid:
+            return int(pid)
+        time.sleep(0.05)
+    raise AssertionError(f"no worker noted in {view}.json: {log(env)}")
+
+
+@pytest.mark.parametrize("reboot", [False, True], ids=["worker-killed", "node-rebooted"])
+def test_a_worker_that_dies_is_replaced_by_the_next_job_and_a_view_of_another_boot_is_remade(
+        env: Env, slow_source: LatencyFS, reboot: bool):
+    rc, _took, lines = hook(env, "prolog", "5")
+    assert rc == 0, log(env)
+    view = exported(lines)
+    os.kill(worker_pid(env, view), signal.SIGKILL)  # as a reboot stops it
+    time.sleep(0.5)
+    with _tier(env) as tier:
+        assert live.read(tier, "coco", Path(view).name)["state"] == live.STOPPED
+    before = os.lstat(view).st_ino
+    if reboot:  # what the view linked may not have reached the disk: it is not trusted
+        path = Path(view + ".json")
+        path.write_text(path.read_text().replace(live.fs_layout.boot_id(), "another-boot"))
+    rc, _took, lines = hook(env, "prolog", "6")
+    assert rc == 0 and exported(lines) == view, (lines, log(env))
+    remade = os.lstat(view).st_ino != before
+    assert remade is reboot
+    if reboot:  # the old view went into the trash
+        assert any(p.name.startswith(live.TRASH_PREFIX) for p in (env.tier_root() / "trash").iterdir())
+    wait_worker(env, slow_source)
+    assert record(env, view)["state"] == live.WHOLE, (record(env, view), log(env))
+    copy = env.tier_root() / "datasets" / "coco" / Path(view).name
+    for rel, data in FILES.items():
+        assert os.lstat(os.path.join(view, rel)).st_ino == os.lstat(copy / rel).st_ino
+        assert Path(view, rel).read_bytes() == data
+
+
+def _tier(env: Env):
+    from dsstage.fs.safe import RootDir
+    return RootDir(str(env.tier_root()), create=False)
+
+
+def test_jobs_that_start_together_make_one_view(env: Env, slow_source: LatencyFS):
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda job: hook(env, "prolog", job), ["5", "6", "7", "8"]))
+    assert all(rc == 0 for rc, _t, _l in runs), log(env)
+    paths = {exported(lines) for _rc, _t, lines in runs}
+    assert len(paths) == 1 and "/live/" in next(iter(paths)), (paths, log(env))  # none fell back
+    top = env.tier_root() / "live" / "coco"
+    assert sorted(p.name for p in top.iterdir() if not p.name.endswith((".lock", ".worker", ".links", ".json"))) == \
+        [Path(next(iter(paths))).name]  # no half-made view left
+    wait_worker(env, slow_source)
+    assert record(env, next(iter(paths)))["state"] == live.WHOLE, log(env)
+
+
+def test_a_view_never_made_whole_goes_when_no_job_holds_it(env: Env, slow_source: LatencyFS):
+    rc, _took, lines = hook(env, "prolog", "5")
+    view = exported(lines)
+    slow_source.fail_reads()
+    wait_worker(env, slow_source)
+    assert record(env, view)["state"] == live.FAILED
+    slow_source.fail_reads(False)
+    rc, _took, _ = hook(env, "epilog", "5")
+    assert rc == 0 and not Path(view).exists() and not Path(view + ".json").exists(), log(env)
+    assert "dropped the live view of coco" in log(env)
+
+
+def test_entries_whose_local_file_is_gone_point_at_the_source_again(env: Env, slow_source: LatencyFS):
+    """A view whose copy was taken out of service (here: a failed stage's area removed) is
+    given to the next job with no entry left on a file the stage no longer holds."""
+    rc, _took, lines = hook(env, "prolog", "5")
+    view = exported(lines)
+    time.sleep(2)
+    slow_source.fail_reads()
+    wait_worker(env, slow_source)
+    assert "local" in kinds(view).values(), kinds(view)  # some had landed
+    import shutil
+    for area in (env.tier_root() / "staging").iterdir():  # as an admin's `dsstage evict` does
+        shutil.rmtree(area)
+    slow_source.hang()  # the next worker cannot bring them back yet
+    try:
+        rc, _took, lines = hook(env, "prolog", "6")
+        assert rc == 0 and exported(lines) == view, log(env)
+        assert set(kinds(view).values()) == {"link"}, kinds(view)
+    finally:
+        slow_source.answer()
+    wait_worker(env, slow_source)
+    assert record(env, view)["state"] == live.WHOLE, (record(env, view), log(env))
+
+
+def test_a_restricted_datasets_view_follows_its_groups(env: Env, slow_source: LatencyFS):
+    import grp
+    group = grp.getgrgid(0).gr_name
+    env.datasets["coco"]["groups"] = [group]
+    env.write()
+    rc, _took, lines = hook(env, "prolog", "5")
+    assert rc == 0, log(env)
+    top = env.tier_root() / "live" / "coco"
+    assert stat.S_IMODE(top.stat().st_mode) == 0o750 and top.stat().st_gid == 0
+    env.datasets["coco"].pop("groups")  # opened to everyone: the next refresh reaches the view too
+    env.write()
+    env.cli("report")
+    assert stat.S_IMODE(top.stat().st_mode) == 0o755

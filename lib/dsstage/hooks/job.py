@@ -114,6 +114,9 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
             stop = deadline
             if at_once:
                 stop = at_once_deadline if deadline is None else min(deadline, at_once_deadline)
+                if ds is not None and ds.verify != "full" and live_pending(store, ds, versions.get(name)):
+                    # a view of the version is here, not whole: the job gets it at once, with a worker
+                    raise OutOfTime("a live view of it is being finished on this node")
             result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=stop, nodes=ctx.nodes,
                                    digest=versions.get(name))
         except DsstageError as exc:
@@ -155,6 +158,14 @@ def live_view(ctx: JobContext, store: Store, ds: Dataset, digest: str | None, us
     except DsstageError as err:
         log.warning("job %s: %s: no live view (%s)", ctx.job_id, ds.name, err)
         return None
+
+
+def live_pending(store: Store, ds: Dataset, digest: str | None) -> bool:
+    from dsstage.node import live
+    try:
+        return live.pending(store, ds, digest or store.current(ds.name))
+    except DsstageError:
+        return False  # the stage meets it and says so
 
 
 def pinned_versions(ctx: JobContext, conf: Config, store: Store, names: Sequence[str]) -> dict[str, str]:

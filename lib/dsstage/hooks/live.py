@@ -33,9 +33,13 @@ def start(store: Store, ds: Dataset, digest: str, job_id: str, user: cat.User, w
     unless one is at it or the copy is ready already. Raises DsstageError where the view cannot
     be made (the caller then decides as for any failed stage)."""
     path, work = live.open_for_job(store, ds, digest, job_id, user.name)
-    if work:
-        spawn(store.node, ds.name, digest, user.uid, job_id)
     vid = version_id(digest)
+    if work:
+        try:
+            spawn(store.node, ds.name, digest, user.uid, job_id)
+        except OSError as exc:  # the view and the lease stand: the job reads the source through it
+            log.warning("job %s: %s: the live view's worker did not start (%s); the next job's Prolog starts one",
+                        job_id, ds.name, exc)
     log.info("job %s: %s: starting on a live view at %s (%s); its files switch to the verified local copy "
              "as they land", job_id, ds.name, path, why)
     return Verdict(ds.name, "local", path, "live view",
@@ -66,6 +70,8 @@ def finish(store: Store, name: str, digest: str, user: cat.User) -> str:
             return "another worker finishes it"
         try:
             live.note(tier, name, vid, state=live.FILLING, pid=os.getpid(), reason="")
+            with local_errors(f"finishing the live view of {name!r} in {layout.root}"):
+                live.revert(tier, name, digest, paths, ds.source.path)  # only what this stage holds stays local
 
             def progress(local: int, total: int) -> None:
                 live.note(tier, name, vid, local=local, files=total)
@@ -75,6 +81,9 @@ def finish(store: Store, name: str, digest: str, user: cat.User) -> str:
             holder = f"pid-{os.uname().nodename}-{pid}"
             try:
                 result = staging.stage(store, name, user=user, job_id=holder, pid=pid, digest=digest, view=switcher)
+                if result.action != "staged":  # ready already (another stage did it): switched here, leased
+                    with local_errors(f"finishing the live view of {name!r} in {layout.root}"):
+                        live.complete(tier, name, digest, paths)
             except DsstageError as exc:
                 live.note(tier, name, vid, state=live.FAILED, local=switcher.total - len(switcher.todo),
                           reason=f"{exc}; the files not yet local are read from the source; the next job's "
@@ -83,8 +92,6 @@ def finish(store: Store, name: str, digest: str, user: cat.User) -> str:
             finally:
                 switcher.stop()
                 store.release(name, holder)
-            if result.action != "staged":  # ready already (another stage did it): switched here
-                live.complete(tier, name, digest, paths)
             return f"{result.action} in {result.seconds:.1f}s; every file of the view is local"
         finally:
             os.close(worker)

@@ -50,7 +50,7 @@ def apply(tier: RootDir, ds: Dataset, *, origin: str, node: str, top: str = "dat
 def reapply(tier: RootDir, ds: Dataset, *, origin: str, node: str) -> None:
     """``apply`` to the dataset's copies and views that exist on this tier, creating nothing:
     a change of ``groups:`` reaches what nodes cached before it (the report refresh calls it)."""
-    for top in ("datasets", "views"):
+    for top in ("datasets", "views", "live"):
         if tier.has_dir(top, ds.name) is not None:
             apply(tier, ds, origin=origin, node=node, top=top)
 

@@ -155,6 +155,9 @@ def retain(store: Store, dem: retention.Demand | None = None, *, evict: tuple[st
                 out += _remove_left_staging(store, tier, layout, tier_conf, evict, wait, held)
             if not dry_run:
                 _prune_views(tier, layout, held)
+                for name, vid in live.tidy(tier, LeaseBook(tier)):
+                    log.info("dropped the live view of %s version %s: no job holds it and it was never whole", name,
+                             vid)
                 _purge_if_left(store, tier, layout)
     return out
 

@@ -6,13 +6,18 @@ and each of its files switches to the verified local copy as it lands.
                                           a hard link to the verified local file once it is one
     <tier>/live/<name>/<version>.json     {"files", "local", "state", "reason", "pid", "boot", ...}
     <tier>/live/<name>/<version>.worker   the flock of the process that finishes the view
+    <tier>/live/<name>/<version>.lock     the flock of a Prolog that makes or checks the view
+    <tier>/live/<name>/<version>.links/   root's (0700): where a switch makes its link before it
+                                          is renamed over the entry (never a stray name in the view)
 
 Made by root in a directory nobody else can enter and renamed into place (whole or absent);
 the dataset's top directory ``live/<name>`` carries its access (groups) as its copies' does
 (dsstage.node.access), and nothing in it is writable by anyone but root: a user can neither plant
 an entry nor redirect one. A file is switched (``switch``) by hard-linking the local file beside
 its entry and renaming the link over it, so a reader sees the source's file or the local one,
-whole; only a file that is sealed (root's, regular, not writable: dsstage.node.publish.seal) in
+whole; an entry whose local file is no longer the one the stage holds (taken back, repaired,
+removed as bad) points at the source again before a job is given the view (``revert``); only
+a file that is sealed (root's, regular, not writable: dsstage.node.publish.seal) in
 a staging area whose earlier content was checked again, or in the published copy, is linked:
 nothing unverified ever is. When the version is published every entry is switched
 (``complete``): the view is then the copy, file for file (the same inodes).
@@ -36,6 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from dsstage.errors import DsstageError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.beneath import Tree
@@ -104,7 +110,8 @@ def note(tier: RootDir, name: str, vid: str, **changes: object) -> dict[str, obj
 def ensure(tier: RootDir, name: str, digest: str, paths: Sequence[str], source_root: str) -> tuple[str, bool]:
     """The view of version ``digest`` of ``name`` (its files ``paths``, read from ``source_root``
     until they are local), made now unless it exists from this boot; (its path, made now). The
-    caller has given ``live/<name>`` the dataset's access (dsstage.node.access.apply, top=TOP)."""
+    caller holds the view's flock (``making``) and has given ``live/<name>`` the dataset's
+    access (dsstage.node.access.apply, top=TOP)."""
     vid = version_id(digest)
     top = tier.dir(TOP, name, mode=0o700)
     record = safe.read_json_at(top, record_name(vid))
@@ -116,17 +123,34 @@ def ensure(tier: RootDir, name: str, digest: str, paths: Sequence[str], source_r
         except FileNotFoundError:
             pass
     drop(tier, name, vid)  # of another boot, or half made: what it linked may not be on disk
+    for entry in tier.names(TOP, name):
+        if safe.is_temp(entry):  # a view a killed Prolog was making
+            safe.remove_at(top, entry)
+
     def fill(fd: int) -> None:
         with Tree(fd, create=True, mode=0o755) as dest:
             for rel in paths:
                 with dest.parent(rel) as (dfd, dname):
                     os.symlink(os.path.join(source_root, rel), dname, dir_fd=dfd)
-        safe.write_json_at(top, record_name(vid), {
-            "dataset": name, "version": vid, "digest": digest, "files": len(paths), "local": 0, "state": FILLING,
-            "boot": fs_layout.boot_id(), "made": time.time(), "updated": time.time()}, fsync=False)
 
     safe.make_dir_whole(top, vid, fill)
+    # the record last: a view without one is half made, and made again
+    safe.write_json_at(top, record_name(vid), {
+        "dataset": name, "version": vid, "digest": digest, "files": len(paths), "local": 0, "state": FILLING,
+        "boot": fs_layout.boot_id(), "made": time.time(), "updated": time.time()}, fsync=False)
     return path, True
+
+
+def making(tier: RootDir, name: str, vid: str) -> safe.Flock:
+    """The view's flock for a Prolog that makes or checks it: two jobs that start together
+    make it once."""
+    return safe.Flock(tier.dir(TOP, name, mode=0o700), f"{vid}.lock")
+
+
+def side(tier: RootDir, name: str, vid: str) -> int:
+    """The view's side directory (root's, 0700), where links are made before they are renamed
+    into the view."""
+    return tier.dir(TOP, name, f"{vid}.links", mode=0o700)
 
 
 def sealed(st: os.stat_result) -> bool:
@@ -135,10 +159,10 @@ def sealed(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o222
 
 
-def switch(src: Tree, view: Tree, rel: str) -> bool:
+def switch(src: Tree, view: Tree, rel: str, links: int) -> bool:
     """Point the view's entry ``rel`` at the local file ``rel`` below ``src`` if that file is
-    there and sealed: a hard link made beside the entry and renamed over it. True if the entry
-    is the local file now (it may have been already)."""
+    there and sealed: a hard link made in the side directory ``links`` and renamed over the
+    entry. True if the entry is the local file now (it may have been already)."""
     try:
         with src.parent(rel) as (sfd, sname):
             st = os.stat(sname, dir_fd=sfd, follow_symlinks=False)
@@ -152,21 +176,66 @@ def switch(src: Tree, view: Tree, rel: str) -> bool:
                 except FileNotFoundError:
                     pass
                 tmp = safe.temp_name()
-                os.link(sname, tmp, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+                os.link(sname, tmp, src_dir_fd=sfd, dst_dir_fd=links, follow_symlinks=False)
                 try:
-                    os.replace(tmp, dname, src_dir_fd=dfd, dst_dir_fd=dfd)
+                    os.rename(tmp, dname, src_dir_fd=links, dst_dir_fd=dfd)
                 except BaseException:
-                    safe.unlink_at(dfd, tmp)
+                    safe.unlink_at(links, tmp)
                     raise
     except (FileNotFoundError, NotADirectoryError):
         return False
     return True
 
 
-def complete(tier: RootDir, name: str, digest: str, paths: Sequence[str]) -> int | None:
-    """Switch every entry of the view of this version to the published copy (ready in
-    ``datasets/<name>/<version>``), if there is a view; the entries switched (None: no view).
-    The caller holds the dataset's lock or a lease, so the copy stays while it is linked."""
+def revert(tier: RootDir, name: str, digest: str, paths: Sequence[str], source_root: str) -> int:
+    """Point back at the source each entry of the view of this version (not ready) that is a
+    local file other than the one its staging area holds now (a copy taken back, a file removed
+    as bad or not on disk after a crash): nothing but what the stage holds verified is read
+    locally. The entries changed. One lookup per file; the caller holds the view's flock or
+    its worker's."""
+    vid = version_id(digest)
+    top = tier.has_dir(TOP, name)
+    if top is None:
+        return 0
+    staging = tier.has_dir("staging", fs_layout.staging_name(name, digest))
+    vfd = os.open(vid, safe.O_DIR, dir_fd=top)
+    links = side(tier, name, vid)
+    done = 0
+    try:
+        with Tree(vfd) as view:
+            src = Tree(staging) if staging is not None else None
+            try:
+                for rel in paths:
+                    with view.parent(rel) as (dfd, dname):
+                        there = os.stat(dname, dir_fd=dfd, follow_symlinks=False)
+                        if stat.S_ISLNK(there.st_mode) or (src is not None and _same(src, rel, there)):
+                            continue
+                        tmp = safe.temp_name()
+                        os.symlink(os.path.join(source_root, rel), tmp, dir_fd=links)
+                        os.rename(tmp, dname, src_dir_fd=links, dst_dir_fd=dfd)
+                        done += 1
+            finally:
+                if src is not None:
+                    src.close()
+    finally:
+        os.close(vfd)
+    return done
+
+
+def _same(src: Tree, rel: str, st: os.stat_result) -> bool:
+    try:
+        with src.parent(rel) as (sfd, sname):
+            here = os.stat(sname, dir_fd=sfd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return (here.st_ino, here.st_dev) == (st.st_ino, st.st_dev)
+
+
+def complete(tier: RootDir, name: str, digest: str, paths: Sequence[str], *, whole: bool = True) -> int | None:
+    """Switch the entries ``paths`` of the view of this version (every one, unless ``whole`` is
+    False: files a repair replaced) to the published copy (ready in ``datasets/<name>/
+    <version>``), if there is a view; the entries switched (None: no view). The caller holds
+    the dataset's lock or a lease, so the copy stays while it is linked."""
     vid = version_id(digest)
     top = tier.has_dir(TOP, name)
     if top is None:
@@ -176,12 +245,15 @@ def complete(tier: RootDir, name: str, digest: str, paths: Sequence[str]) -> int
     except FileNotFoundError:
         return None
     done = 0
+    links = side(tier, name, vid)
     try:
         with Tree(tier.dir("datasets", name, vid, create=False)) as src, Tree(vfd) as view:
-            missing = [rel for rel in paths if not switch(src, view, rel)]
+            missing = [rel for rel in paths if not switch(src, view, rel, links)]
             done = len(paths) - len(missing)
     finally:
         os.close(vfd)
+    if not whole:
+        return done
     if missing:  # the copy is sealed whole by publish: this is not expected
         note(tier, name, vid, local=done, state=FAILED,
              reason=f"{len(missing)} file(s) of the copy could not be linked, e.g. {missing[0]!r}")
@@ -215,9 +287,10 @@ class Switcher:
         if top is None:
             return
         try:
-            self._fds = [os.dup(staging_fd), os.open(self.vid, safe.O_DIR, dir_fd=top)]
+            view = os.open(self.vid, safe.O_DIR, dir_fd=top)
         except FileNotFoundError:
             return
+        self._fds = [os.dup(staging_fd), view, side(self.tier, self.name, self.vid)]
         self._thread = threading.Thread(target=self._run, name=f"live {self.name}", daemon=True)
         self._thread.start()
 
@@ -225,17 +298,17 @@ class Switcher:
         try:
             with Tree(self._fds[0]) as src, Tree(self._fds[1]) as view:
                 while self.todo:
-                    self.round(src, view)
+                    self.round(src, view, self._fds[2])
                     if self._stop.wait(self.interval):
                         break
         except BaseException as exc:  # noqa: BLE001 - the stage goes on; the view completes when it ends
             self.error = exc
             log.warning("live view of %s %s: switching files stopped: %s", self.name, self.vid, exc)
 
-    def round(self, src: Tree, view: Tree) -> int:
+    def round(self, src: Tree, view: Tree, links: int) -> int:
         """Switch what landed since the last round; the number switched now."""
         before = len(self.todo)
-        self.todo = [rel for rel in self.todo if not self._stop.is_set() and not switch(src, view, rel)]
+        self.todo = [rel for rel in self.todo if self._stop.is_set() or not switch(src, view, rel, links)]
         done = before - len(self.todo)
         if done and self.on_round:
             self.on_round(self.total - len(self.todo), self.total)
@@ -246,7 +319,7 @@ class Switcher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        for fd in self._fds:
+        for fd in self._fds[:2]:  # the side directory's is the tier's (RootDir keeps it)
             os.close(fd)
         self._fds = []
 
@@ -259,6 +332,8 @@ def drop(tier: RootDir, name: str, vid: str) -> bool:
         return False
     had = safe.unlink_at(top, record_name(vid))
     safe.unlink_at(top, f"{vid}.worker")
+    safe.remove_at(top, f"{vid}.links")
+    tier.forget(TOP, name, f"{vid}.links")
     try:
         os.rename(vid, f"{TRASH_PREFIX}{name}.{vid}.{time.time_ns()}", src_dir_fd=top, dst_dir_fd=tier.dir("trash"))
     except FileNotFoundError:
@@ -266,47 +341,95 @@ def drop(tier: RootDir, name: str, vid: str) -> bool:
     return True
 
 
-def hold_worker(tier: RootDir, name: str, vid: str) -> int | None:
-    """The view's worker flock, taken without waiting (a descriptor to close when done), or
-    None if another worker holds it."""
+def hold_worker(tier: RootDir, name: str, vid: str, tries: int = 20) -> int | None:
+    """The view's worker flock (a descriptor to close when done), or None if another worker
+    holds it. Tried ``tries`` times over a second: ``worker_alive`` takes it shared for a moment
+    (a report being built), which must not turn a new worker away."""
     fd = os.open(f"{vid}.worker", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                  dir_fd=tier.dir(TOP, name))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return None
-        raise
-    return fd
-
-
+    for i in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+        if i + 1 < tries:
+            time.sleep(0.05)
+    os.close(fd)
+    return None
 # -- a job's view, and the worker that finishes it -------------------------------------------
 
 def open_for_job(store: Store, ds: Dataset, digest: str, job_id: str, user: str) -> tuple[str, bool]:
     """The live view of version ``digest`` of ``ds`` for job ``job_id`` (its lease taken on the
-    version, which holds the copy from now on, whatever stage fills it): (its path, whether a
-    worker must finish it). The Prolog's, once the dataset's stage did not fit ``start_budget``."""
+    version first, which holds the copy and its view from then on, whatever stage fills it):
+    (its path, whether a worker must finish it). The Prolog's, once the dataset's stage did
+    not fit ``start_budget``."""
     import socket
     manifest = store.load_manifest(ds.name, digest)
+    paths = [e.path for e in manifest.entries]
     layout = store.layout(ds.tier)
     vid = version_id(digest)
     with open_tier(layout) as tier, local_errors(f"making a live view of {ds.name!r} in {layout.root}"):
         store.apply_access(tier, ds)
         access.apply(tier, ds, origin=store.config.origin, node=store.node, top=TOP)
-        path, made = ensure(tier, ds.name, digest, [e.path for e in manifest.entries], ds.source.path)
         LeaseBook(tier).take(Lease(dataset=ds.name, digest=digest, job_id=job_id, user=user, node=store.node,
                                    taken=store.clock(), host=socket.gethostname()))
-        # after the view is in place: a stage that published meanwhile either found the view
-        # (and switched it) or published before this look (and it is switched here)
-        if store.ready_state(tier, ds.name, digest).ready:
-            complete(tier, ds.name, digest, [e.path for e in manifest.entries])
-            return path, False
-        record = read(tier, ds.name, vid)
-        if record.get("state") == FILLING:
-            return path, False  # its worker is at it
-        note(tier, ds.name, vid, state=FILLING, reason="", made_for=job_id if made else record.get("made_for"))
+        with making(tier, ds.name, vid):
+            path, made = ensure(tier, ds.name, digest, paths, ds.source.path)
+            # after the view is in place: a stage that published meanwhile either found the view
+            # (and switched it) or published before this look (and it is switched here); a copy
+            # to verify fully is left to the worker, which verifies it first
+            if store.ready_state(tier, ds.name, digest).ready and ds.verify != "full":
+                complete(tier, ds.name, digest, paths)
+                return path, False
+            record = read(tier, ds.name, vid)
+            if record.get("state") == FILLING:
+                return path, False  # its worker is at it
+            if not made:
+                revert(tier, ds.name, digest, paths, ds.source.path)
+            note(tier, ds.name, vid, state=FILLING, reason="", made_for=job_id if made else record.get("made_for"))
     return path, True
+
+
+def pending(store: Store, ds: Dataset, digest: str) -> bool:
+    """Whether a live view of this version is on the node and the version not ready: a Prolog
+    then gives its job the view at once, without a stage of its own (which would first hash
+    again what earlier stages left, for longer than ``start_budget``). Two lookups."""
+    try:
+        with open_tier(store.layout(ds.tier), create=False) as tier:
+            top = tier.has_dir(TOP, ds.name)
+            return top is not None and bool(safe.read_json_at(top, record_name(version_id(digest)))) and \
+                not fs_layout.read_mark(tier, ds.name, digest)
+    except (OSError, DsstageError):
+        return False  # the stage meets it and says so
+
+
+def tidy(tier: RootDir, book: LeaseBook) -> list[tuple[str, str]]:
+    """Drop the live views no job needs any more; (dataset, version id) of each. A view goes
+    when its version has no lease, no ready copy here and no worker: a version never published
+    (its stage failed and no job came back for it, or the catalog moved on), whose links may
+    keep the blocks of staging areas removed since. The leases are read again under the view's
+    flock: a Prolog leases the version before it takes the flock and makes or finds the view."""
+    dropped = []
+    for name in tier.names(TOP):
+        top = tier.has_dir(TOP, name)
+        if top is None:
+            continue
+        for entry in tier.names(TOP, name):
+            vid = entry[:-len(".json")]
+            if not entry.endswith(".json") or worker_alive(top, vid):
+                continue
+            digest = safe.read_json_at(top, entry).get("digest")
+            if not fs_layout.digest_ok(digest) or fs_layout.read_mark(tier, name, str(digest)):
+                continue
+            with making(tier, name, vid):
+                if any(x.covers(vid) for x in book.of_dataset(name)):
+                    continue
+                drop(tier, name, vid)
+                dropped.append((name, vid))
+    return dropped
 
 
 def progress_of(tier: RootDir, name: str, vid: str) -> dict[str, object] | None:

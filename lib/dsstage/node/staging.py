@@ -227,24 +227,31 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
             # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
             transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
         sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
-        stats = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, transfer,
-                            [(fd, m) for fd, m in older], deadline=job.deadline, reader=store.reader(),
-                            linked=linked, progress=node_report.ProgressNote(
-                                store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
-                                interval=store.config.report.interval,
-                                publish_to=node_report.publish_target(store.config), also=progress),
-                            group=group, tier=tier_conf.name,
-                            checked=job.view.begin if job.view else None)
-        if job.view:
-            job.view.stop()  # the rest is switched from the published copy
+        try:
+            stats = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, transfer,
+                                [(fd, m) for fd, m in older], deadline=job.deadline, reader=store.reader(),
+                                linked=linked, progress=node_report.ProgressNote(
+                                    store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
+                                    interval=store.config.report.interval,
+                                    publish_to=node_report.publish_target(store.config), also=progress),
+                                group=group, tier=tier_conf.name,
+                                checked=job.view.begin if job.view else None)
+        finally:
+            if job.view:  # before the lock goes: the rest is switched from the published copy
+                job.view.stop()
         versions = [version_id(m.digest) for _fd, m in older]
         publish.publish(tier, name, digest, {
             "files": manifest.files, "bytes": manifest.total_bytes, "staged_at": store.clock(),
             "node": store.node, "linked": {versions[i]: b for i, (_f, b) in linked.items()},
             **({"prefetched_for": prefetch.job_id, "expected_start": prefetch.start} if prefetch else {})})
-    # a job may read a live view of this version: every entry becomes the copy's file now
-    if live.complete(tier, name, digest, [e.path for e in manifest.entries]) is not None:
-        log.info("the live view of %s version %s is all local now", name, version_id(digest))
+    # a job may read a live view of this version: every entry becomes the copy's file now (best
+    # effort: the copy is published; a view left unswitched still reads right, from the source)
+    try:
+        if live.complete(tier, name, digest, [e.path for e in manifest.entries]) is not None:
+            log.info("the live view of %s version %s is all local now", name, version_id(digest))
+    except (OSError, DsstageError) as exc:
+        log.warning("the live view of %s version %s was not switched to the copy: %s", name, version_id(digest),
+                    exc)
     background.flush_later(Layout(tier.root), name, digest)
     return stats
 

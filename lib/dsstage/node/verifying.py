@@ -122,4 +122,7 @@ def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> Veri
             views.relink(tier, ds.name, vid, result.repaired)
     if bad or result.removed_extras:
         publish.seal(vfd, gid=0)
+    if result.repaired and not ds.shards:  # a live view links the files replaced: to the repaired ones
+        from dsstage.node import live
+        live.complete(tier, ds.name, digest, result.repaired, whole=False)
     return result
