@@ -56,3 +56,49 @@ def test_the_rpm_spec_parses_with_dsstage_s_version_and_every_unit():
     for path in UNITS.iterdir():
         assert re.search(r"^/usr/lib/systemd/system/dsstage-\*\." + path.suffix[1:] + "$", files, re.M), path.name
     assert "%config(noreplace) /etc/dsstage/dsstage.yaml" in files
+
+
+LOCK = ROOT / "packaging" / "requirements.lock"
+
+
+def locked() -> dict[str, tuple[str, list[str]]]:
+    """The lock's packages: normalized name -> (version, its hashes)."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    text = LOCK.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9._-]+)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)", line)
+        assert m, f"packaging/requirements.lock: not a pinned, hashed requirement: {line[:80]!r}"
+        out[re.sub(r"[-_.]+", "-", m.group(1).lower())] = (m.group(2), re.findall(r"[0-9a-f]{64}", m.group(3)))
+    return out
+
+
+def test_the_lock_pins_every_runtime_dependency_at_a_version_pyproject_allows():
+    """packaging/requirements.lock (packaging/lock-deps) pins each dependency of pyproject.toml,
+    with hashes, at a version its specifier allows: a dependency added or raised without a new
+    lock would leave the packages' venv without it, or hash-checking would refuse the build."""
+    import tomllib
+    from packaging.requirements import Requirement
+    pins = locked()
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in deps:
+        req = Requirement(dep)
+        name = re.sub(r"[-_.]+", "-", req.name.lower())
+        assert name in pins, f"{req.name} is not in packaging/requirements.lock: run packaging/lock-deps"
+        version, hashes = pins[name]
+        assert req.specifier.contains(version, prereleases=True), \
+            f"{req.name}=={version} in the lock does not satisfy {dep!r}: run packaging/lock-deps"
+        assert hashes
+
+
+def test_both_packages_install_the_lock_and_the_rpm_ships_the_native_helper():
+    rules = (ROOT / "packaging" / "debian" / "rules").read_text()
+    assert "--requirements=packaging/requirements.lock" in rules
+    spec = SPEC.read_text()
+    assert "--require-hashes -r packaging/requirements.lock" in spec and "--no-deps ." in spec
+    assert re.search(r"^%make_build -C native ", spec, re.M)
+    assert "make -C native install DESTDIR=%{buildroot} LIBEXEC_DIR=%{_libexecdir}/dsstage" in spec
+    from dsstage.transfer import native
+    assert native.LIBEXEC == "/usr/libexec/dsstage"  # where the RPM puts it (%{_libexecdir} is /usr/libexec)
