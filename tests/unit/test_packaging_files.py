@@ -102,3 +102,41 @@ def test_both_packages_install_the_lock_and_the_rpm_ships_the_native_helper():
     assert "make -C native install DESTDIR=%{buildroot} LIBEXEC_DIR=%{_libexecdir}/dsstage" in spec
     from dsstage.transfer import native
     assert native.LIBEXEC == "/usr/libexec/dsstage"  # where the RPM puts it (%{_libexecdir} is /usr/libexec)
+
+
+def test_the_plugin_builds_against_a_slurm_built_from_source(tmp_path: Path):
+    """A site whose Slurm is built from source (./configure --prefix=DIR) builds the SPANK plugin
+    with `make -C sbatch_ext SLURM_PREFIX=DIR install`: its headers, its lib/slurm. Emulated with
+    a prefix holding a copy of this machine's slurm headers and nothing of Debian's paths."""
+    headers = Path("/usr/include/slurm")
+    if not (headers / "spank.h").exists():
+        pytest.fail("slurm/spank.h is missing: install libslurm-dev (packaging/run-tests does)")
+    prefix = tmp_path / "opt" / "slurm"
+    shutil.copytree(headers, prefix / "include" / "slurm")
+    src = tmp_path / "sbatch_ext"
+    shutil.copytree(ROOT / "sbatch_ext", src, ignore=shutil.ignore_patterns("*.so", "plugstack.conf"))
+    for hook in ("prolog", "epilog"):
+        shutil.copytree(ROOT / hook, tmp_path / hook)
+    dry = subprocess.run(["make", "-n", "-C", str(src), f"SLURM_PREFIX={prefix}", "dsstage_spank.so"],
+                         text=True, capture_output=True)
+    assert dry.returncode == 0 and f"-I{prefix}/include" in dry.stdout, dry.stdout + dry.stderr
+    dest = tmp_path / "dest"
+    res = subprocess.run(["make", "-C", str(src), f"SLURM_PREFIX={prefix}", f"DESTDIR={dest}", "install"],
+                         text=True, capture_output=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (dest / str(prefix / "lib" / "slurm" / "dsstage_spank.so").lstrip("/")).is_file()
+    line = [x for x in (src / "plugstack.conf").read_text().splitlines() if x and not x.startswith("#")]
+    assert line == [f"optional {prefix}/lib/slurm/dsstage_spank.so"], line
+
+
+def test_the_dsstage_package_installs_beside_a_slurm_built_from_source():
+    """A site whose Slurm is not Debian's installs the dsstage package (no Slurm package among
+    what it depends on: slurm-client is only recommended) and builds the plugin itself; only
+    dsstage-spank is tied to Debian's Slurm."""
+    stanzas = (ROOT / "packaging" / "debian" / "control").read_text().split("\n\n")
+    dsstage_pkg = next(s for s in stanzas if re.search(r"^Package: dsstage$", s, re.M))
+    depends = re.search(r"^Depends:(.*?)(?=^\S)", dsstage_pkg + "\nEnd:", re.M | re.S)
+    assert depends and "slurm" not in depends.group(1).lower(), depends
+    assert re.search(r"^Recommends:.*slurm-client", dsstage_pkg, re.M)
+    install = (ROOT / "docs" / "install.md").read_text()
+    assert "make -C sbatch_ext SLURM_PREFIX=/opt/slurm install" in install
