@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dsstage.fs import formats
+from dsstage.fs import formats, shared
 from dsstage.fs.safe import read_json, write_json
 
 LEASE = "poller.json"
@@ -93,14 +93,7 @@ def server_age(state_dir: str, me: Me) -> float | None:
             written = os.fstat(fd).st_mtime
         finally:
             os.close(fd)
-        probe = probe_path(state_dir, me)
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-        try:
-            os.utime(fd, None)  # no time given: the file's server sets its own
-            now = os.fstat(fd).st_mtime
-        finally:
-            os.close(fd)
-        return max(0.0, now - written)
+        return max(0.0, shared.touch_time(probe_path(state_dir, me)) - written)
     except OSError:
         return None
 

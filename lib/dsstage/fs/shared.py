@@ -15,13 +15,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 
 from dsstage.errors import UnsafeStore
 from dsstage.fs import safe
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 #: the largest record read
 MAX = 64 * 1024
@@ -113,6 +114,47 @@ def create_once(where: str, name: str, data: bytes, writers: Sequence[int]) -> b
             safe.unlink_at(dfd, tmp)
     finally:
         os.close(dfd)
+
+
+def touch_time(path: str) -> float:
+    """The time now by the clock of the filesystem ``path`` is on: the file (created, 0644,
+    never through a link) touched with no time given, which its server sets, and its
+    modification time read back. Raises OSError."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    try:
+        os.utime(fd, None)
+        return os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)
+
+
+def server_clock(where: str) -> Callable[[], float]:
+    """A clock for times the nodes write into ``where`` and compare: the shared directory's own
+    (``touch_time`` of a probe per host, ``.clock.<host>``), so that a node whose clock is off
+    neither takes another's record for expired early nor keeps a dead one's late; this host's
+    clock where the probe cannot be written (it is then said once)."""
+    probe = os.path.join(where, f".clock.{os.uname().nodename}")
+    said: list[OSError] = []
+
+    def now() -> float:
+        try:
+            return touch_time(probe)
+        except OSError as exc:
+            if not said:
+                said.append(exc)
+                import logging
+                logging.getLogger(__name__).warning("%s: cannot read the shared directory's clock (%s): using "
+                                                    "this host's", where, exc.strerror or exc)
+            return time.time()
+    return now
+
+
+def mtime(where: str, name: str) -> float | None:
+    """The modification time of ``name`` in ``where`` (its server's clock), or None."""
+    try:
+        return os.stat(os.path.join(where, name), follow_symlinks=False).st_mtime
+    except OSError:
+        return None
 
 
 def writers(user: str | None) -> tuple[int, ...]:

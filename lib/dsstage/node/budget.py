@@ -14,6 +14,8 @@ free: the stage waits, in steps of ``POLL``, until some are or its deadline pass
 (OutOfTime: the dataset gets its ``on_failure``). A few round trips to the state directory
 per stage, none per file.
 
+Times (a grant's ``until``, the lock's age) are the state directory's clock, read by touching a
+probe there (dsstage.fs.shared.server_clock), never compared across the nodes' own clocks.
 A node that dies holding slots gives them back by itself: a grant holds until ``until``,
 which a living stage moves on every ``TTL / 3`` seconds (a thread); a dead one's expires
 within ``TTL``. A stage stalled longer than that (its thread stopped too) may find its slots
@@ -125,11 +127,14 @@ def _locked(where: str, writers: tuple[int, ...], clock: Callable[[], float],
 
 
 def take(conf: Config, budget: SourceBudget, node: str, want: int, deadline: float | None, *,
-         clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> Grant:
+         clock: Callable[[], float] | None = None, sleep: Callable[[float], None] = time.sleep) -> Grant:
     """Slots of ``budget`` for one stage on ``node``: at least one, at most ``want`` and what is
     free; waits (``POLL``) while none is. Raises OutOfTime when ``deadline`` (time.monotonic())
-    passes first. The caller acts as the state directory's writer (report.user)."""
+    passes first. The caller acts as the state directory's writer (report.user). Times in the
+    grants are the state directory's clock (``clock``: another, for tests): the nodes' clocks
+    may disagree."""
     where = _where(conf.state_dir, budget)
+    clock = clock or shared.server_clock(where)  # read first once the directory is made (_try_take)
     writers = shared.writers(conf.report.user)
     token = f"{node}.{secrets.token_hex(6)}.json"
     path = os.path.join(where, token)
@@ -177,9 +182,11 @@ def _try_take(where: str, writers: tuple[int, ...], clock: Callable[[], float], 
         return Grant(budget.name, slots, path, record)
 
 
-def renew(grant: Grant, clock: Callable[[], float] = time.time) -> bool:
-    """Move the grant's ``until`` on; False if it is gone or has expired (its slots may be
-    another stage's now: a stall of ``TTL``), in which case it is not renewed."""
+def renew(grant: Grant, clock: Callable[[], float] | None = None) -> bool:
+    """Move the grant's ``until`` on (by the state directory's clock, as it was taken); False if
+    it is gone or has expired (its slots may be another stage's now: a stall of ``TTL``), in
+    which case it is not renewed."""
+    clock = clock or shared.server_clock(os.path.dirname(grant.path))
     held = untrusted.read_json(grant.path, 4096)
     until = held.get("until")
     if not held or not isinstance(until, (int, float)) or until < clock():

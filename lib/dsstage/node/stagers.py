@@ -65,11 +65,18 @@ def current(record: dict[str, Any] | None, rep: dict[str, Any], dataset: str, ve
 def claim(conf: Config, dataset: str, version: str, me: str, now: float | None = None) -> str | None:
     """The node that reads ``version`` of ``dataset`` from the source now: ``me`` if this node
     claimed it (it must give it back, ``release``), another node if its claim stands, None
-    where no claim can be made or read (each node then reads the source, as before)."""
-    now = time.time() if now is None else now
+    where no claim can be made or read (each node then reads the source, as before).
+
+    How old a claim and its node's report are is told by the state directory's clock: the
+    files' modification times against a probe touched now (dsstage.fs.shared.server_clock),
+    not the times the nodes wrote by their own clocks, which may disagree. ``now``: a given
+    time, against the records' own times (tests)."""
     where, name = _where(conf.state_dir), _name(dataset, version)
+    clock = shared.server_clock(where) if now is None else None
     writers = shared.writers(conf.report.user)
-    data = jsontext.dumps(formats.stamp("stager-claim", {"node": me, "time": now, "dataset": dataset,
+    # its time as this node's clock has it, for older readers: this version reads the file's
+    data = jsontext.dumps(formats.stamp("stager-claim", {"node": me, "time": time.time() if now is None else now,
+                                                         "dataset": dataset,
                                                          "version": version})).encode()
     from dsstage.fs.identity import writing_as
     try:
@@ -77,6 +84,7 @@ def claim(conf: Config, dataset: str, version: str, me: str, now: float | None =
             for _attempt in range(2):
                 if shared.create_once(where, name, data, writers):
                     return me
+                t = clock() if clock else float(now or 0)  # (after create_once made the directory)
                 raw = shared.read(where, name, writers)
                 record = jsontext.loads(raw) if raw else None
                 record = record if isinstance(record, dict) and formats.readable("stager-claim", record) else None
@@ -84,7 +92,10 @@ def claim(conf: Config, dataset: str, version: str, me: str, now: float | None =
                 if node == me:
                     return me  # a claim of this node's own (a stage resumed)
                 rep = untrusted.read_json(report.published_path(conf.state_dir, node)) if node else {}
-                if current(record, rep, dataset, version, now,
+                if clock and record:  # the files' times, by the same clock as t
+                    record = {**record, "time": shared.mtime(where, name)}
+                    rep = {**rep, "time": shared.mtime(*os.path.split(report.published_path(conf.state_dir, node)))}
+                if current(record, rep, dataset, version, t,
                            (conf.report.max_age, conf.lock_timeout, conf.peers.wait)):
                     return node
                 log.info("the claim of node %s on %s %s no longer stands: taken over", node or "?", dataset,
