@@ -306,6 +306,7 @@ def test_entries_whose_local_file_is_gone_point_at_the_source_again(env: Env, sl
     import shutil
     for area in (env.tier_root() / "staging").iterdir():  # as an admin's `dsstage evict` does
         shutil.rmtree(area)
+    slow_source.fail_reads(False)
     slow_source.hang()  # the next worker cannot bring them back yet
     try:
         rc, _took, lines = hook(env, "prolog", "6")
