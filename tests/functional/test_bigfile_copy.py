@@ -86,14 +86,14 @@ def test_a_stage_of_a_large_file_with_a_corrupt_range_fails_verification(env: En
         return real(self, off, n)
     monkeypatch.setattr(copier._Ranges, "copy", seen)
     with pytest.raises(VerifyError, match="shard.bin.*nothing was published"):
-        staging.stage(env.store(), "huge", user=User.lookup(0), job_id="1")
+        staging.stage(env.store(), "huge", staging.StageRequest(user=User.lookup(0), job_id="1"))
     assert 4 * RANGE in ranges  # the file did take the range path (twice: fetched again)
     assert not (env.tier_root() / "ready" / "huge").exists()
     published = env.tier_root() / "datasets" / "huge"
     assert not published.exists() or not any(published.rglob("shard.bin"))
     # repaired source: the same stage succeeds and the copy is the source's
     (src / "shard.bin").write_bytes(data)
-    staging.stage(env.store(), "huge", user=User.lookup(0), job_id="2")
+    staging.stage(env.store(), "huge", staging.StageRequest(user=User.lookup(0), job_id="2"))
     assert [p.read_bytes() == data for p in published.rglob("shard.bin")] == [True]
 
 

@@ -70,9 +70,10 @@ def wait_trash_empty(env: Env) -> None:
 
 def test_epilog_keeps_what_a_pending_job_wants_and_evicts_the_rest(env: Env, caplog):
     store = env.store()
-    staging.stage(store, "y", user=user(), job_id="1")  # staged first: the least recently used
-    staging.stage(store, "x", user=user(), job_id="2")
-    staging.stage(store, "z", user=user(), job_id="3")  # 9 000 bytes: at the high watermark, not above
+    staging.stage(store, "y", staging.StageRequest(user=user(), job_id="1"))  # staged first: the least recently used
+    staging.stage(store, "x", staging.StageRequest(user=user(), job_id="2"))
+    staging.stage(store, "z",
+                  staging.StageRequest(user=user(), job_id="3"))  # 9 000 bytes: at the high watermark, not above
     store.release("y", "1")
     store.release("z", "3")
     snapshot(env, Job("9", "u", "PENDING", ("x",), sched_nodes=env.node, start_time=time.time() + 600))
@@ -95,7 +96,7 @@ def test_epilog_keeps_what_a_pending_job_wants_and_evicts_the_rest(env: Env, cap
 def test_stale_snapshot_keeps_what_it_cannot_judge_and_says_so(env: Env, caplog):
     store = env.store()
     for i, name in enumerate(("x", "y", "z")):
-        staging.stage(store, name, user=user(), job_id=str(i + 1))
+        staging.stage(store, name, staging.StageRequest(user=user(), job_id=str(i + 1)))
     store.release("x", "1")
     snapshot(env, Job("9", "u", "PENDING", ("x",)), age=3600)
     log = epilog(env, "2", "y", caplog)
@@ -106,7 +107,7 @@ def test_stale_snapshot_keeps_what_it_cannot_judge_and_says_so(env: Env, caplog)
 
 
 def test_epilog_without_snapshot_says_the_poller_is_missing(env: Env, caplog):
-    staging.stage(env.store(), "x", user=user(), job_id="1")
+    staging.stage(env.store(), "x", staging.StageRequest(user=user(), job_id="1"))
     log = epilog(env, "1", "x", caplog)
     assert "no demand snapshot at" in log and "is `dsstage demand-poller` running?" in log
     assert on_node(env) == ["x"]
@@ -115,7 +116,7 @@ def test_epilog_without_snapshot_says_the_poller_is_missing(env: Env, caplog):
 def test_leased_copies_survive_pressure(env: Env, caplog):
     store = env.store()
     for i, name in enumerate(("x", "y", "z")):
-        staging.stage(store, name, user=user(), job_id=str(i + 1))
+        staging.stage(store, name, staging.StageRequest(user=user(), job_id=str(i + 1)))
     from dsstage.node import space
     from dsstage.node.store import open_tier
     with open_tier(store.layout("nvme")) as tier:
@@ -128,8 +129,8 @@ def test_leased_copies_survive_pressure(env: Env, caplog):
 
 def test_prolog_makes_room_through_the_planner(env: Env):
     store = env.store()
-    staging.stage(store, "x", user=user(), job_id="1")
-    staging.stage(store, "y", user=user(), job_id="2")
+    staging.stage(store, "x", staging.StageRequest(user=user(), job_id="1"))
+    staging.stage(store, "y", staging.StageRequest(user=user(), job_id="2"))
     store.release("x", "1")
     store.release("y", "2")
     snapshot(env, Job("9", "u", "PENDING", ("y",), sched_nodes=env.node))
@@ -141,15 +142,15 @@ def test_prolog_makes_room_through_the_planner(env: Env):
     with open_tier(store.layout("nvme")) as tier:
         space.hold(tier, "stage-other.json", 2000, "a stage in progress")
     wait_flushed(env)
-    result = staging.stage(store, "z", user=user(), job_id="3")
+    result = staging.stage(store, "z", staging.StageRequest(user=user(), job_id="3"))
     assert result.action == "staged"
     assert on_node(env) == ["y", "z"]  # x had no demand; y is wanted by job 9
 
 
 def test_a_stage_takes_the_headroom_and_the_epilog_gives_it_back(env: Env, caplog):
     store = env.store()
-    staging.stage(store, "x", user=user(), job_id="1")
-    staging.stage(store, "y", user=user(), job_id="2")
+    staging.stage(store, "x", staging.StageRequest(user=user(), job_id="1"))
+    staging.stage(store, "y", staging.StageRequest(user=user(), job_id="2"))
     store.release("x", "1")
     store.release("y", "2")
     from dsstage.node import space
@@ -159,7 +160,7 @@ def test_a_stage_takes_the_headroom_and_the_epilog_gives_it_back(env: Env, caplo
     snapshot(env)
     wait_flushed(env)
     # 6 500 in use; z's 3 000 more make 9 500: above the high watermark (9 000), within the capacity
-    assert staging.stage(store, "z", user=user(), job_id="3").action == "staged"
+    assert staging.stage(store, "z", staging.StageRequest(user=user(), job_id="3")).action == "staged"
     assert on_node(env) == ["x", "y", "z"]  # the Prolog evicted nothing
     log = epilog(env, "3", "z", caplog)
     assert on_node(env) == ["z"], log  # the Epilog freed down to the low watermark (4 000)
@@ -168,14 +169,14 @@ def test_a_stage_takes_the_headroom_and_the_epilog_gives_it_back(env: Env, caplo
 
 def test_prolog_that_cannot_make_room_says_what_holds_the_space(env: Env):
     store = env.store()
-    staging.stage(store, "x", user=user(), job_id="1")
-    staging.stage(store, "y", user=user(), job_id="2")
+    staging.stage(store, "x", staging.StageRequest(user=user(), job_id="1"))
+    staging.stage(store, "y", staging.StageRequest(user=user(), job_id="2"))
     from dsstage.node import space
     from dsstage.node.store import open_tier
     with open_tier(store.layout("nvme")) as tier:
         space.hold(tier, "stage-other.json", 2000, "a stage in progress")
     with pytest.raises(NoSpace) as exc:
-        staging.stage(store, "z", user=user(), job_id="3")
+        staging.stage(store, "z", staging.StageRequest(user=user(), job_id="3"))
     msg = str(exc.value)
     assert "cannot make room for 'z', which needs 2.9 KiB more" in msg
     assert "leased by job 1" in msg and "leased by job 2" in msg and "reserved by stages in progress" in msg
@@ -185,11 +186,13 @@ def test_prolog_that_cannot_make_room_says_what_holds_the_space(env: Env):
 def test_stale_leases_are_reclaimed_from_the_snapshot_never_a_live_one(env: Env, caplog):
     store = env.store()
     old = env.store(clock=lambda: time.time() - 600)
-    staging.stage(old, "x", user=user(), job_id="101")  # killed without an Epilog
-    staging.stage(store, "x", user=user(), job_id="102")  # running here
-    staging.stage(store, "x", user=user(), job_id="103")  # running on another node too (multi-node job)
+    staging.stage(old, "x", staging.StageRequest(user=user(), job_id="101"))  # killed without an Epilog
+    staging.stage(store, "x", staging.StageRequest(user=user(), job_id="102"))  # running here
+    staging.stage(store, "x",
+                  staging.StageRequest(user=user(), job_id="103"))  # running on another node too (multi-node job)
     snapshot(env, Job("102", "u", "RUNNING", ("x",), nodes=env.node), Job("103", "u", "RUNNING", ("x",), nodes="n9"))
-    staging.stage(store, "x", user=user(), job_id="104")  # started after the snapshot: not in it yet
+    staging.stage(store, "x",
+                  staging.StageRequest(user=user(), job_id="104"))  # started after the snapshot: not in it yet
     log = epilog(env, "50", "y", caplog)
     assert "reclaimed the lease of job 101 on x: the job is gone" in log
     leases = sorted(p.stem for p in (env.tier_root() / "leases" / "x").iterdir())
@@ -197,7 +200,7 @@ def test_stale_leases_are_reclaimed_from_the_snapshot_never_a_live_one(env: Env,
 
 
 def test_no_lease_is_reclaimed_on_a_stale_snapshot(env: Env, caplog):
-    staging.stage(env.store(), "x", user=user(), job_id="101")
+    staging.stage(env.store(), "x", staging.StageRequest(user=user(), job_id="101"))
     snapshot(env, age=3600)
     epilog(env, "50", "y", caplog)
     assert (env.tier_root() / "leases" / "x" / "101.json").exists()
@@ -233,7 +236,7 @@ def test_evict_without_a_name_shows_the_plan(env: Env):
 
 def test_a_purge_cut_short_is_restarted_by_the_next_retention_pass(env: Env, monkeypatch, caplog):
     store = env.store()
-    staging.stage(store, "x", user=user(), job_id="1")
+    staging.stage(store, "x", staging.StageRequest(user=user(), job_id="1"))
     store.release("x", "1")
     monkeypatch.setattr(background, "purge_later", lambda layout: None)  # the node "reboots" before it runs
     eviction.evict(store, "x")

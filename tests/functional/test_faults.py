@@ -66,7 +66,7 @@ def test_state_directory_error_is_the_sites(env: Env, coco: Path, monkeypatch):
     monkeypatch.setattr(config_manifest, "read_current", lambda *_a: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
     from dsstage.config.catalog import User
     with pytest.raises(StateError, match="shared state directory") as err:
-        staging.stage(env.store(), "coco", user=User.lookup(0), job_id="1")
+        staging.stage(env.store(), "coco", staging.StageRequest(user=User.lookup(0), job_id="1"))
     assert err.value.blame == "site"
 
 
@@ -99,7 +99,7 @@ def test_eio_reading_the_local_copy_is_the_nodes_fault(env: Env, coco: Path, tmp
     from dsstage.transfer import hashing
     python_copier(monkeypatch)
     store = env.store()
-    path = staging.stage(store, "coco", user=User.lookup(0), job_id="1").path
+    path = staging.stage(store, "coco", staging.StageRequest(user=User.lookup(0), job_id="1")).path
     real = os.pread
 
     def eio(fd: int, n: int, offset: int) -> bytes:
@@ -160,7 +160,8 @@ def test_a_stage_that_does_not_fit_the_budget_decides_in_time_and_resumes(env: E
     copier._copy_one, saved = slow, copier._copy_one
     try:
         with pytest.raises(OutOfTime, match="next stage resumes"):
-            staging.stage(store, "big", user=User.lookup(0), job_id="1", deadline=time.monotonic() + 0.3)
+            staging.stage(store, "big",
+                          staging.StageRequest(user=User.lookup(0), job_id="1", deadline=time.monotonic() + 0.3))
     finally:
         copier._copy_one = saved
     staging_dir = env.tier_root() / "staging"
@@ -214,7 +215,7 @@ def test_a_full_tier_as_the_copy_is_published_leaves_it_resumable_and_counted_on
         real(fd, name, data, **kw)
     monkeypatch.setattr(safe, "write_json_at", enospc)
     with pytest.raises(NoSpace):
-        staging.stage(env.store(), "coco", user=User.lookup(0), job_id="1")
+        staging.stage(env.store(), "coco", staging.StageRequest(user=User.lookup(0), job_id="1"))
     monkeypatch.undo()
     tier = env.tier_root()
     assert os.listdir(tier / "datasets" / "coco") == []  # nothing published
@@ -394,8 +395,8 @@ def test_a_tier_on_the_root_filesystem_is_an_unmounted_disk_the_node_drains_and_
     assert problem and f"{env.tier_root()} (missing; {on_root_filesystem} exists) is on the root filesystem: " \
         "is the disk mounted?" in problem
     with pytest.raises(Exception, match="tier nvme: .* is on the root filesystem: is the disk mounted"):
-        staging.stage(env.store(), "coco", user=__import__("dsstage.config.catalog", fromlist=["User"]).User.lookup(0),
-                      job_id="1")
+        from dsstage.config.catalog import User
+        staging.stage(env.store(), "coco", staging.StageRequest(user=User.lookup(0), job_id="1"))
     assert not env.nvme.exists()
 
 

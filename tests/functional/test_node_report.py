@@ -146,7 +146,7 @@ def leased_copy(env: Env, run: Path) -> tuple[str, str]:
     env.add("coco", {"a": b"a" * 1000, "b/c": b"c" * 10})
     env.cli("manifest", "build", "coco")
     store = store_of(env, run)
-    staging.stage(store, "coco", user=root_user(), job_id="1")
+    staging.stage(store, "coco", staging.StageRequest(user=root_user(), job_id="1"))
     store.release("coco", "1")
     rep = inventory.refresh(store)  # the first report: the warm path's notes change it
     assert one_row(rep, "coco", vid(env, "coco"))["leases"] == []
@@ -437,7 +437,7 @@ def test_report_is_published_as_report_user(env: Env, run: Path, shared: Path):
     os.chown(nodes, nobody.pw_uid, nobody.pw_gid)
     os.chmod(nodes, 0o755)
     store = store_of(env, run)
-    staging.stage(store, "coco", user=root_user(), job_id="3")
+    staging.stage(store, "coco", staging.StageRequest(user=root_user(), job_id="3"))
     rep = inventory.refresh(store)
 
     st = os.lstat(published(env))
@@ -460,7 +460,7 @@ def test_publishing_where_report_user_may_not_write_warns_and_keeps_the_local_re
     nodes.mkdir(mode=0o755)  # root's: root could write here, nobody cannot
     os.chmod(nodes, 0o755)
     store = store_of(env, run)
-    staging.stage(store, "coco", user=root_user(), job_id="3")
+    staging.stage(store, "coco", staging.StageRequest(user=root_user(), job_id="3"))
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         rep = inventory.refresh(store)  # no exception
@@ -482,15 +482,15 @@ def test_report_shows_tiers_copies_leases_and_decisions(env: Env, run: Path):
     nobody = User.lookup("nobody")
     store = store_of(env, run)
     before = time.time()
-    staging.stage(store, "alpha", user=nobody, job_id="11")  # stays leased
-    staging.stage(store, "beta", user=root_user(), job_id="12")
+    staging.stage(store, "alpha", staging.StageRequest(user=nobody, job_id="11"))  # stays leased
+    staging.stage(store, "beta", staging.StageRequest(user=root_user(), job_id="12"))
     store.release("beta", "12")
     old = vid(env, "beta")
     (env.source("beta") / "x").write_bytes(b"y" * 2500)  # a new version, no file in common
     env.cli("manifest", "build", "beta")
     new = vid(env, "beta")
     assert new != old
-    staging.stage(store, "beta", user=root_user(), job_id="13")
+    staging.stage(store, "beta", staging.StageRequest(user=root_user(), job_id="13"))
     store.release("beta", "13")
 
     rep = inventory.refresh(store)
@@ -532,7 +532,7 @@ def test_link_planted_in_the_run_directory_is_never_followed(env: Env, run: Path
     env.add("coco", {"a": b"a" * 100})
     env.cli("manifest", "build", "coco")
     store = store_of(env, run)
-    staging.stage(store, "coco", user=root_user(), job_id="3")
+    staging.stage(store, "coco", staging.StageRequest(user=root_user(), job_id="3"))
     assert inventory.refresh(store)  # the run directory and its report, as dsstage made them
     # what a planted report would make root publish: a copy row a lease note would change
     planted = {"format": 2, "node": NODE, "planted": True, "tiers": [],

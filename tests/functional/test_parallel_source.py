@@ -96,7 +96,8 @@ def test_three_nodes_staging_at_once_share_the_sources_budget(env: Env, slow_sou
 
         def one(node: str) -> None:
             try:
-                staging.stage(env.store(node=node), "remote", user=root, job_id=job, nodes=",".join(nodes))
+                staging.stage(env.store(node=node), "remote",
+                              staging.StageRequest(user=root, job_id=job, nodes=",".join(nodes)))
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
         threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
@@ -133,7 +134,7 @@ def test_separate_jobs_on_separate_nodes_stay_within_the_sources_budget_together
 
     def one(node: str, job: str) -> None:
         try:
-            staging.stage(env.store(node=node), "remote", user=User.lookup(0), job_id=job)
+            staging.stage(env.store(node=node), "remote", staging.StageRequest(user=User.lookup(0), job_id=job))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
     threads = [threading.Thread(target=one, args=(n, j)) for n, j in (("n1", "11"), ("n2", "12"))]

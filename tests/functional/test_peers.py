@@ -114,7 +114,8 @@ def cluster(env: Env, tmp_path: Path):
 
 def stage(env: Env, node: str, job: str, nodes: str) -> object:
     from dsstage.config import catalog
-    return staging.stage(env.store(node=node), "shared", user=catalog.User.lookup(0), job_id=job, nodes=nodes)
+    return staging.stage(env.store(node=node), "shared",
+                         staging.StageRequest(user=catalog.User.lookup(0), job_id=job, nodes=nodes))
 
 
 def on_every_node(fn: Callable[[str], object]) -> dict[str, Any]:
@@ -425,8 +426,9 @@ def test_one_node_jobs_that_start_at_once_on_cold_nodes_read_the_source_once(env
         for n in NODES:
             daemons.start(n)
         caplog.set_level(logging.INFO, logger="dsstage")
-        results = on_every_node(lambda node: staging.stage(env.store(node=node), "wave", user=catalog.User.lookup(0),
-                                                           job_id=f"30{node[-1]}", nodes=""))
+        results = on_every_node(lambda node: staging.stage(env.store(node=node), "wave",
+                                                           staging.StageRequest(user=catalog.User.lookup(0),
+                                                                                job_id=f"30{node[-1]}", nodes="")))
         total = dataset_bytes(env)
         assert fs.stats()["bytes_read"] <= 1.1 * total, (fs.stats()["bytes_read"], total)
         assert sorted(r.transferred_files for r in results.values()) == [0, 0, FILES], results

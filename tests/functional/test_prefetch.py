@@ -71,7 +71,7 @@ def test_stages_what_a_job_planned_here_needs_and_nothing_else(env: Env) -> None
     assert published["prefetch"][-1]["dataset"] == "x"
     assert [c["prefetched_for"] for c in published["copies"] if c["dataset"] == "x"] == ["11"]
     # the job's Prolog then takes the warm path: nothing left to stage
-    result = staging.stage(env.store(), "x", user=User.lookup(os.getuid()), job_id="11")
+    result = staging.stage(env.store(), "x", staging.StageRequest(user=User.lookup(os.getuid()), job_id="11"))
     assert result.action == "cached"
 
 
@@ -118,8 +118,8 @@ def while_prefetching(env: Env, name: str, action: Callable[[], Any]) -> tuple[A
 def test_a_prolog_takes_the_stage_over(env: Env) -> None:
     slow(env)
     snapshot(env, pending("31", "big"))
-    result, err = while_prefetching(env, "big", lambda: staging.stage(env.store(), "big", user=User.lookup(os.getuid()),
-                                                                          job_id="31"))
+    job = staging.StageRequest(user=User.lookup(os.getuid()), job_id="31")
+    result, err = while_prefetching(env, "big", lambda: staging.stage(env.store(), "big", job))
     assert result.action == "staged"
     assert "yielded big for job 31: job 31 needs it now" in err
     assert events(env)[-1]["action"] == "yielded"
@@ -169,7 +169,8 @@ def job_stage_while_prefetching(env: Env, capacity: int, name: str, *, job: str,
     env.config_path.write_text(yaml.safe_dump(data))
     snapshot(env, pending(prefetched_for or job, "big"))
     return while_prefetching(env, "big",
-                             lambda: staging.stage(env.store(), name, user=User.lookup(os.getuid()), job_id=job))
+                             lambda: staging.stage(env.store(), name,
+                                                   staging.StageRequest(user=User.lookup(os.getuid()), job_id=job)))
 
 
 def test_a_stage_resuming_an_interrupted_one_counts_its_space_once(env: Env) -> None:
@@ -256,7 +257,7 @@ def test_stage_and_warm_of_a_sharded_dataset_stage_this_nodes_part(env: Env) -> 
     assert len(os.listdir(Path(env.cli_json("stage", "big", "--job-id", "8")["path"]))) == 12
     assert env.cli_json("warm", "big")["action"] == "cached"
     with pytest.raises(Exception, match="sharded"):
-        staging.stage(env.store(), "big", user=User.lookup(os.getuid()), job_id="9")
+        staging.stage(env.store(), "big", staging.StageRequest(user=User.lookup(os.getuid()), job_id="9"))
 
 
 def test_a_ready_sharded_part_is_not_worked_out_again_every_round(env: Env, monkeypatch) -> None:

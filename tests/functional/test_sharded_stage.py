@@ -14,6 +14,7 @@ import pytest
 from dsstage.config.catalog import User
 from dsstage.node import eviction, sharded, views
 from dsstage.node.lease import LeaseBook
+from dsstage.node.staging import StageRequest
 from dsstage.node.store import open_tier
 from dsstage.ready import lease as ready_lease
 from helpers import Env, wait_flushed
@@ -33,7 +34,7 @@ def test_a_nodes_part_is_its_shards_and_nothing_else(env: Env, big):
     store = env.store()
     index = sharded.shards_of(store, "big", big["digest"])
     mine = [index.shards[i].id for i in (4, 0, 2)]  # given in any order: staged and shown in shard order
-    part = sharded.stage_part(store, "big", big["digest"], mine, user=User.lookup(0), job_id="7")
+    part = sharded.stage_part(store, "big", big["digest"], mine, StageRequest(user=User.lookup(0), job_id="7"))
     assert part.action == "staged" and [s.index for s in part.shards] == [0, 2, 4]
     expected = {p for s in part.shards for p in sorted(FILES)[s.start:s.stop]}
     view = Path(part.view.path)
@@ -48,7 +49,7 @@ def test_a_nodes_part_is_its_shards_and_nothing_else(env: Env, big):
         assert lease.digest == big["digest"] and sorted(lease.shards) == sorted(s.digest for s in part.shards)
         assert sorted(tier.names("datasets", "big")) == sorted(mine)
     # a second job with the same shards finds them, and the same view
-    again = sharded.stage_part(store, "big", big["digest"], mine, user=User.lookup(0), job_id="8")
+    again = sharded.stage_part(store, "big", big["digest"], mine, StageRequest(user=User.lookup(0), job_id="8"))
     assert again.action == "cached" and again.view == part.view
     # leased shards stay; once released, evicting a shard takes its views with it
     assert {e.action for e in eviction.evict(store, "big", force=True)} == {"kept"}
@@ -63,7 +64,8 @@ def test_a_nodes_part_is_its_shards_and_nothing_else(env: Env, big):
 def test_shards_of_another_version_are_refused(env: Env, big):
     from dsstage.errors import ManifestError
     with pytest.raises(ManifestError, match="are not shards of version"):
-        sharded.stage_part(env.store(), "big", big["digest"], ["0123456789abcdef"], user=User.lookup(0), job_id="7")
+        sharded.stage_part(env.store(), "big", big["digest"], ["0123456789abcdef"],
+                           StageRequest(user=User.lookup(0), job_id="7"))
 
 
 def test_a_jobs_nodes_agree_on_one_shard_plan(env: Env, big):
@@ -231,7 +233,8 @@ def test_views_no_job_uses_are_pruned_but_the_newest(env: Env, big):
     index = sharded.shards_of(store, "big", big["digest"])
     made = []
     for i, shard in enumerate(index.shards):
-        part = sharded.stage_part(store, "big", big["digest"], [shard.id], user=User.lookup(0), job_id=str(100 + i))
+        part = sharded.stage_part(store, "big", big["digest"], [shard.id],
+                                  StageRequest(user=User.lookup(0), job_id=str(100 + i)))
         made.append(part.view.id)
     for i in range(5):
         store.release_job(str(100 + i))
@@ -425,7 +428,8 @@ def test_a_multi_node_job_on_two_sharded_datasets_plans_both_in_one_record(env: 
 def test_pruning_a_view_gives_it_back_to_a_lease_taken_meanwhile(env: Env, big):
     store = env.store()
     index = sharded.shards_of(store, "big", big["digest"])
-    part = sharded.stage_part(store, "big", big["digest"], [index.shards[0].id], user=User.lookup(0), job_id="140")
+    part = sharded.stage_part(store, "big", big["digest"], [index.shards[0].id],
+                              StageRequest(user=User.lookup(0), job_id="140"))
     with open_tier(store.layout("nvme")) as tier:
         # a Prolog leased it between the prune's first reading of the leases and its record's removal
         assert not views.retire(tier, "big", part.view.id, lambda: {part.view.id})
@@ -534,7 +538,8 @@ def test_a_restricted_view_is_never_open_to_others_while_it_is_made(env: Env, bi
         return real_link(src, dst, *a, **kw)
     monkeypatch.setattr(os, "link", watching)
     index = sharded.shards_of(store, "big", big["digest"])
-    part = sharded.stage_part(store, "big", big["digest"], [index.shards[0].id], user=User.lookup(0), job_id="9")
+    part = sharded.stage_part(store, "big", big["digest"], [index.shards[0].id],
+                              StageRequest(user=User.lookup(0), job_id="9"))
     assert seen and all(top == 0o750 for top, _ in seen), seen  # restricted before the first link
     assert stat.S_IMODE(os.stat(Path(part.view.path).parent).st_mode) == 0o750
     assert all(mode == 0o700 for _, mode in seen), seen  # the view's own directory: 0700 while it is made

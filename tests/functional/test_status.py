@@ -41,7 +41,8 @@ def cluster(env: Env) -> Env:
     for node, names in (("n1", ["coco", "in22k"]), ("n2", ["coco"]), ("n3", ["coco"])):
         store = env.store(node=node, clock=lambda: NOW)
         for name in names:
-            staging.stage(store, name, user=me, job_id="101" if node == "n1" and name == "coco" else "1")
+            staging.stage(store, name,
+                          staging.StageRequest(user=me, job_id="101" if node == "n1" and name == "coco" else "1"))
             if not (node == "n1" and name == "coco"):
                 store.release(name, "1")
         inventory.refresh(store)

@@ -532,8 +532,8 @@ def test_a_stage_cannot_take_the_space_of_a_copy_being_evicted(env: Env, monkeyp
     from dsstage.node.lease import LeaseBook
     root, user = env.tier_root(), User.lookup(0)
     store = env.store()
-    staging.stage(store, "a", user=user, job_id="1")
-    staging.stage(store, "b", user=user, job_id="2")  # the tier is full: both copies leased
+    staging.stage(store, "a", staging.StageRequest(user=user, job_id="1"))
+    staging.stage(store, "b", staging.StageRequest(user=user, job_id="2"))  # the tier is full: both copies leased
     other: list[subprocess.Popen[str]] = []
     real = LeaseBook.of_dataset
 
@@ -565,7 +565,7 @@ def test_a_purge_racing_another_purge_still_deletes_what_was_evicted_later(env: 
     monkeypatch.setattr(background, "purge_later", lambda layout: None)  # the purges are ours to run
     store = env.store()
     for name in ("x", "y"):
-        staging.stage(store, name, user=user, job_id="1")
+        staging.stage(store, name, staging.StageRequest(user=user, job_id="1"))
         store.release(name, "1")
         assert [e.action for e in eviction.evict(store, name)] == ["evicted"]
     trash = sorted(os.listdir(root / "trash"))

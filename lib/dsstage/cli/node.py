@@ -47,8 +47,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
         job_id, pid = default_holder()
     store = Store(conf, args.node)
     nodes = args.group if args.group is not None else os.environ.get("SLURM_JOB_NODELIST", "")
-    results = [standalone.stage(store, ds.name, user=user, job_id=job_id, pid=pid, full=args.full, nodes=nodes)
-               for ds in datasets]
+    from dsstage.node.staging import StageRequest
+    job = StageRequest(user=user, job_id=job_id, pid=pid, full=args.full, nodes=nodes)
+    results = [standalone.stage(store, ds.name, job) for ds in datasets]
     inventory.refresh(store)
     from dsstage.hooks.configcache import write_config_cache
     write_config_cache(store.run_dir, conf)  # the next stage of a ready copy takes the fast path (dsstage.cli.fast)

@@ -407,7 +407,9 @@ def child(conf: Config, node: str, dataset: str, job_id: str, user: str, start: 
     how = Prefetching(job_id=job_id, start=start, bwlimit=conf.prefetch.bwlimit, spare=spare_rule(store.node, start))
     try:
         who = cat.User.lookup(user)
-        result = standalone.stage(store, dataset, user=who, job_id=holder, pid=pid, prefetch=how, nodes=nodes)
+        from dsstage.node.staging import StageRequest
+        result = standalone.stage(store, dataset, StageRequest(user=who, job_id=holder, pid=pid, prefetch=how,
+                                                               nodes=nodes))
     except LockTimeout:
         return SKIPPED, {"reason": "its lock is held (a Prolog, a verify or an evict): tried again next round"}
     except NoSpace as exc:

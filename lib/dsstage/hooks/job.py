@@ -117,8 +117,8 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
                 if ds is not None and ds.verify != "full" and live_pending(store, ds, versions.get(name)):
                     # a view of the version is here, not whole: the job gets it at once, with a worker
                     raise OutOfTime("a live view of it is being finished on this node")
-            result = staging.stage(store, name, user=user, job_id=ctx.job_id, deadline=stop, nodes=ctx.nodes,
-                                   digest=versions.get(name))
+            result = staging.stage(store, name, staging.StageRequest(user=user, job_id=ctx.job_id, deadline=stop,
+                                                                     nodes=ctx.nodes, digest=versions.get(name)))
         except DsstageError as exc:
             bounded.tell("staged")
             if at_once and ds is not None and isinstance(exc, (OutOfTime, LockTimeout)):

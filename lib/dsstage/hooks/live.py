@@ -80,7 +80,8 @@ def finish(store: Store, name: str, digest: str, user: cat.User) -> str:
             pid = os.getpid()  # the worker holds its lease while it stages (the job's holds the copy)
             holder = f"pid-{os.uname().nodename}-{pid}"
             try:
-                result = staging.stage(store, name, user=user, job_id=holder, pid=pid, digest=digest, view=switcher)
+                result = staging.stage(store, name, staging.StageRequest(user=user, job_id=holder, pid=pid,
+                                                                         digest=digest, view=switcher))
                 if result.action != "staged":  # ready already (another stage did it): switched here, leased
                     with local_errors(f"finishing the live view of {name!r} in {layout.root}"):
                         live.complete(tier, name, digest, paths)

@@ -84,8 +84,10 @@ def stage(ctx: Job, store: Store, name: str, versions: Mapping[str, str], user: 
     mine = plan.get(ctx.node)
     if not mine:
         raise StateError(f"job {ctx.job_id}'s shard plan gives node {ctx.node} no shard of {name!r}: requeue the job")
-    part = sharded.stage_part(store, name, version, mine, user=user, job_id=ctx.job_id, deadline=deadline,
-                              nodes=ctx.nodes, replicas=shardplan.replicas(plan, mine))
+    from dsstage.node.staging import StageRequest
+    part = sharded.stage_part(store, name, version, mine,
+                              StageRequest(user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes),
+                              replicas=shardplan.replicas(plan, mine))
     map_path = shardmap.write_map(store.run_dir, ctx.node, ctx.job_id, (ctx.uid, ctx.gid), name, version, index.shards,
                                   plan)
     log.info("job %s: %s shards %s of %d %s on %s (view %s, %d files; %d files from the source)", ctx.job_id, name,

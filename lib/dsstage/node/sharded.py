@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from dsstage.config import catalog as cat
 from dsstage.errors import ManifestError
 from dsstage.node import access, staging, views
-from dsstage.node.store import Prefetching, StageResult, Store, local_errors, open_tier, state_errors
+from dsstage.node.store import StageResult, Store, local_errors, open_tier, state_errors
 from dsstage.shards import index as shard_index
 from dsstage.shards.split import Shard
 
@@ -57,12 +56,11 @@ def shards_of(store: Store, name: str, version: str) -> shard_index.Index:
         return shard_index.load(store.manifests, name, version, ds.shards)
 
 
-def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], *, user: cat.User, job_id: str,  # noqa: PLR0913
-               deadline: float | None = None, nodes: str = "",
-               progress: Callable[[str, int, int], None] | None = None, pid: int = 0, full: bool = False,
-               prefetch: Prefetching | None = None, replicas: Mapping[str, str] | None = None) -> PartResult:
+def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], job: staging.StageRequest, *,
+               progress: Callable[[str, int, int], None] | None = None,
+               replicas: Mapping[str, str] | None = None) -> PartResult:
     """Make shards ``shard_ids`` (ids of ``version``'s shards) ready on this node, leased to
-    ``job_id``, and their view; raises as a stage does (OutOfTime keeps the work so far).
+    ``job.job_id``, and their view; raises as a stage does (OutOfTime keeps the work so far).
     ``replicas``: shard id -> the job's nodes (a hostlist) that stage that shard too, where
     there are more nodes than shards: they share its transfer through the peers."""
     started = time.monotonic()
@@ -76,10 +74,9 @@ def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], 
     results: list[StageResult] = []
     leased: tuple[str, ...] = ()
     for shard in shards:
-        results.append(staging.stage(store, name, user=user, job_id=job_id, deadline=deadline, nodes=nodes,
-                                     digest=shard.digest, shard_of=version, leased=leased, progress=progress,
-                                     pid=pid, full=full, prefetch=prefetch,
-                                     replicas=(replicas or {}).get(shard.id, "")))
+        results.append(staging.stage(store, name, replace(job, digest=shard.digest, shard_of=version, leased=leased,
+                                                          replicas=(replicas or {}).get(shard.id, "")),
+                                     progress=progress))
         leased = (*leased, shard.digest)
     ds = store.dataset(name)
     layout = store.layout(ds.tier)
@@ -88,8 +85,7 @@ def stage_part(store: Store, name: str, version: str, shard_ids: Sequence[str], 
         access.apply(tier, ds, origin=store.config.origin, node=store.node, top=views.TOP)
         view = views.find(tier, name, [s.id for s in shards])
         if view is None:
-            with staging.dataset_lock(store, layout, name, staging.StageRequest(user=user, job_id=job_id,
-                                                                                 deadline=deadline, prefetch=prefetch)):
+            with staging.dataset_lock(store, layout, name, job):
                 manifests = [store.load_manifest(name, s.digest) for s in shards]
                 view = views.make(tier, name, manifests)
     return PartResult(name, version, shards, view, results, time.monotonic() - started)

@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StageRequest:
-    """Who a stage is for: the user, the job, and what the stage may spend."""
+    """Who a stage is for (the user, the job), what it stages (the current version, or the one
+    ``digest`` names), how (a full verification, a prefetch, a live view's worker) and what it
+    may spend (a deadline)."""
 
     user: cat.User
     job_id: str
@@ -49,20 +51,28 @@ class StageRequest:
     deadline: float | None = None  # time.monotonic() by which the stage must stop (OutOfTime)
     prefetch: Prefetching | None = None  # the stage is a prefetch for a pending job
     nodes: str = ""  # the job's nodes (a Slurm hostlist), for the peers
-    shard: bool = False  # the version staged is a shard (dsstage.node.sharded)
+    #: the version the job's nodes agreed on (None: the current one); with ``shard_of``, a shard's
+    digest: str | None = None
+    #: ``digest`` is a shard of this version (dsstage.node.sharded)
+    shard_of: str = ""
+    #: a shard: the other shards of ``shard_of`` the job's lease holds already
+    leased: tuple[str, ...] = ()
     #: a shard: the job's nodes that stage the same shard (its replicas), for the peers
     replicas: str = ""
+    full: bool = False  # verify a ready copy fully (``dsstage stage --full``)
     #: a live view's worker (dsstage.node.live): switches the view's entries as files land
     view: live.Switcher | None = None
 
+    @property
+    def shard(self) -> bool:
+        """Whether the version staged is a shard."""
+        return bool(self.shard_of)
 
-def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, full: bool = False,  # noqa: PLR0913
-          on_staging: Callable[[], None] | None = None, deadline: float | None = None,
-          progress: Callable[[str, int, int], None] | None = None, prefetch: Prefetching | None = None,
-          nodes: str = "", digest: str | None = None, shard_of: str = "",
-          leased: tuple[str, ...] = (), replicas: str = "", view: live.Switcher | None = None) -> StageResult:
-    """Make the current version of ``name`` (or the version ``digest``: the one the job's
-    nodes agreed on) ready on this node and lease it to ``job_id``.
+
+def stage(store: Store, name: str, job: StageRequest, *, on_staging: Callable[[], None] | None = None,
+          progress: Callable[[str, int, int], None] | None = None) -> StageResult:
+    """Make the current version of ``name`` (or the version ``job.digest``: the one the job's
+    nodes agreed on) ready on this node and lease it to ``job.job_id``.
 
     The steps: ``authorize`` (the user, the job id, the current version), ``reuse`` (a ready
     copy, quick-verified, leased without a lock), then under the dataset lock ``make_ready``
@@ -72,27 +82,28 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     Before a transfer starts (holding the lock) the node report is rebuilt, so that it
     shows the dataset as staging, and ``on_staging`` is called; the transfer notes its
     progress in the report at most every ``report.interval`` seconds, and to
-    ``progress(phase, delta, total)`` if given. ``deadline`` (time.monotonic()) bounds
+    ``progress(phase, delta, total)`` if given. ``job.deadline`` (time.monotonic()) bounds
     the lock wait and the transfer: OutOfTime, with the work so far kept.
 
     A stage that finds the dataset's lock held by a prefetch asks it to yield (see
-    dsstage.cluster.prefetch) and then waits for the lock as for any other holder. ``prefetch``:
+    dsstage.cluster.prefetch) and then waits for the lock as for any other holder. ``job.prefetch``:
     this stage is one, which waits for no lock and evicts nothing it spares.
 
-    ``nodes``: the job's nodes (a Slurm hostlist); with ``peers.enabled`` and more than
+    ``job.nodes``: the job's nodes (a Slurm hostlist); with ``peers.enabled`` and more than
     one, this node copies its share from the source and the rest from them.
 
-    ``shard_of``: ``digest`` is a shard of that version (dsstage.node.sharded); the job's
+    ``job.shard_of``: ``job.digest`` is a shard of that version (dsstage.node.sharded); the job's
     lease then holds this shard with those it holds already (``leased``), and ``replicas``
     (a hostlist) are the job's nodes that stage the same shard: with ``peers.enabled`` they
     share its transfer as a job's nodes share a version's.
 
-    ``view``: this stage finishes a live view (dsstage.node.live), switching its entries as the
+    ``job.view``: this stage finishes a live view (dsstage.node.live), switching its entries as the
     files land. Any stage that publishes a version switches the whole view of it, if there is one."""
     started = time.monotonic()
-    job = StageRequest(user=user, job_id=job_id, pid=pid, deadline=deadline, prefetch=prefetch, nodes=nodes,
-                       shard=bool(shard_of), replicas=replicas if shard_of else "", view=view)
-    ds, digest = authorize(store, name, job, digest)
+    if not job.shard_of and job.replicas:
+        job = replace(job, replicas="")  # replicas are a shard's
+    ds, digest = authorize(store, name, job, job.digest)
+    user, job_id, shard_of, full = job.user, job.job_id, job.shard_of, job.full
     if ds.shards and not shard_of:
         raise StateError(f"dataset {name!r} is sharded: a node stages its part of a job's plan "
                          "(dsstage.node.standalone), never the whole version")
@@ -100,8 +111,8 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
     result = StageResult(dataset=name, digest=digest, path=layout.version_dir(name, digest), tier=ds.tier,
                          node=store.node, action="cached", job_id=job_id)
     lease = Lease(dataset=name, digest=shard_of or digest, job_id=job_id, user=user.name, node=store.node,
-                  taken=store.clock(), host=socket.gethostname(), pid=pid,
-                  shards=(*leased, digest) if shard_of else ())
+                  taken=store.clock(), host=socket.gethostname(), pid=job.pid,
+                  shards=(*job.leased, digest) if shard_of else ())
     with open_tier(layout) as tier:
         book = LeaseBook(tier)
         if not full and reuse(store, tier, ds, digest, book, lease):
@@ -111,8 +122,7 @@ def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0,
             closed(store, ds)
         with dataset_lock(store, layout, name, job):
             with local_errors(f"staging {name!r} into {layout.root}"):
-                make_ready(store, tier, ds, digest, job, result, full=full, on_staging=on_staging,
-                           progress=progress)
+                make_ready(store, tier, ds, digest, job, result, on_staging=on_staging, progress=progress)
                 book.take(lease)
     result.seconds = time.monotonic() - started
     return result
@@ -171,15 +181,15 @@ def dataset_lock(store: Store, layout: Layout, name: str, job: StageRequest) -> 
                        action="prefetch" if job.prefetch else "stage", bound=bound)
 
 
-def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageRequest, result: StageResult, *,  # noqa: PLR0913
-               full: bool = False, on_staging: Callable[[], None] | None = None,
+def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageRequest, result: StageResult, *,
+               on_staging: Callable[[], None] | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> None:
-    """Holding the dataset lock: verify a ready copy fully where asked, or fill and publish a new
-    one; ``result`` says which and what moved."""
+    """Holding the dataset lock: verify a ready copy fully where asked (``job.full``), or fill and
+    publish a new one; ``result`` says which and what moved."""
     name = ds.name
     store.apply_access(tier, ds)
     state = store.ready_state(tier, name, digest)
-    if state.ready and (full or ds.verify == "full"):
+    if state.ready and (job.full or ds.verify == "full"):
         vr = verifying.verify_locked(store, tier, ds, digest)
         result.action = "repaired" if vr.repaired or vr.removed_extras else "cached"
     elif not state.ready:

@@ -7,31 +7,30 @@ hold now), and its view, so that the job's own plan finds it there when it start
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from dsstage.config import catalog as cat
 from dsstage.errors import StateError
 from dsstage.hostlist import expand_nodes
 from dsstage.node import sharded, shardplan, staging
 from dsstage.node.local import default_holder
-from dsstage.node.store import Prefetching, StageResult, Store
+from dsstage.node.staging import StageRequest
+from dsstage.node.store import StageResult, Store
 
 
-def stage(store: Store, name: str, *, user: cat.User, job_id: str, pid: int = 0, nodes: str = "",  # noqa: PLR0913
-          full: bool = False, prefetch: Prefetching | None = None, deadline: float | None = None,
+def stage(store: Store, name: str, job: StageRequest, *,
           progress: Callable[[str, int, int], None] | None = None) -> StageResult:
-    """``name`` ready on this node and leased to ``job_id``: the current version, or of a
-    sharded dataset this node's part for a job on ``nodes`` (a Slurm hostlist; this node
+    """``name`` ready on this node and leased to ``job.job_id``: the current version, or of a
+    sharded dataset this node's part for a job on ``job.nodes`` (a Slurm hostlist; this node
     alone when empty: every shard). Raises as a stage does."""
     ds = store.dataset(name)
     if not ds.shards:
-        return staging.stage(store, name, user=user, job_id=job_id, pid=pid, nodes=nodes, full=full,
-                             prefetch=prefetch, deadline=deadline, progress=progress)
-    version, planned, plan, mine = part_for(store, name, nodes)
-    part = sharded.stage_part(store, name, version, mine, user=user, job_id=job_id, deadline=deadline,
-                              nodes=nodes if len(planned) > 1 else "", progress=progress, pid=pid, full=full,
-                              prefetch=prefetch, replicas=shardplan.replicas(plan, mine))
+        return staging.stage(store, name, job, progress=progress)
+    version, planned, plan, mine = part_for(store, name, job.nodes)
+    part = sharded.stage_part(store, name, version, mine, replace(job, nodes=job.nodes if len(planned) > 1 else ""),
+                              progress=progress, replicas=shardplan.replicas(plan, mine))
     return StageResult(dataset=name, digest=version, path=part.view.path, tier=ds.tier, node=store.node,
-                       action=part.action, job_id=job_id, transferred_files=part.transferred_files,
+                       action=part.action, job_id=job.job_id, transferred_files=part.transferred_files,
                        transferred_bytes=part.transferred_bytes, seconds=part.seconds)
 
 
@@ -77,8 +76,8 @@ def warm(store: Store, name: str, *, user: cat.User, progress: Callable[[str, in
     of a reservation or a campaign): the copy then stays as retention decides, its last
     use being now. ``nodes``: of a sharded dataset, this node's part for a job on them."""
     holder, pid = default_holder()
-    result = stage(store, name, user=user, job_id=holder, pid=pid, progress=progress, deadline=deadline,
-                   nodes=nodes)
+    result = stage(store, name, StageRequest(user=user, job_id=holder, pid=pid, deadline=deadline, nodes=nodes),
+                   progress=progress)
     store.release(name, holder)
     result.job_id = ""
     return result
