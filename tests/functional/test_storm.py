@@ -94,7 +94,7 @@ WORKER = textwrap.dedent(r'''
     def stage(name, i):
         job = f"w{me}-{i}"
         try:
-            res = staging.stage(store, name, user=root, job_id=job)
+            res = staging.stage(store, name, staging.StageRequest(user=root, job_id=job))
         except DsstageError as exc:
             if exc.exit_code == 75:  # NoSpace, LockTimeout: `dsstage stage` exits 75, the job is requeued
                 return "75 " + type(exc).__name__

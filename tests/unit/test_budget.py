@@ -60,29 +60,37 @@ def test_a_dead_takers_lock_is_broken(tmp_path) -> None:
 
 
 def test_a_node_whose_clock_is_ahead_does_not_take_slots_another_holds(tmp_path, monkeypatch) -> None:
-    """Grants are timed by the state directory's clock (a probe touched there), not each node's:
-    a node whose clock runs 2 x TTL ahead would otherwise see every other grant as expired and
-    take the whole budget again."""
+    """Grants are timed by the state directory's clock (its offset from the host's, measured by
+    touching a probe there), not each node's: a node whose clock runs 2 x TTL ahead would
+    otherwise see every other grant as expired and take the whole budget again. Each "node"
+    here is this process with another clock, so the measured offset is forgotten in between
+    (a process measures its own host's)."""
+    from dsstage.fs import shared
     conf = _conf(tmp_path)
     nfs = conf.sources["nfs"]
     held = budget.take(conf, nfs, "n1", 4, None)
     real = time.time
+    monkeypatch.setattr(shared, "_offsets", {}, raising=False)
     monkeypatch.setattr(time, "time", lambda: real() + 2 * budget.TTL)  # n2's clock
     ahead = budget.take(conf, nfs, "n2", 5, None)
     assert (held.slots, ahead.slots) == (4, 1)  # only what is free by the directory's clock
     assert budget.renew(held)  # n1's grant has not expired
+    monkeypatch.setattr(shared, "_offsets", {}, raising=False)
     monkeypatch.setattr(time, "time", lambda: real() - 2 * budget.TTL)  # a clock behind: no grant kept longer
     assert budget.renew(ahead)
     assert abs(ahead.record["until"] - (real() + budget.TTL)) < 5
+    assert not [p for p in (tmp_path / "budget" / "nfs").iterdir() if p.name.startswith(".clock")]  # not listed
 
 
 def test_a_claim_is_aged_by_the_state_directorys_clock(tmp_path, monkeypatch) -> None:
     """A node whose clock runs ahead by more than peers.wait takes a claim made a moment ago for
     an old one whose node stopped (its report shows nothing) and reads the source itself:
-    the claim's and the report's file times against a probe's decide instead."""
+    the claim's and the report's file times against the directory's clock decide instead."""
+    from dsstage.fs import shared
     from dsstage.node import stagers
     conf = _conf(tmp_path)
     assert stagers.claim(conf, "d", "0123456789abcdef", "n1") == "n1"
     real = time.time
+    monkeypatch.setattr(shared, "_offsets", {}, raising=False)
     monkeypatch.setattr(time, "time", lambda: real() + 4 * conf.peers.wait)  # n2's clock
     assert stagers.claim(conf, "d", "0123456789abcdef", "n2") == "n1"  # young by the directory's clock

@@ -128,25 +128,45 @@ def touch_time(path: str) -> float:
         os.close(fd)
 
 
-def server_clock(where: str) -> Callable[[], float]:
-    """A clock for times the nodes write into ``where`` and compare: the shared directory's own
-    (``touch_time`` of a probe per host, ``.clock.<host>``), so that a node whose clock is off
-    neither takes another's record for expired early nor keeps a dead one's late; this host's
-    clock where the probe cannot be written (it is then said once)."""
-    probe = os.path.join(where, f".clock.{os.uname().nodename}")
-    said: list[OSError] = []
+#: seconds a measured offset between this host's clock and a shared directory's is used
+OFFSET_TTL = 300.0
+#: directory -> (this host's monotonic time when measured, offset), for this process
+_offsets: dict[str, tuple[float, float]] = {}
+_said: set[str] = set()
 
-    def now() -> float:
-        try:
-            return touch_time(probe)
-        except OSError as exc:
-            if not said:
-                said.append(exc)
-                import logging
-                logging.getLogger(__name__).warning("%s: cannot read the shared directory's clock (%s): using "
-                                                    "this host's", where, exc.strerror or exc)
-            return time.time()
-    return now
+
+def server_offset(where: str) -> float | None:
+    """How far the clock of the filesystem ``where`` is on (``touch_time`` of a probe per host,
+    ``.clock.<host>``, minus this host's time), measured at most every ``OFFSET_TTL`` seconds
+    per process: one metadata write, not one per reading. None where the probe cannot be
+    written (said once per process and directory)."""
+    seen = _offsets.get(where)
+    if seen is not None and time.monotonic() - seen[0] < OFFSET_TTL:
+        return seen[1]
+    try:
+        offset = touch_time(os.path.join(where, f".clock.{os.uname().nodename}")) - time.time()
+    except OSError as exc:
+        if where not in _said:
+            _said.add(where)
+            import logging
+            logging.getLogger(__name__).warning("%s: cannot read the shared directory's clock (%s): this host's is "
+                                                "used, and other nodes' clocks may disagree with it", where,
+                                                exc.strerror or exc)
+        return None
+    _offsets[where] = (time.monotonic(), offset)
+    return offset
+
+
+def server_clock(where: str) -> Callable[[], float] | None:
+    """A clock for times the nodes write into a shared directory and compare: the time of the
+    filesystem ``where`` is on (this host's time and the measured ``server_offset``), so that
+    a node whose clock is off neither takes another's record for expired early nor keeps a
+    dead one's late. None where that clock cannot be read (the caller uses its own, and must
+    not compare it with files' times)."""
+    offset = server_offset(where)
+    if offset is None:
+        return None
+    return lambda: time.time() + offset
 
 
 def mtime(where: str, name: str) -> float | None:

@@ -14,8 +14,9 @@ free: the stage waits, in steps of ``POLL``, until some are or its deadline pass
 (OutOfTime: the dataset gets its ``on_failure``). A few round trips to the state directory
 per stage, none per file.
 
-Times (a grant's ``until``, the lock's age) are the state directory's clock, read by touching a
-probe there (dsstage.fs.shared.server_clock), never compared across the nodes' own clocks.
+Times (a grant's ``until``, the lock's age) are the state directory's clock (its offset from this
+host's, measured by touching a probe ``budget/.clock.<host>`` at most every 5 minutes:
+dsstage.fs.shared.server_clock), never compared across the nodes' own clocks.
 A node that dies holding slots gives them back by itself: a grant holds until ``until``,
 which a living stage moves on every ``TTL / 3`` seconds (a thread); a dead one's expires
 within ``TTL``. A stage stalled longer than that (its thread stopped too) may find its slots
@@ -72,6 +73,17 @@ class Grant:
 
 def _where(state_dir: str, budget: SourceBudget) -> str:
     return os.path.join(state_dir, DIR, budget.name)
+
+
+def _clock(state_dir: str) -> Callable[[], float]:
+    """The clock grants are timed by: the state directory's (its probe in ``budget/``, which
+    no taker lists), else this host's."""
+    where = os.path.join(state_dir, DIR)
+    try:
+        os.makedirs(where, mode=0o755, exist_ok=True)
+    except OSError:
+        pass  # the probe fails and says so; taking the slots meets the same error
+    return shared.server_clock(where) or time.time
 
 
 def _grants(where: str, now: float | None = None) -> dict[str, dict[str, Any]]:
@@ -134,7 +146,7 @@ def take(conf: Config, budget: SourceBudget, node: str, want: int, deadline: flo
     grants are the state directory's clock (``clock``: another, for tests): the nodes' clocks
     may disagree."""
     where = _where(conf.state_dir, budget)
-    clock = clock or shared.server_clock(where)  # read first once the directory is made (_try_take)
+    clock = clock or _clock(conf.state_dir)
     writers = shared.writers(conf.report.user)
     token = f"{node}.{secrets.token_hex(6)}.json"
     path = os.path.join(where, token)
@@ -186,7 +198,7 @@ def renew(grant: Grant, clock: Callable[[], float] | None = None) -> bool:
     """Move the grant's ``until`` on (by the state directory's clock, as it was taken); False if
     it is gone or has expired (its slots may be another stage's now: a stall of ``TTL``), in
     which case it is not renewed."""
-    clock = clock or shared.server_clock(os.path.dirname(grant.path))
+    clock = clock or _clock(os.path.dirname(os.path.dirname(os.path.dirname(grant.path))))
     held = untrusted.read_json(grant.path, 4096)
     until = held.get("until")
     if not held or not isinstance(until, (int, float)) or until < clock():

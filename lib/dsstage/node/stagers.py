@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -68,11 +68,13 @@ def claim(conf: Config, dataset: str, version: str, me: str, now: float | None =
     where no claim can be made or read (each node then reads the source, as before).
 
     How old a claim and its node's report are is told by the state directory's clock: the
-    files' modification times against a probe touched now (dsstage.fs.shared.server_clock),
-    not the times the nodes wrote by their own clocks, which may disagree. ``now``: a given
-    time, against the records' own times (tests)."""
+    files' modification times against its measured clock (dsstage.fs.shared.server_clock), not
+    the times the nodes wrote by their own clocks, which may disagree; where that clock cannot
+    be read, this host's against the records' times. ``now``: a given time, against the
+    records' own times (tests)."""
     where, name = _where(conf.state_dir), _name(dataset, version)
-    clock = shared.server_clock(where) if now is None else None
+    clock: Callable[[], float] | None = None
+    measured = now is not None
     writers = shared.writers(conf.report.user)
     # its time as this node's clock has it, for older readers: this version reads the file's
     data = jsontext.dumps(formats.stamp("stager-claim", {"node": me, "time": time.time() if now is None else now,
@@ -84,7 +86,9 @@ def claim(conf: Config, dataset: str, version: str, me: str, now: float | None =
             for _attempt in range(2):
                 if shared.create_once(where, name, data, writers):
                     return me
-                t = clock() if clock else float(now or 0)  # (after create_once made the directory)
+                if not measured:  # (after create_once made the directory, where its probe goes)
+                    clock, measured = shared.server_clock(where), True
+                t = clock() if clock else (time.time() if now is None else now)
                 raw = shared.read(where, name, writers)
                 record = jsontext.loads(raw) if raw else None
                 record = record if isinstance(record, dict) and formats.readable("stager-claim", record) else None
@@ -93,7 +97,10 @@ def claim(conf: Config, dataset: str, version: str, me: str, now: float | None =
                     return me  # a claim of this node's own (a stage resumed)
                 rep = untrusted.read_json(report.published_path(conf.state_dir, node)) if node else {}
                 if clock and record:  # the files' times, by the same clock as t
-                    record = {**record, "time": shared.mtime(where, name)}
+                    made = shared.mtime(where, name)
+                    if made is None:
+                        continue  # gone meanwhile (given back, or taken over): try to claim it again
+                    record = {**record, "time": made}
                     rep = {**rep, "time": shared.mtime(*os.path.split(report.published_path(conf.state_dir, node)))}
                 if current(record, rep, dataset, version, t,
                            (conf.report.max_age, conf.lock_timeout, conf.peers.wait)):
