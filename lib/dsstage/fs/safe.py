@@ -449,21 +449,22 @@ def _ident(fd: int) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-
 def make_dir_whole(top: int, name: str, fill: Callable[[int], None]) -> None:
     """Make directory ``name`` in ``top`` whole or not at all: ``fill(fd)`` fills a temporary
     directory made 0700 (nobody else can enter it, nor keep a descriptor of it or of anything in
     it, while it is filled), which is then opened (0755: who may enter is decided by ``top``)
-    and renamed over ``name``. A failure removes it."""
+    and renamed over ``name`` (an empty directory there, or nothing). A failure, the rename's
+    included, removes it."""
     tmp = temp_name()
     os.mkdir(tmp, 0o700, dir_fd=top)
     tmp_fd = os.open(tmp, O_DIR, dir_fd=top)
     try:
-        fill(tmp_fd)
-        os.fchmod(tmp_fd, 0o755)
+        try:
+            fill(tmp_fd)
+            os.fchmod(tmp_fd, 0o755)
+        finally:
+            os.close(tmp_fd)
+        os.rename(tmp, name, src_dir_fd=top, dst_dir_fd=top)
     except BaseException:
-        os.close(tmp_fd)
         remove_at(top, tmp)
         raise
-    os.close(tmp_fd)
-    os.rename(tmp, name, src_dir_fd=top, dst_dir_fd=top)
