@@ -111,18 +111,19 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
                 outcomes.append(shardjob.stage(part_of, store, name, versions, user, deadline, sharded_names))
                 bounded.tell("staged")
                 continue
-            stop = deadline
+            stop, live_digest = deadline, None
             if at_once:
                 stop = at_once_deadline if deadline is None else min(deadline, at_once_deadline)
-                if ds is not None and ds.verify != "full" and live_pending(store, ds, versions.get(name)):
+                live_digest = versions.get(name) or current_version(store, name)  # read once, for the view
+                if ds is not None and ds.verify != "full" and live_digest and live_pending(store, ds, live_digest):
                     # a view of the version is here, not whole: the job gets it at once, with a worker
                     raise OutOfTime("a live view of it is being finished on this node")
             result = staging.stage(store, name, staging.StageRequest(user=user, job_id=ctx.job_id, deadline=stop,
                                                                      nodes=ctx.nodes, digest=versions.get(name)))
         except DsstageError as exc:
             bounded.tell("staged")
-            if at_once and ds is not None and isinstance(exc, (OutOfTime, LockTimeout)):
-                viewed = live_view(ctx, store, ds, versions.get(name), user, exc)
+            if at_once and ds is not None and live_digest and isinstance(exc, (OutOfTime, LockTimeout)):
+                viewed = live_view(ctx, store, ds, live_digest, user, exc)
                 if viewed is not None:
                     outcomes.append(viewed)
                     continue
@@ -147,25 +148,32 @@ def stage_all(ctx: JobContext, conf: Config, store: Store, deadline: float | Non
     return outcomes
 
 
-def live_view(ctx: JobContext, store: Store, ds: Dataset, digest: str | None, user: cat.User,
+def live_view(ctx: JobContext, store: Store, ds: Dataset, digest: str, user: cat.User,
               exc: DsstageError) -> Verdict | None:
     """An at-once dataset whose stage did not fit ``start_budget``: the job's live view
-    (dsstage.hooks.live), or None where it cannot be made (then as for any failed stage)."""
+    (dsstage.hooks.live) of version ``digest``, or None where it cannot be made (then as for
+    any failed stage)."""
     from dsstage.hooks import live
     try:
-        return live.start(store, ds, digest or store.current(ds.name), ctx.job_id, user,
+        return live.start(store, ds, digest, ctx.job_id, user,
                           f"its stage did not finish within start_budget ({store.config.start_budget:g}s): {exc}")
     except DsstageError as err:
         log.warning("job %s: %s: no live view (%s)", ctx.job_id, ds.name, err)
         return None
 
 
-def live_pending(store: Store, ds: Dataset, digest: str | None) -> bool:
+def live_pending(store: Store, ds: Dataset, digest: str) -> bool:
     from dsstage.node import live
+    return live.pending(store, ds, digest)
+
+
+def current_version(store: Store, name: str) -> str | None:
+    """The dataset's current version, or None where it cannot be read (its stage meets the
+    error and says so)."""
     try:
-        return live.pending(store, ds, digest or store.current(ds.name))
+        return store.current(name)
     except DsstageError:
-        return False  # the stage meets it and says so
+        return None
 
 
 def pinned_versions(ctx: JobContext, conf: Config, store: Store, names: Sequence[str]) -> dict[str, str]:

@@ -23,7 +23,7 @@ from dsstage.fs import runfiles
 from dsstage.fs.layout import version_id
 from dsstage.hooks.decisions import Verdict
 from dsstage.node import live
-from dsstage.node.store import Store
+from dsstage.node.store import Store, local_errors, open_tier
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,6 @@ def finish(store: Store, name: str, digest: str, user: cat.User) -> str:
     view's entries as files land, then all of them; what happened, for the log. One worker per
     view: another that holds it already is left to it."""
     from dsstage.node import staging
-    from dsstage.node.store import local_errors, open_tier
     ds = store.dataset(name)
     layout = store.layout(ds.tier)
     vid = version_id(digest)

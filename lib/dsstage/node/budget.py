@@ -75,15 +75,15 @@ def _where(state_dir: str, budget: SourceBudget) -> str:
     return os.path.join(state_dir, DIR, budget.name)
 
 
-def _clock(state_dir: str) -> Callable[[], float]:
-    """The clock grants are timed by: the state directory's (its probe in ``budget/``, which
-    no taker lists), else this host's."""
-    where = os.path.join(state_dir, DIR)
+def _clock(where: str) -> Callable[[], float]:
+    """The clock the grants in ``where`` (``budget/<source>``) are timed by: the state
+    directory's (its probe in ``budget/``, which no taker lists), else this host's."""
+    top = os.path.dirname(where)
     try:
-        os.makedirs(where, mode=0o755, exist_ok=True)
+        os.makedirs(top, mode=0o755, exist_ok=True)
     except OSError:
         pass  # the probe fails and says so; taking the slots meets the same error
-    return shared.server_clock(where) or time.time
+    return shared.server_clock(top) or time.time
 
 
 def _grants(where: str, now: float | None = None) -> dict[str, dict[str, Any]]:
@@ -146,7 +146,7 @@ def take(conf: Config, budget: SourceBudget, node: str, want: int, deadline: flo
     grants are the state directory's clock (``clock``: another, for tests): the nodes' clocks
     may disagree."""
     where = _where(conf.state_dir, budget)
-    clock = clock or _clock(conf.state_dir)
+    clock = clock or _clock(where)
     writers = shared.writers(conf.report.user)
     token = f"{node}.{secrets.token_hex(6)}.json"
     path = os.path.join(where, token)
@@ -198,7 +198,7 @@ def renew(grant: Grant, clock: Callable[[], float] | None = None) -> bool:
     """Move the grant's ``until`` on (by the state directory's clock, as it was taken); False if
     it is gone or has expired (its slots may be another stage's now: a stall of ``TTL``), in
     which case it is not renewed."""
-    clock = clock or _clock(os.path.dirname(os.path.dirname(os.path.dirname(grant.path))))
+    clock = clock or _clock(os.path.dirname(grant.path))
     held = untrusted.read_json(grant.path, 4096)
     until = held.get("until")
     if not held or not isinstance(until, (int, float)) or until < clock():

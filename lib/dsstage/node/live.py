@@ -175,16 +175,23 @@ def switch(src: Tree, view: Tree, rel: str, links: int) -> bool:
                         return True
                 except FileNotFoundError:
                     pass
-                tmp = safe.temp_name()
-                os.link(sname, tmp, src_dir_fd=sfd, dst_dir_fd=links, follow_symlinks=False)
-                try:
-                    os.rename(tmp, dname, src_dir_fd=links, dst_dir_fd=dfd)
-                except BaseException:
-                    safe.unlink_at(links, tmp)
-                    raise
+                _swap(links, dfd, dname,
+                      lambda tmp: os.link(sname, tmp, src_dir_fd=sfd, dst_dir_fd=links, follow_symlinks=False))
     except (FileNotFoundError, NotADirectoryError):
         return False
     return True
+
+
+def _swap(links: int, dfd: int, dname: str, make: Callable[[str], None]) -> None:
+    """Replace entry ``dname`` of directory ``dfd`` by what ``make(tmp)`` makes at a temporary
+    name in the side directory ``links``: renamed over it, or removed if that fails."""
+    tmp = safe.temp_name()
+    make(tmp)
+    try:
+        os.rename(tmp, dname, src_dir_fd=links, dst_dir_fd=dfd)
+    except BaseException:
+        safe.unlink_at(links, tmp)
+        raise
 
 
 def revert(tier: RootDir, name: str, digest: str, paths: Sequence[str], source_root: str) -> int:
@@ -210,9 +217,7 @@ def revert(tier: RootDir, name: str, digest: str, paths: Sequence[str], source_r
                         there = os.stat(dname, dir_fd=dfd, follow_symlinks=False)
                         if stat.S_ISLNK(there.st_mode) or (src is not None and _same(src, rel, there)):
                             continue
-                        tmp = safe.temp_name()
-                        os.symlink(os.path.join(source_root, rel), tmp, dir_fd=links)
-                        os.rename(tmp, dname, src_dir_fd=links, dst_dir_fd=dfd)
+                        _swap(links, dfd, dname, _symlink_to(os.path.join(source_root, rel), links))
                         done += 1
             finally:
                 if src is not None:
@@ -220,6 +225,10 @@ def revert(tier: RootDir, name: str, digest: str, paths: Sequence[str], source_r
     finally:
         os.close(vfd)
     return done
+
+
+def _symlink_to(target: str, links: int) -> Callable[[str], None]:
+    return lambda tmp: os.symlink(target, tmp, dir_fd=links)
 
 
 def _same(src: Tree, rel: str, st: os.stat_result) -> bool:
@@ -278,7 +287,6 @@ class Switcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fds: list[int] = []
-        self.error: BaseException | None = None
 
     def begin(self, staging_fd: int) -> None:
         if self._thread is not None:
@@ -302,7 +310,6 @@ class Switcher:
                     if self._stop.wait(self.interval):
                         break
         except BaseException as exc:  # noqa: BLE001 - the stage goes on; the view completes when it ends
-            self.error = exc
             log.warning("live view of %s %s: switching files stopped: %s", self.name, self.vid, exc)
 
     def round(self, src: Tree, view: Tree, links: int) -> int:
@@ -359,6 +366,8 @@ def hold_worker(tier: RootDir, name: str, vid: str, tries: int = 20) -> int | No
             time.sleep(0.05)
     os.close(fd)
     return None
+
+
 # -- a job's view, and the worker that finishes it -------------------------------------------
 
 def open_for_job(store: Store, ds: Dataset, digest: str, job_id: str, user: str) -> tuple[str, bool]:
@@ -372,7 +381,6 @@ def open_for_job(store: Store, ds: Dataset, digest: str, job_id: str, user: str)
     layout = store.layout(ds.tier)
     vid = version_id(digest)
     with open_tier(layout) as tier, local_errors(f"making a live view of {ds.name!r} in {layout.root}"):
-        store.apply_access(tier, ds)
         access.apply(tier, ds, origin=store.config.origin, node=store.node, top=TOP)
         LeaseBook(tier).take(Lease(dataset=ds.name, digest=digest, job_id=job_id, user=user, node=store.node,
                                    taken=store.clock(), host=socket.gethostname()))
