@@ -37,8 +37,9 @@ from dsstage.cluster import status as cluster_status  # noqa: E402
 from dsstage.cluster import status_view as cluster_status_view  # noqa: E402
 from dsstage.config import load as config_load  # noqa: E402
 from dsstage.config import manifest as config_manifest  # noqa: E402
-from dsstage.node import publish, treecheck  # noqa: E402
+from dsstage.node import publish  # noqa: E402
 from dsstage.policy import demand  # noqa: E402
+from dsstage.transfer.check import check_tree  # noqa: E402
 from latencyfs import LatencyFS  # noqa: E402
 from servers import RsyncDaemon  # noqa: E402
 
@@ -664,7 +665,7 @@ class Bench:
         def hash_path() -> None:  # what verify --full does past the CLI's start
             fd = os.open(staged, os.O_RDONLY | os.O_DIRECTORY)
             try:
-                if treecheck.check_tree(fd, entries):
+                if check_tree(fd, entries):
                     raise SystemExit(f"bench: the staged copy of {name} does not match its manifest")
             finally:
                 os.close(fd)
@@ -677,7 +678,7 @@ class Bench:
                  t_b3 / t_ds, ">= 0.9x b3sum", t_b3 / t_ds >= 0.9)
         self.add(label, "dsstage verify --full, hashing in Python (DSSTAGE_NATIVE_COPY=0)", total / t_py, "GiB/s",
                  "b3sum", total / t_b3, t_b3 / t_py)
-        self.add(label, "its hashing alone (treecheck.check_tree, in process)", total / t_in, "GiB/s", "b3sum",
+        self.add(label, "its hashing alone (check_tree, in process)", total / t_in, "GiB/s", "b3sum",
                  total / t_b3, t_b3 / t_in)
         self.add(label, "its fixed cost: verify --full's time beyond its hashing", t_ds - t_in, "s")
         self.add(label, "dsstage verify (quick, of the ready copy: the fast path)", t_quick, "s")

@@ -40,11 +40,16 @@ def native_copier():
 
 
 def copy_verified(src, dest, entries, **kw):
-    """dsstage.transfer.copier.copy_verified from directory ``src`` into directory ``dest``."""
+    """dsstage.transfer.copier.copy_verified from directory ``src`` into directory ``dest``;
+    ``kw`` are Tuning's fields and copy_verified's keywords alike."""
+    import dataclasses
+
     from dsstage.transfer import copier
+    fields = {f.name for f in dataclasses.fields(copier.Tuning)}
+    tuning = copier.Tuning(**{k: v for k, v in kw.items() if k in fields})
     fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return copier.copy_verified(str(src), fd, entries, **kw)
+        return copier.copy_verified(str(src), fd, entries, tuning, **{k: v for k, v in kw.items() if k not in fields})
     finally:
         os.close(fd)
 

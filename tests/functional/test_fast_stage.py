@@ -164,7 +164,8 @@ def test_a_full_verify_of_a_matching_copy_answers_as_the_full_command_under_the_
     """``verify --full`` of a copy whose every file matches: the full command's answer, the
     copy hashed under the dataset's lock (its owner recorded, as the full command records
     it), without the configuration; the lock is free and the owner file gone after."""
-    from dsstage.node import lock, treecheck
+    from dsstage.node import lock
+    from dsstage.transfer import check
     full = env.cli_json("-v", "verify", "coco", "--full")
     text = env.cli("-v", "verify", "coco", "--full").stdout
     path = str(env.tier_root() / "locks" / "coco.lock")
@@ -173,8 +174,8 @@ def test_a_full_verify_of_a_matching_copy_answers_as_the_full_command_under_the_
     def check_tree(fd, entries, threads=0, progress=None):
         checked.append((lock.is_held(path), lock.read_owner(path).get("action"), len(entries)))
         return real(fd, entries, threads, progress)
-    real = treecheck.check_tree
-    monkeypatch.setattr(treecheck, "check_tree", check_tree)
+    real = check.check_tree
+    monkeypatch.setattr(check, "check_tree", check_tree)
     monkeypatch.setattr(load, "load", lambda *a, **k: pytest.fail("the fast path loaded the configuration"))
     assert cli_main.main(["verify", "coco", "--full", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == full
@@ -244,7 +245,7 @@ def test_the_fast_full_verify_imports_neither_the_configuration_nor_the_store(en
                          env=env.env(), capture_output=True, text=True, check=False)
     assert res.returncode == 0 and "OK (full)" in res.stdout, res.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
-    assert "dsstage.node.treecheck" in imported
+    assert "dsstage.node.treecheck" in imported and "dsstage.transfer.check" in imported
     assert not imported & {"dsstage.config.load", "dsstage.node.store", "yaml", "argparse", "filelock"}, \
         sorted(imported & {"dsstage.config.load", "dsstage.node.store", "yaml", "argparse", "filelock"})
 
@@ -253,8 +254,8 @@ def test_a_rebuild_during_the_fast_full_verify_leaves_the_copy_ready_in_the_repo
     """A report rebuilt while the fast ``verify --full`` held the lock shows the copy
     "verifying" (dsstage.node.inventory); the fast path sets it back, in both copies of the
     report, as the full command's rebuild at its end would."""
-    from dsstage.node import treecheck
-    real = treecheck.check_tree
+    from dsstage.transfer import check
+    real = check.check_tree
     vid = os.path.basename(ready[0]["path"])
 
     def state(path):
@@ -266,7 +267,7 @@ def test_a_rebuild_during_the_fast_full_verify_leaves_the_copy_ready_in_the_repo
         env.cli("report")  # a rebuild now (the report timer's) sees the lock held for "verify"
         seen.append(state(env.run / "reports" / f"{env.node}.json"))
         return real(fd, entries, threads, progress)
-    monkeypatch.setattr(treecheck, "check_tree", check_tree)
+    monkeypatch.setattr(check, "check_tree", check_tree)
     assert fast.answer(["verify", "coco", "--full"]) == 0
     assert seen == ["verifying"]  # what the rebuild wrote
     assert state(env.run / "reports" / f"{env.node}.json") == "ready"

@@ -420,11 +420,12 @@ def test_a_resumed_staging_area_keeps_what_it_holds_and_loses_what_was_planted(t
     """fill() reads what a staging area holds from its directories' listings (no stat of each
     file): files already there are checked, not copied again; a link, a FIFO, a stray file
     and a stray directory are removed, and nothing is followed out of the area."""
-    from dsstage.config.model import Source, Transfer
+    from dsstage.config.model import Source
     from dsstage.errors import StoreError
     from dsstage.fs.beneath import Tree
     from dsstage.node import stager
     from dsstage.transfer import build
+    from dsstage.transfer.transport import Area, for_source
     src = tmp_path / "src"
     for i in range(30):
         (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
@@ -454,10 +455,12 @@ def test_a_resumed_staging_area_keeps_what_it_holds_and_loses_what_was_planted(t
             (outside / "keep" / "f1").write_bytes(b"z")
             assert not tree.exists("d1/f1")  # behind the link: never followed
             (outside / "keep" / "f1").unlink()
+        where = Area(fd, str(area))
+        transport = for_source(Source(str(src), "local", str(src)), where)
         with pytest.raises(StoreError, match="making its directories: Not a directory"):  # never followed
-            stager.fill(fd, str(area), manifest, Source(str(src), "local", str(src)), Transfer())
+            stager.fill(where, manifest, transport)
         os.unlink(area / "d1")
-        report = stager.fill(fd, str(area), manifest, Source(str(src), "local", str(src)), Transfer())
+        report = stager.fill(where, manifest, transport)
     finally:
         os.close(fd)
     assert report.transferred.files == 29 and os.stat(area / "d0" / "f0").st_ino == kept  # checked, not copied

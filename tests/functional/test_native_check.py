@@ -1,5 +1,5 @@
 """The native helper checking a tree on this node's disk (``dsstage-copy --check``, through
-dsstage.node.treecheck.check_tree, which ``verify --full`` and the checks after rsync and peers
+dsstage.transfer.check.check_tree, which ``verify --full`` and the checks after rsync and peers
 use): the same mismatches as the Python hashing path on the same tree, files of every size
 around its buffer and past the size Python keeps, a real failing disk (latencyfs answering
 EIO, EUCLEAN or EBADMSG) blamed on the node, and a helper that stops early leaving the check to Python."""
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from dsstage.config.manifest import Entry
 from dsstage.errors import StoreError
-from dsstage.node import treecheck
 from dsstage.transfer import build as transfer_build
 from dsstage.transfer import hashing, native
+from dsstage.transfer.check import check_tree
 from helpers import native_copier, python_copier, write_tree
 from latencyfs import LatencyFS
 
@@ -34,7 +34,7 @@ def tree(tmp_path: Path) -> tuple[Path, list[Entry]]:
 def check(root: Path, entries: list[Entry], progress=None) -> list[tuple[str, str, str]]:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return [(m.path, m.expected, m.found) for m in treecheck.check_tree(fd, entries, 2, progress)]
+        return [(m.path, m.expected, m.found) for m in check_tree(fd, entries, 2, progress)]
     finally:
         os.close(fd)
 

@@ -220,7 +220,7 @@ def test_a_copy_already_under_its_name_is_replaced_in_one_step(tmp_path):
     dest = write_tree(tmp_path / "dest", {"d/a": b"old"})
     src_fd, dest_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY), os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        done = native.copy(program, src_fd, str(src), dest_fd, m.entries, Limiter(2, 4), None, lambda: False)
+        done = native.copy(program, native.Reading(src_fd, str(src)), dest_fd, m.entries, Limiter(2, 4), lambda: False)
     finally:
         os.close(src_fd)
         os.close(dest_fd)
@@ -293,7 +293,7 @@ def test_a_failure_while_reading_the_helpers_reports_stops_it_and_never_hangs(tm
     def run() -> None:
         src_fd, dest_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY), os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            native.copy(program, src_fd, str(src), dest_fd, entries, Limiter(8, 8), None, late)
+            native.copy(program, native.Reading(src_fd, str(src)), dest_fd, entries, Limiter(8, 8), late)
         except BaseException as exc:  # noqa: BLE001 - looked at below
             outcome.append(exc)
         finally:

@@ -11,10 +11,11 @@ import stat
 from pathlib import Path
 
 import pytest
-from dsstage.config.model import Source, Transfer
+from dsstage.config.model import Source
 from dsstage.fs import identity
 from dsstage.node import publish, stager
 from dsstage.transfer import build as transfer_build
+from dsstage.transfer.transport import Area, for_source
 from helpers import native_copier, python_copier, write_tree
 
 
@@ -57,7 +58,8 @@ def test_the_seal_removes_what_is_not_listed_without_following_links_and_seals_t
 def _fill(area: Path, src: Path, manifest):
     fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return stager.fill(fd, str(area), manifest, Source(str(src), "local", str(src)), Transfer())
+        where = Area(fd, str(area))
+        return stager.fill(where, manifest, for_source(Source(str(src), "local", str(src)), where))
     finally:
         os.close(fd)
 

@@ -11,7 +11,27 @@ from dsstage.errors import ConfigError
 from dsstage.slurm.conf import check_host
 from dsstage.transfer import peerd, peers
 from dsstage.transfer.rsync import TransferStats
+from dsstage.transfer.transport import Copied
 from test_config import base, error
+
+
+class NoArea:
+    """A staging area where nothing ever lands (peers.Landing)."""
+
+    path = "/nonexistent"
+    deadline = None
+
+    def present(self, todo):
+        return []
+
+    def check(self, got):
+        return []
+
+    def remove(self, bad):
+        return None
+
+    def copying(self):
+        return None
 
 
 def entries(n: int) -> list[Entry]:
@@ -222,10 +242,8 @@ def test_a_peer_still_staging_is_polled_where_it_stages_every_time(monkeypatch):
     monkeypatch.setattr(peers, "fetch_round", fetch)
     group = peers.Group(nodes=("n1", "n2"), me="n1", conf=model.Peers(enabled=True, wait=10.0), secret="s")
     entries = [Entry(f"f{i}", 10, 0, "0" * 64) for i in range(4)]
-    peers.cooperate(group, peers.Where("ds", "a" * 64, "nvme"), "/nonexistent", entries,
-                    present=lambda todo: [], check=lambda got: [], remove=lambda bad: None,
-                    from_source=lambda todo: (TransferStats(files=len(todo)), []),
-                    clock=lambda: now[0], sleep=sleep)
+    peers.cooperate(group, peers.Where("ds", "a" * 64, "nvme"), NoArea(), entries,
+                    lambda todo: Copied(TransferStats(files=len(todo))), clock=lambda: now[0], sleep=sleep)
     modules = [m for _t, m in asked]
     assert modules[:6] == ["nvme-staging", "nvme-datasets"] * 3
     # after every wait the staging area comes first: the probe never takes the poll's turn
@@ -263,10 +281,9 @@ def test_peers_that_lack_the_version_cost_the_job_one_wait_and_linear_rounds(mon
 
     def source(todo):
         from_source.extend(e.path for e in todo)
-        return TransferStats(files=len(todo)), []
-    out = peers.cooperate(group, peers.Where("ds", "a" * 64, "nvme"), "/nonexistent", entries,
-                          present=lambda todo: [], check=lambda got: [], remove=lambda bad: None,
-                          from_source=source, clock=clock, sleep=sleep)
+        return Copied(TransferStats(files=len(todo)))
+    out = peers.cooperate(group, peers.Where("ds", "a" * 64, "nvme"), NoArea(), entries, source, clock=clock,
+                          sleep=sleep)
     assert sorted(from_source) == [e.path for e in entries]  # every file still arrives, from the source
     assert len(out.given_up) == 16
     assert now[0] <= 2 * 10.0  # one wait for the job (before: about 10 s for each of the 16 peers)
@@ -291,8 +308,7 @@ def test_a_source_that_is_gone_ends_the_stage_at_once_even_with_an_empty_share_o
         raise SourceError("source /d is not reachable from this node")
     start = time.monotonic()
     with pytest.raises(SourceError):
-        peers.cooperate(group, peers.Where("ds", "a" * 64, "nvme"), "/nonexistent", entries,
-                        present=lambda todo: [], check=lambda got: [], remove=lambda bad: None, from_source=source)
+        peers.cooperate(group, peers.Where("ds", "a" * 64, "nvme"), NoArea(), entries, source)
     assert asked == [[]]  # its own (empty) share asked, not the peer's file after peers.wait
     assert time.monotonic() - start < 30  # the peer thread's wait is cut short (real time)
 

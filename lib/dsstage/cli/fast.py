@@ -167,6 +167,7 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
             logging.basicConfig(level=logging.WARNING, format="dsstage: %(levelname)s: %(message)s")
             from dsstage.config.manifest import Catalog
             from dsstage.node import treecheck
+            from dsstage.transfer import check
             entries = Catalog(cache.state_dir).load(name, pick.digest).entries
             vfd = pick.tier.dir("datasets", name, layout.version_id(pick.digest))
             extra = treecheck.extras(vfd, entries)
@@ -175,7 +176,7 @@ def _verify_full(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
                     return None
             finally:
                 extra.close()
-            if treecheck.check_tree(vfd, entries, cache.hash_threads):
+            if check.check_tree(vfd, entries, cache.hash_threads):
                 return None
         finally:  # never left held for the full command to wait on
             lock.unlock(locks, f"{name}.lock", held)

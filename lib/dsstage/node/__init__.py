@@ -1,6 +1,7 @@
 """The node store, run as root on a compute node: ``store`` (the tiers, what is ready, leases and
 retention applied), ``staging`` (a stage as named steps: authorize, reuse, make room, fill,
-publish, lease), ``stager`` (filling a staging area), ``publish``, ``space``, ``lease``,
+publish, lease), ``stager`` (filling a staging area through a dsstage.transfer.transport),
+``publish``, ``space``, ``lease``,
 ``lock`` (waiting for the dataset lock of dsstage.ready), ``access`` (groups and ACLs),
 ``background`` (purges), ``eviction``, ``verifying`` and ``treecheck``, ``local``, ``report`` (this node's report file),
 ``inventory`` (the report's body, built from the store), ``metrics``, ``rollout``; a sharded

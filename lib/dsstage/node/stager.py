@@ -1,9 +1,10 @@
 """Making a staging area hold exactly what a manifest describes.
 
 ``fill`` reuses files from versions already on the node (hard links: published files are
-immutable, so sharing an inode is safe), copies the rest (a mounted source: the verifying
-copier; ssh and rsync daemons: rsync, then every file is hashed), fetches what is wrong
-once more, and raises VerifyError naming the file if it is still wrong; then, in one walk,
+immutable, so sharing an inode is safe), copies the rest with the stage's transport
+(dsstage.transfer.transport: a mounted source through the verifying copier; ssh and rsync
+daemons through rsync, then every file is hashed; peers first where they are on), fetches
+what is wrong once more, and raises VerifyError naming the file if it is still wrong; then, in one walk,
 removes anything the manifest does not list and seals the rest (publish.seal: root-owned,
 read-only), which leaves the area ready to publish.
 
@@ -17,20 +18,16 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dsstage.config.manifest import Entry, Manifest, Mismatch
-from dsstage.config.model import Source, Transfer
-from dsstage.errors import OutOfTime, StoreError, VerifyError
-from dsstage.fs import safe as fs_safe
+from dsstage.errors import VerifyError
 from dsstage.fs.beneath import Tree
-from dsstage.fs.identity import Identity
 from dsstage.node import publish
-from dsstage.node.treecheck import check_tree, sweep_extras
-from dsstage.transfer import copier, peers
-from dsstage.transfer.rsync import TransferStats, fetch
+from dsstage.node.treecheck import sweep_extras
+from dsstage.transfer.rsync import TransferStats
+from dsstage.transfer.transport import Area, Transport
 
 log = logging.getLogger(__name__)
 
@@ -82,32 +79,20 @@ def link_reuse(dest: Tree, entries: Sequence[Entry], older: Sequence[tuple[int, 
     return linked
 
 
-def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, transfer: Transfer,  # noqa: PLR0913
-         older: Sequence[tuple[int, Manifest]] = (), *, deadline: float | None = None,
-         reader: Identity | None = None, linked: dict[int, tuple[int, int]] | None = None,
-         progress: Callable[[str, int, int], None] | None = None,
-         group: peers.Group | None = None, tier: str = "",
+def fill(area: Area, manifest: Manifest, transport: Transport, older: Sequence[tuple[int, Manifest]] = (), *,
+         linked: dict[int, tuple[int, int]] | None = None,
          checked: Callable[[int], None] | None = None) -> FillStats:
-    """Make the staging area ``dest_fd`` (at ``dest_path``) hold exactly ``manifest``, sealed;
-    raise VerifyError if the source cannot, OutOfTime when ``deadline`` passes (work is kept).
-    ``linked`` receives what was hard-linked from each older version. ``progress(phase,
-    delta, total)``: "copying" in bytes, then (rsync sources) "verifying" in files.
-    With ``group`` (the nodes of a job, this tier's name ``tier``), this node copies its
-    share from the source and the rest from the other nodes (dsstage.transfer.peers); what comes
-    back wrong from the source is fetched from the source again, as without peers.
-    ``checked(dest_fd)`` is called once every file the area holds at its final name is
+    """Make the staging area ``area`` hold exactly ``manifest``, sealed, with ``transport``
+    (dsstage.transfer.transport: chosen from the source, peers wrapping it); raise VerifyError
+    if the source cannot, OutOfTime when the area's deadline passes (work is kept).
+    ``linked`` receives what was hard-linked from each older version. What comes back wrong
+    from the source is fetched from the source again (``transport.origin``).
+    ``checked(area.fd)`` is called once every file the area holds at its final name is
     verified and sealed from then on (what an earlier stage left was checked again): a live
-    view (dsstage.node.live) may link them as they land. Not with ``group``: what rsync brings
-    from a peer stands at its final name before it is hashed."""
-    def copying(delta: int, total: int) -> None:
-        if progress:  # with peers, several copies run at once: their progress is of the whole
-            progress("copying", delta, manifest.total_bytes if group is not None else total)
-
-    def verifying(total: int) -> Callable[[int], None] | None:
-        return (lambda delta: progress("verifying", delta, total)) if progress else None
-
+    view (dsstage.node.live) may link them as they land; only with a transport that renames
+    a file into place once verified (``verified_on_arrival``)."""
     report = FillStats()
-    with Tree(dest_fd, create=True) as dest:
+    with Tree(area.fd, create=True) as dest:
         there = dest.paths()
         resumed = [e for e in manifest.entries if e.path in there]
         reused = link_reuse(dest, manifest.entries, older, there)
@@ -115,77 +100,35 @@ def fill(dest_fd: int, dest_path: str, manifest: Manifest, source: Source, trans
         linked.update(reused)
     report.linked_files = sum(f for f, _b in reused.values())
     report.linked_bytes = sum(b for _f, b in reused.values())
-
-    def copy(entries: Sequence[Entry]) -> tuple[TransferStats, list[Mismatch]]:
-        if source.kind == "local":
-            return copier.copy_verified(source.path, dest_fd, entries, threads=copier.THREADS,
-                                        hash_threads=transfer.hash_threads,
-                                        bwlimit=transfer.bwlimit * 1024 * transfer.streams,
-                                        deadline=deadline, reader=reader, progress=copying,
-                                        max_parallel=transfer.max_parallel)
-        stats = fetch(source, dest_path, entries, transfer, deadline=deadline, progress=copying)
-        _check_time(deadline)
-        return stats, check_tree(dest_fd, entries, transfer.hash_threads, verifying(len(entries)))
-
-    if resumed and (source.kind == "local" or group is not None):
+    if resumed and not transport.checks_all:
         # left by an interrupted stage: renamed into place only once verified, but a crash
         # of the node may have lost what was not yet on disk; and a stage with peers hashes
         # what a peer sent as it arrives, so a stage cut short may have left some unhashed
-        _remove(dest_fd, check_tree(dest_fd, resumed, transfer.hash_threads))
-    if checked is not None and group is None and source.kind == "local":
-        checked(dest_fd)
-    if group is not None:
-        def present(entries: Sequence[Entry]) -> list[Entry]:
-            # asked each round of each peer for that peer's share: a lookup of each, as
-            # listing the whole area would cost the dataset, not the share, every round
-            with Tree(dest_fd) as tree:
-                return [e for e in entries if tree.exists(e.path)]
-
-        total = manifest.total_bytes
-        shared = peers.cooperate(
-            group, peers.Where(manifest.name, manifest.digest, tier), dest_path, manifest.entries,
-            present=present, check=lambda es: check_tree(dest_fd, es, transfer.hash_threads),
-            remove=lambda bad: _remove(dest_fd, bad), from_source=copy, deadline=deadline,
-            progress=lambda n: copying(n, total))
-        stats, bad = shared.source, shared.bad
-        report.from_peers, report.peers_given_up = shared.from_peers, shared.given_up
-    else:
-        stats, bad = copy(manifest.entries)
+        area.remove(area.check(resumed))
+    if checked is not None and transport.verified_on_arrival:
+        checked(area.fd)
+    got = transport.copy(manifest.entries)
+    stats, bad = got.source, got.bad
+    report.from_peers, report.peers_given_up = got.from_peers, got.given_up
     report.transferred = stats
     if bad:
         log.info("%d file(s) of %s failed verification; fetching them again", len(bad), manifest.name)
-        _remove(dest_fd, bad)
+        area.remove(bad)
         by_path = {e.path: e for e in manifest.entries}
         again = [by_path[m.path] for m in bad]
-        stats, bad = copy(again)
-        report.transferred.add(stats)
+        got = transport.origin.copy(again)
+        bad = got.bad
+        report.transferred.add(got.source)
         report.refetched = [e.path for e in again]
     if bad:
-        sweep_extras(dest_fd, manifest.entries)  # kept for the next stage: only what it lists
+        sweep_extras(area.fd, manifest.entries)  # kept for the next stage: only what it lists
         raise VerifyError(mismatch_message(manifest.name, bad))
     # what the manifest does not list goes, and the rest is sealed, in one walk; the files the
     # copier made sealed are not looked at again (with peers, what rsync brought from a peer
     # may stand where a file was made: all are checked)
-    made = report.transferred.sealed if group is None else frozenset()
-    report.removed_extras = publish.seal(dest_fd, gid=0, wanted={e.path for e in manifest.entries}, made=made)
+    made = report.transferred.sealed if transport.verified_on_arrival else frozenset()
+    report.removed_extras = publish.seal(area.fd, gid=0, wanted={e.path for e in manifest.entries}, made=made)
     return report
-
-
-def _check_time(deadline: float | None) -> None:
-    if deadline is not None and time.monotonic() > deadline:
-        raise OutOfTime("the transfer used up the time budget; what arrived is kept and the next stage resumes")
-
-
-def _remove(dest_fd: int, bad: Sequence[Mismatch]) -> None:
-    with Tree(dest_fd) as tree:
-        for m in bad:
-            try:
-                with tree.parent(m.path) as (fd, name):
-                    fs_safe.remove_at(fd, name)
-            except (FileNotFoundError, NotADirectoryError):
-                pass
-            except OSError as exc:
-                raise StoreError(f"cannot remove {m.path!r} from the staging area: {exc.strerror}") from None
 
 
 def mismatch_message(name: str, bad: Sequence[Mismatch]) -> str:

@@ -211,6 +211,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     """Make room for what older versions cannot lend, copy the version into its staging area
     within a space reservation, and publish it (the caller holds the dataset lock)."""
     from dsstage.node import stager
+    from dsstage.transfer.transport import Area, for_source
     name = ds.name
     prefetch = job.prefetch
     manifest = store.load_manifest(name, digest)
@@ -237,14 +238,16 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
             # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
             transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
         sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
+        area = Area(sfd, tier.path("staging", staging), transfer, job.deadline, node_report.ProgressNote(
+            store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
+            interval=store.config.report.interval, publish_to=node_report.publish_target(store.config),
+            also=progress), whole=manifest.total_bytes if group is not None else 0)
+        # the transport, chosen once from the source; peers (the job's nodes, the holders) wrap it
+        transport = for_source(ds.source, area, store.reader())
+        if group is not None:
+            transport = peers.PeersFirst(group, peers.Where(name, digest, tier_conf.name), transport, area)
         try:
-            stats = stager.fill(sfd, tier.path("staging", staging), manifest, ds.source, transfer,
-                                [(fd, m) for fd, m in older], deadline=job.deadline, reader=store.reader(),
-                                linked=linked, progress=node_report.ProgressNote(
-                                    store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
-                                    interval=store.config.report.interval,
-                                    publish_to=node_report.publish_target(store.config), also=progress),
-                                group=group, tier=tier_conf.name,
+            stats = stager.fill(area, manifest, transport, [(fd, m) for fd, m in older], linked=linked,
                                 checked=job.view.begin if job.view else None)
         finally:
             if job.view:  # before the lock goes: the rest is switched from the published copy

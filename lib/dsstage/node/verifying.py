@@ -17,6 +17,7 @@ from dsstage.fs.layout import version_id
 from dsstage.fs.safe import RootDir
 from dsstage.node import publish, treecheck
 from dsstage.node.store import Store, VerifyResult, local_errors, open_tier
+from dsstage.transfer import check
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
     pass
@@ -80,11 +81,12 @@ def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> Veri
     """Re-hash the published copy; fetch again what is wrong, atomically per file. A
     copy that cannot be repaired is flagged bad (never ready) before the error rises."""
     from dsstage.node import stager
+    from dsstage.transfer.transport import Area, for_source
     manifest = store.load_manifest(ds.name, digest)
     vid = version_id(digest)
     vfd = tier.dir("datasets", ds.name, vid)
     vdir = tier.path("datasets", ds.name, vid)
-    bad = treecheck.check_tree(vfd, manifest.entries, store.config.transfer.hash_threads)
+    bad = check.check_tree(vfd, manifest.entries, store.config.transfer.hash_threads)
     if bad:
         store.count([("verify_failures", {"dataset": ds.name}, 1)])
     result = VerifyResult(dataset=ds.name, digest=digest, path=vdir, mode="full", ok=True,
@@ -101,8 +103,8 @@ def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> Veri
             os.mkdir(repair, 0o700, dir_fd=sdir)
             rfd = tier.dir("staging", repair)
             try:
-                stager.fill(rfd, tier.path("staging", repair), part, ds.source, store.config.transfer,
-                            reader=store.reader())
+                area = Area(rfd, tier.path("staging", repair), store.config.transfer)
+                stager.fill(area, part, for_source(ds.source, area, store.reader()))
             except (VerifyError, OutOfTime, DsstageError) as exc:
                 publish.flag_bad(tier, ds.name, digest, f"verify --full found {len(bad)} bad file(s)")
                 raise type(exc)(f"{exc} (the copy on {store.node} is flagged bad: no job gets it until "

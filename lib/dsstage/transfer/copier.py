@@ -47,6 +47,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 
 import blake3
 
@@ -69,6 +70,26 @@ RANGE_STREAMS = 4
 SPLIT = 128 * 2**20
 #: the byte range one stream copies at a time (and the unit the hash follows the copy in)
 RANGE = 32 * 2**20
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How a copy runs. Files are copied ``threads`` at once at first, then more while more
+    measurably go faster and fewer while fewer go as fast, up to ``max_parallel``
+    (dsstage.transfer.parallel: a latency-bound source needs many requests in flight, a local
+    disk a few); at most ``bwlimit`` bytes/s in all (0: no limit). A file of at least
+    ``split`` bytes is copied as byte ranges of ``range_size``, one such file after another,
+    ``range_streams`` ranges at once (0: one if the source is on the staging area's
+    filesystem, where the kernel copies and more streams of one file measured slower, else
+    RANGE_STREAMS). BLAKE3 uses at most ``hash_threads`` threads per file (0: one per CPU)."""
+
+    threads: int = THREADS
+    bwlimit: float = 0
+    hash_threads: int = 0
+    split: int | None = None  # None: SPLIT
+    range_size: int | None = None  # None: RANGE
+    range_streams: int = 0
+    max_parallel: int = Transfer.max_parallel
 
 
 def hasher(threads: int = 0) -> blake3.blake3:
@@ -112,13 +133,13 @@ def _mismatch(e: Entry, found: str) -> Mismatch:
     return Mismatch(e.path, e.hash if not found.startswith("size ") else str(e.size), found)
 
 
-def _copy_one(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit,
-              reader: Identity | None, hash_threads: int = 0) -> Mismatch | None:
+def _copy_one(src: native.Reading, dest: Tree, e: Entry, limit: RateLimit, hash_threads: int = 0) -> Mismatch | None:
     """Copy one file if it matches its entry; else the mismatch (and nothing written)."""
     def bad(found: str) -> Mismatch:
         return _mismatch(e, found)
-    with acting_as(reader):
-        fin, why = open_source_file(src_fd, e.path, src_root)
+    src_root = src.root
+    with acting_as(src.reader):
+        fin, why = open_source_file(src.fd, e.path, src_root)
     if fin is None:
         return bad(why)
     try:
@@ -210,13 +231,13 @@ class _Ranges:
         return got
 
 
-def _copy_large(src_fd: int, src_root: str, dest: Tree, e: Entry, limit: RateLimit, reader: Identity | None,  # noqa: PLR0913
-                pool: ThreadPoolExecutor, streams: int, hash_threads: int, range_size: int,
-                progress: Callable[[int], None] | None = None) -> Mismatch | None:
+def _copy_large(src: native.Reading, dest: Tree, e: Entry, limit: RateLimit, pool: ThreadPoolExecutor,
+                streams: int, tuning: Tuning, progress: Callable[[int], None] | None = None) -> Mismatch | None:
     """Copy one large file as byte ranges on ``pool`` (at most ``streams`` ranges in flight),
     hashing the copy in order as its ranges land; publish it only if it matches ``e``."""
-    with acting_as(reader):
-        fin, why = open_source_file(src_fd, e.path, src_root)
+    src_root, hash_threads, range_size = src.root, tuning.hash_threads, tuning.range_size or RANGE
+    with acting_as(src.reader):
+        fin, why = open_source_file(src.fd, e.path, src_root)
     if fin is None:
         return _mismatch(e, why)
     try:
@@ -346,33 +367,23 @@ def _finish(dfd: int, tmp: str, name: str, e: Entry) -> None:
         raise local_error(exc, f"publishing {e.path!r} in the staging area") from None
 
 
-def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads: int = THREADS,  # noqa: PLR0913
-                  bwlimit: float = 0, *, deadline: float | None = None,
-                  reader: Identity | None = None,
-                  progress: Callable[[int, int], None] | None = None,
-                  hash_threads: int = 0, split: int | None = None, range_size: int | None = None,
-                  range_streams: int = 0,
-                  max_parallel: int = Transfer.max_parallel) -> tuple[TransferStats, list[Mismatch]]:
-    """Copy ``entries`` that are not yet below ``dest_fd`` (at most ``bwlimit`` bytes/s if
-    set); return stats and the files that were missing or did not match the manifest
-    (nothing is written for those). Raises OutOfTime when ``deadline`` (monotonic) passes:
-    what was copied stays, the next call resumes. ``progress(bytes_delta, bytes_total)``
-    is called as files finish.
-
-    Files are copied ``threads`` at once at first, then more while more measurably go
-    faster and fewer while fewer go as fast, up to ``max_parallel`` (dsstage.transfer.parallel: a
-    latency-bound source needs many requests in flight, a local disk a few). A file of at
-    least ``split`` bytes (default SPLIT) is copied as byte ranges (``range_size``, default
-    RANGE), one such file after another, ``range_streams`` ranges at once (0: one if the
-    source is on the staging area's filesystem, where the kernel copies and more streams
-    of one file measured slower, else RANGE_STREAMS). BLAKE3 uses at most
-    ``hash_threads`` threads per file (0: one per CPU)."""
-    split = SPLIT if split is None else split
-    range_size = RANGE if range_size is None else range_size
-    threads = max(1, threads)
-    max_parallel = max(1, max_parallel)
+def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], tuning: Tuning | None = None, *,
+                  deadline: float | None = None, reader: Identity | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[TransferStats, list[Mismatch]]:
+    """Copy ``entries`` that are not yet below ``dest_fd``, as ``tuning`` says (Tuning);
+    return stats and the files that were missing or did not match the manifest (nothing is
+    written for those). Raises OutOfTime when ``deadline`` (monotonic) passes: what was
+    copied stays, the next call resumes. ``progress(bytes_delta, bytes_total)`` is called as
+    files finish."""
+    tuning = tuning or Tuning()
+    split = SPLIT if tuning.split is None else tuning.split
+    tuning = replace(tuning, range_size=RANGE if tuning.range_size is None else tuning.range_size)
+    bwlimit, range_streams = tuning.bwlimit, tuning.range_streams
+    threads = max(1, tuning.threads)
+    max_parallel = max(1, tuning.max_parallel)
     limit = RateLimit(bwlimit)
     src_fd = open_source_root(src_root, reader)
+    src = native.Reading(src_fd, src_root, reader)
     stop = threading.Event()
     try:
         if range_streams <= 0:
@@ -410,7 +421,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
                         stats.bytes += e.size
 
             def one(e: Entry) -> int:
-                failure = _copy_one(src_fd, src_root, dest, e, limit, reader, hash_threads)
+                failure = _copy_one(src, dest, e, limit, tuning.hash_threads)
                 count(e, failure)
                 ranged(e.size)  # the progress of a whole file
                 late()  # sets stop once the deadline passed: no more files are handed out
@@ -423,8 +434,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
             try:
                 if not late():
                     gate = parallel.Limiter(min(threads, max_parallel), max_parallel, f"copying from {src_root}")
-                    rest, done = native.copy_some(src_fd, src_root, dest, rest, gate, reader, late, ranged,
-                                                 rate_limited=bool(bwlimit))
+                    rest, done = native.copy_some(src, dest, rest, gate, late, ranged, rate_limited=bool(bwlimit))
                     with counting:
                         stats.files += done.files
                         stats.bytes += done.bytes
@@ -435,8 +445,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], threads
                         for e in large:
                             if late():
                                 break
-                            count(e, _copy_large(src_fd, src_root, dest, e, limit, reader, pool, streams,
-                                                 hash_threads, range_size, ranged))
+                            count(e, _copy_large(src, dest, e, limit, pool, streams, tuning, ranged))
             except BaseException:
                 stop.set()
                 raise

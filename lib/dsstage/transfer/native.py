@@ -13,7 +13,7 @@ every decision: which files, how many in flight
 moves), when to stop (the deadline), and what a failure means (SourceError for the
 source's, the store's errors for the node's). It checks a tree on this node's disk the same
 way (check: each file hashed against its manifest entry, nothing written), for ``verify
---full`` and for what rsync and peers deliver (dsstage.node.treecheck.check_tree).
+--full`` and for what rsync and peers deliver (dsstage.transfer.check.check_tree).
 
 The helper is used where it is installed and trusted: ``native/dsstage-copy`` beside a
 checkout's ``lib/`` (packaging/lib.sh builds it), ``/usr/libexec/dsstage/dsstage-copy`` from
@@ -181,6 +181,16 @@ def disable() -> None:
     _drop([None])
 
 
+@dataclass(frozen=True)
+class Reading:
+    """Where a copy reads: the source directory's descriptor, its path (for messages), and
+    the identity it reads as (None: root)."""
+
+    fd: int
+    root: str
+    reader: Identity | None = None
+
+
 @dataclass
 class Result:
     files: int = 0
@@ -212,20 +222,19 @@ def _fatal(fields: list[str], entries: Sequence[Entry], src_root: str) -> Except
     return local_error(OSError(err, os.strerror(err)), what)
 
 
-def copy(program: Helper, src_fd: int, src_root: str, dest_fd: int, entries: Sequence[Entry], gate: Limiter,  # noqa: PLR0913
-         reader: Identity | None, late: Callable[[], bool],
-         progress: Callable[[int], None] | None = None) -> Result:
+def copy(program: Helper, src: Reading, dest_fd: int, entries: Sequence[Entry], gate: Limiter,
+         late: Callable[[], bool], progress: Callable[[int], None] | None = None) -> Result:
     """Copy ``entries`` (each smaller than the copier's split size, their directories made)
-    from ``src_fd`` to ``dest_fd`` with ``program``; ``late()`` true stops handing out files
+    from ``src`` to ``dest_fd`` with ``program``; ``late()`` true stops handing out files
     (those in flight finish). Raises SourceError or the store's error as the Python copier
     does; Result.complete is False if the helper could not run or did not finish."""
     if not entries:
         return Result()
-    args = [program.argv0, str(src_fd), str(dest_fd), str(gate.bound), str(gate.limit)]
-    if reader is not None and os.geteuid() == 0:
-        args += [str(reader.uid), str(reader.gid), ",".join(map(str, reader.groups)) or "-"]
-    return _run(program, args, (src_fd, dest_fd), entries, gate, late,
-                (lambda _files, nbytes: progress(nbytes)) if progress else None, src_root)
+    args = [program.argv0, str(src.fd), str(dest_fd), str(gate.bound), str(gate.limit)]
+    if src.reader is not None and os.geteuid() == 0:
+        args += [str(src.reader.uid), str(src.reader.gid), ",".join(map(str, src.reader.groups)) or "-"]
+    return _run(program, args, (src.fd, dest_fd), entries, gate, late,
+                (lambda _files, nbytes: progress(nbytes)) if progress else None, src.root)
 
 
 def check(program: Helper, root_fd: int, entries: Sequence[Entry], threads: int,
@@ -328,9 +337,8 @@ def _run(program: Helper, args: list[str], fds: tuple[int, ...], entries: Sequen
     return result
 
 
-def copy_some(src_fd: int, src_root: str, dest: Tree, entries: list[Entry], gate: Limiter,  # noqa: PLR0913
-              reader: Identity | None, late: Callable[[], bool], progress: Callable[[int], None],
-              *, rate_limited: bool) -> tuple[list[Entry], Result]:
+def copy_some(src: Reading, dest: Tree, entries: list[Entry], gate: Limiter, late: Callable[[], bool],
+              progress: Callable[[int], None], *, rate_limited: bool) -> tuple[list[Entry], Result]:
     """Copy what the helper can of ``entries`` (dsstage.transfer.copier's files below its
     split size, their directories made): the entries left for the Python copier (all of
     them where there is no helper, or a rate limit, which only the Python copier keeps;
@@ -340,7 +348,7 @@ def copy_some(src_fd: int, src_root: str, dest: Tree, entries: list[Entry], gate
     if program is None or rate_limited:
         return entries, Result()
     fits, left = _fitting(entries)
-    done = copy(program, src_fd, src_root, dest.root_fd, fits, gate, reader, late, progress)
+    done = copy(program, src, dest.root_fd, fits, gate, late, progress)
     if not done.complete:
         if not done.cut_short:
             disable()

@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from dsstage import proc
 from dsstage.config.manifest import Entry, Mismatch
@@ -51,6 +52,7 @@ from dsstage.errors import CommandError, ConfigError, OutOfTime
 from dsstage.fs import layout
 from dsstage.transfer.peerd import USER, address, read_secret
 from dsstage.transfer.rsync import PARTIAL, TransferStats, files_from, plan_streams
+from dsstage.transfer.transport import Area, Copied, Transport
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +174,28 @@ class PeerTransfer:
         return total
 
 
-#: callbacks the stager gives: which entries are present, hash-check some, remove some,
-#: copy some from the source
-Present = Callable[[Sequence[Entry]], list[Entry]]
-Check = Callable[[Sequence[Entry]], list[Mismatch]]
-Remove = Callable[[Sequence[Mismatch]], None]
-FromSource = Callable[[Sequence[Entry]], tuple[TransferStats, list[Mismatch]]]
+class Landing(Protocol):
+    """The staging area as a cooperative fill sees it (dsstage.transfer.transport.Area): its
+    path (rsync writes by it), the stage's deadline, which entries are there, hash-checking
+    and removing some, and the progress of the bytes copied."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def deadline(self) -> float | None: ...
+
+    def present(self, entries: Sequence[Entry]) -> list[Entry]: ...
+
+    def check(self, entries: Sequence[Entry]) -> list[Mismatch]: ...
+
+    def remove(self, bad: Sequence[Mismatch]) -> None: ...
+
+    def copying(self) -> Callable[[int, int], None] | None: ...
+
+
+#: copies some entries from the source (the wrapped transport's ``copy``)
+FromSource = Callable[[Sequence[Entry]], Copied]
 
 
 @dataclass(frozen=True)
@@ -315,15 +333,16 @@ class _Cooperation:
     """One cooperative fill: this node's share from the source, each peer's share from it (one
     thread per peer), with what came from where kept under one lock."""
 
-    def __init__(self, group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,  # noqa: PLR0913
-                 present: Present, check: Check, remove: Remove, from_source: FromSource,
-                 deadline: float | None, progress: Callable[[int], None] | None,
-                 clock: Callable[[], float], sleep: Callable[[float], object] | None = None) -> None:
-        self.group, self.where, self.dest_path = group, where, dest_path
+    def __init__(self, group: Group, where: Where, landing: Landing, entries: Sequence[Entry],
+                 from_source: FromSource, clock: Callable[[], float],
+                 sleep: Callable[[float], object] | None = None) -> None:
+        self.group, self.where, self.landing, self.dest_path = group, where, landing, landing.path
         self.split = shares(entries, group.split_among())
         self.split.setdefault(group.me, [])  # with holders, this node's own share is nothing
-        self.present, self.check, self.remove, self.from_source = present, check, remove, from_source
-        self.deadline, self.progress, self.clock = deadline, progress, clock
+        self.present, self.check, self.remove = landing.present, landing.check, landing.remove
+        self.from_source, self.deadline, self.clock = from_source, landing.deadline, clock
+        copying = landing.copying()
+        self.progress = (lambda n: copying(n, 0)) if copying else None
         self.out = PeerTransfer()
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -348,10 +367,10 @@ class _Cooperation:
         source that is gone raises SourceError at once)."""
         if not todo and not probe:
             return
-        stats, bad = self.from_source(todo)
+        got = self.from_source(todo)
         with self.lock:
-            self.out.source.add(stats)
-            self.out.bad += bad
+            self.out.source.add(got.source)
+            self.out.bad += got.bad
 
     def give_up(self, node: str, why: str) -> None:
         with self.lock:
@@ -470,23 +489,41 @@ class _Cooperation:
         return self.out
 
 
-def cooperate(group: Group, where: Where, dest_path: str, entries: Sequence[Entry], *,  # noqa: PLR0913
-              present: Present, check: Check, remove: Remove, from_source: FromSource,
-              deadline: float | None = None, progress: Callable[[int], None] | None = None,
-              clock: Callable[[], float] = time.monotonic,
+def cooperate(group: Group, where: Where, landing: Landing, entries: Sequence[Entry], from_source: FromSource,
+              *, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], object] | None = None) -> PeerTransfer:
-    """Fill ``dest_path`` with ``entries`` (the whole manifest, in the same order on every
+    """Fill ``landing`` with ``entries`` (the whole manifest, in the same order on every
     node): this node's share from the source, the others' from the peers (see the module
     doc). Returns what came from where; files from the source that did not match are in
     ``bad`` (not written), for the caller to fetch again."""
-    out = _Cooperation(group, where, dest_path, entries, present=present, check=check, remove=remove,
-                       from_source=from_source, deadline=deadline, progress=progress, clock=clock,
-                       sleep=sleep).run()
+    out = _Cooperation(group, where, landing, entries, from_source, clock, sleep).run()
     got = out.from_peers
     log.info("%s: %d file(s) (%d bytes) from peers%s, %d file(s) (%d bytes) from the source", where.name,
              got.files, got.bytes, f" ({', '.join(sorted(out.peers))})" if out.peers else "",
              out.source.files, out.source.bytes)
     return out
+
+
+@dataclass
+class PeersFirst:
+    """A transport (dsstage.transfer.transport) that wraps the source's: the version's files
+    from the job's other nodes and the holders (``group``, where the version is on them:
+    ``where``), this node's share and what the peers fail to give through ``inner``."""
+
+    group: Group
+    where: Where
+    inner: Transport
+    area: Area
+    verified_on_arrival = False  # what rsync brings from a peer stands at its final name before its hash
+    checks_all = False
+
+    @property
+    def origin(self) -> Transport:
+        return self.inner.origin
+
+    def copy(self, entries: Sequence[Entry]) -> Copied:
+        out = cooperate(self.group, self.where, self.area, entries, self.inner.copy)
+        return Copied(out.source, out.bad, out.from_peers, out.given_up)
 
 
 def _without(entries: Sequence[Entry], drop: Sequence[Entry]) -> list[Entry]:
