@@ -17,11 +17,11 @@ import random
 from collections.abc import Sequence
 
 from dsstage.policy.sim import trace as tr
-from dsstage.policy.sim.replay import Features, Lru, Tier, simulate
+from dsstage.policy.sim.replay import Features, Lru, Setup, Tier, simulate
 
 
 def spread(seed: int, draws: int) -> list[float]:
-    t = tr.generate(jobs=3000, nodes=16, seed=seed)
+    t = tr.generate(jobs=3000, nodes=16, draws=tr.Draws(seed=seed))
     cap = int(0.33 * t.working_set())
     base, _ = simulate(t.jobs, t.nodes, 1, t.sizes, cap, 2e9, Lru())
     out = []
@@ -37,7 +37,7 @@ def spread(seed: int, draws: int) -> list[float]:
             def before(self, now: float) -> None:
                 pass  # never looks at the tiers
 
-        res, _ = simulate(t.jobs, t.nodes, 1, t.sizes, cap, 2e9, Lru(), placement="prefer", features_of=Blind)
+        res, _ = simulate(t.jobs, t.nodes, 1, t.sizes, cap, 2e9, Lru(), Setup("prefer", features_of=Blind))
         out.append(res.queue_wait_mean / base.queue_wait_mean)
     return out
 

@@ -331,7 +331,7 @@ def note(env: Env, run: Path) -> tuple[report.ProgressNote, Clock, list[tuple[st
     env.add("coco", {"a": b"a"})
     assert inventory.refresh(store_of(env, run))["copies"] == []
     clock, seen = Clock(1000.0), []
-    return report.ProgressNote(str(run), NODE, "nvme", "coco", VERSION, "7", interval=1.0, publish_to=None,
+    return report.ProgressNote(str(run), NODE, ("nvme", "coco", VERSION), "7", interval=1.0, publish_to=None,
                                clock=clock, also=lambda *a: seen.append(a)), clock, seen
 
 

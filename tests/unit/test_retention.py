@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dsstage.policy.retention import Copy, Demand, Plan, Policy, Space, Want, plan, used
+from dsstage.policy.retention import Asked, Copy, Demand, Plan, Policy, Space, Want, plan, used
 
 NOW = 1_800_000_000.0
 GB = 10**9
@@ -23,10 +23,10 @@ def pending(job: str, *, start_in: float | None = 600, nodes: tuple[str, ...] = 
 
 
 def decide(copies: list[Copy], *, capacity_gb: float = 100, wants: dict[str, list[Want]] | None = None,
-           stale: bool = False, need_gb: float = 0, policy: Policy = Policy(), **kw: object) -> tuple[Plan, dict]:
+           stale: bool = False, need_gb: float = 0, policy: Policy = Policy(), **asked: object) -> tuple[Plan, dict]:
     p = plan(copies, Demand(wants=wants or {}, stale=stale, age=7200 if stale else 10),
              Space(capacity=int(capacity_gb * GB), high=0.9, low=0.75, need=int(need_gb * GB)), NOW,
-             policy=policy, node="n1", **kw)  # type: ignore[arg-type]
+             policy=policy, node="n1", asked=Asked(**asked))  # type: ignore[arg-type]
     return p, {d.copy.dataset + ("" if d.copy.current else "@old"): (d.action, d.reason) for d in p.decisions}
 
 

@@ -15,8 +15,8 @@ from dsstage.policy import retention as rt
 from dsstage.policy.sim import cli as simulate
 from dsstage.policy.sim import trace as tr
 from dsstage.policy.sim.bound import lower_bound, pack
-from dsstage.policy.sim.planner import Planner
-from dsstage.policy.sim.replay import Features, JobEnd, Lru, Offline, Policy, QueueOracle, Result, Tier
+from dsstage.policy.sim.planner import Planner, Snapshot
+from dsstage.policy.sim.replay import Features, JobEnd, Lru, Offline, Policy, QueueOracle, Result, Setup, Tier
 from dsstage.policy.sim.replay import simulate as run_sim
 from dsstage.policy.sim.sched import Nodes, Schedule, Scheduler, project, schedule
 
@@ -77,7 +77,7 @@ def test_with_peers_a_dataset_is_read_from_the_source_once_and_a_peer_never_runs
             job(3, "a", submit=0.0, runtime=100.0)]
     sizes = {"a": 10 * GB, "b": 10 * GB}
     off, _ = run_sim(jobs, 2, 1, sizes, 10 * GB, GB, Lru())
-    on, sched = run_sim(jobs, 2, 1, sizes, 10 * GB, GB, Lru(), peer_bandwidth=4 * GB)
+    on, sched = run_sim(jobs, 2, 1, sizes, 10 * GB, GB, Lru(), Setup(peer_bandwidth=4 * GB))
     assert (off.bytes_from_source, off.bytes_from_peers) == (off.bytes_staged, 0)
     assert on.bytes_staged == off.bytes_staged
     first = sched.runs[0]
@@ -145,7 +145,8 @@ def test_planner_sees_the_queue_as_of_its_last_snapshot():
     assert [r.start for r in sched.runs] == [0.0, 1000.0, 3020.0, 4020.0]
     hits = {}
     for interval in (30.0, 0.0):
-        planner = Planner(sched.nodes, sched.slots_per_node, 400, policy=rt.Policy(min_keep=0), interval=interval)
+        planner = Planner(sched.nodes, sched.slots_per_node, 400, policy=rt.Policy(min_keep=0),
+                          snapshot=Snapshot(interval=interval))
         hits[interval] = replay(sched, sizes, 400, 1.0, planner).hits
     assert hits == {30.0: 0, 0.0: 1}
 
@@ -163,7 +164,7 @@ def test_planner_counts_the_job_starts_a_poller_would_see():
             d = super().demand(now)
             seen.append((now, dict(d.uses)))
             return d
-    planner = Watching(sched.nodes, 1, 100, interval=30.0, shortcut=False)
+    planner = Watching(sched.nodes, 1, 100, snapshot=Snapshot(interval=30.0), shortcut=False)
     replay(sched, {"a": 10, "b": 10, "c": 10}, 100, 1.0, planner)
     # at 300 (c's Prolog) the snapshot is the one taken at 300: before c started; b was never seen
     at = dict(seen)
@@ -187,7 +188,7 @@ def test_bound_holds_on_shared_nodes():
 
 
 def test_planner_shortcut_changes_nothing():
-    trace = tr.generate(jobs=150, nodes=4, datasets=12, seed=3)
+    trace = tr.generate(jobs=150, nodes=4, draws=tr.Draws(datasets=12, seed=3))
     sched = schedule(trace.jobs, trace.nodes, 1)
     cap = int(0.3 * trace.working_set())
     fast = Planner(sched.nodes, sched.slots_per_node, cap)
@@ -210,7 +211,7 @@ def test_a_leased_copy_is_never_evicted_and_what_cannot_fit_is_streamed():
 
 
 def test_every_policy_stays_above_the_bound():
-    trace = tr.generate(jobs=300, nodes=4, datasets=15, seed=5)
+    trace = tr.generate(jobs=300, nodes=4, draws=tr.Draws(datasets=15, seed=5))
     sched = schedule(trace.jobs, trace.nodes, 1)
     cap = int(0.33 * trace.working_set())
     bound = lower_bound(sched, trace.sizes, cap)
@@ -279,7 +280,7 @@ def test_small_jobs_share_a_node_large_ones_take_whole_nodes():
 def placed(jobs: list[tr.Job], nodes: int, placement: str, interval: float = 30.0,
            wait: float = 0.0) -> tuple[Result, dict[str, tuple]]:
     res, sched = run_sim(jobs, nodes, 1, {"a": 10, "b": 10, "x": 10, "y": 10}, 100, 1000.0, Lru(),
-                          placement=placement, features_interval=interval, wait_for_data=wait)
+                          Setup(placement, features_interval=interval, wait_for_data=wait))
     return res, {r.job.id: (r.start, r.nodes) for r in sched.runs}
 
 
@@ -379,14 +380,14 @@ def test_while_a_job_waits_for_its_data_the_jobs_behind_it_use_the_free_nodes():
 
 
 def test_unaware_placement_is_the_same_for_every_policy():
-    trace = tr.generate(jobs=200, nodes=6, datasets=10, seed=4)
+    trace = tr.generate(jobs=200, nodes=6, draws=tr.Draws(datasets=10, seed=4))
     cap = int(0.3 * trace.working_set())
     fixed = schedule(trace.jobs, trace.nodes, 1)
     for policy in (Lru(), JobEnd(), Planner(trace.nodes, 1, cap)):
         _, sched = run_sim(trace.jobs, trace.nodes, 1, trace.sizes, cap, 2 * GB, policy)
         assert sched.runs == fixed.runs, policy.name
     # with prefer the caches steer the schedule: LRU and job-end keep different caches
-    runs = [run_sim(trace.jobs, trace.nodes, 1, trace.sizes, cap, 2 * GB, p, placement="prefer")[1].runs
+    runs = [run_sim(trace.jobs, trace.nodes, 1, trace.sizes, cap, 2 * GB, p, Setup("prefer"))[1].runs
             for p in (Lru(), JobEnd())]
     assert runs[0] != runs[1]
 
@@ -423,14 +424,14 @@ def test_parse_swf_header_and_records():
 def test_read_swf_rules(tmp_path: Path):
     path = tmp_path / "t.swf"
     path.write_text(SWF)
-    t = tr.read_swf(str(path), cores_per_node=2, datasets=5, seed=1)
+    t = tr.read_swf(str(path), cores_per_node=2, draws=tr.Draws(datasets=5))
     assert t.nodes == 4 and t.slots_per_node == 2
     assert [j.id for j in t.jobs] == ["1", "3", "6"]
     assert t.skipped == {"no run time": 1, "cancelled": 1, "larger than the cluster": 1}
     j3 = t.jobs[1]
     assert (j3.slots, j3.limit, j3.runtime) == (6, 50.0, 50.0)  # requested processors; limit = run time
     assert any("left out: 1 cancelled" in r or "1 cancelled" in r for r in t.rules)
-    window = tr.read_swf(str(path), cores_per_node=2, datasets=5, seed=1, start=2, limit=1)
+    window = tr.read_swf(str(path), cores_per_node=2, draws=tr.Draws(datasets=5), start=2, limit=1)
     assert [j.id for j in window.jobs] == ["3"] and window.jobs[0].dataset == j3.dataset
     with pytest.raises(tr.TraceError):
         tr.read_swf(str(tmp_path / "missing.swf"))
@@ -458,9 +459,9 @@ def test_dataset_rule_is_deterministic_for_a_seed():
 
 
 def test_generated_trace_is_deterministic():
-    a = tr.generate(jobs=50, nodes=4, seed=9)
-    assert a.jobs == tr.generate(jobs=50, nodes=4, seed=9).jobs
-    assert a.jobs != tr.generate(jobs=50, nodes=4, seed=10).jobs
+    a = tr.generate(jobs=50, nodes=4, draws=tr.Draws(seed=9))
+    assert a.jobs == tr.generate(jobs=50, nodes=4, draws=tr.Draws(seed=9)).jobs
+    assert a.jobs != tr.generate(jobs=50, nodes=4, draws=tr.Draws(seed=10)).jobs
     assert all(j.slots <= 4 for j in a.jobs)
 
 

@@ -204,9 +204,9 @@ def cmd_manifest_build(args: argparse.Namespace) -> int:
             log.warning("previous manifest unusable, hashing everything: %s", exc)
     from dsstage.ui import progress_bar
     with progress_bar(f"hashing {ds.name}", enabled=not args.json) as advance:
-        report = transfer_build.build(ds.name, root, source=ds.source.raw, previous=previous, reader=reader_of(conf),
-                          threads=conf.transfer.hash_threads, progress=advance,
-                          max_parallel=conf.transfer.max_parallel)
+        how = transfer_build.ReadOptions(reader_of(conf), conf.transfer.hash_threads, conf.transfer.max_parallel)
+        report = transfer_build.build(ds.name, root, source=ds.source.raw, previous=previous, how=how,
+                                      progress=advance)
     m = report.manifest
     # a sharded dataset's shards are written before CURRENT names the version: no Prolog sees one without them
     shards = shard_index.publish(manifests, m, ds.shards) if ds.shards else None

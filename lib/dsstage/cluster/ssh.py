@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from errno import ECONNREFUSED, EHOSTUNREACH, ENETUNREACH
 from typing import TYPE_CHECKING, Any
 
@@ -249,8 +250,18 @@ class _TooMuch(Exception):
     pass
 
 
-def _connect(conf: Fleet, node: str, address: str, host_keys: paramiko.HostKeys,
-             pkey: paramiko.PKey | None) -> paramiko.SSHClient:
+@dataclass(frozen=True)
+class _Login:
+    """How every node of one fleet run is logged in to: the fleet's settings, the host keys
+    that vouch for the nodes, and the key (None: the agent and the usual keys)."""
+
+    conf: Fleet
+    host_keys: paramiko.HostKeys
+    pkey: paramiko.PKey | None
+
+
+def _connect(login: _Login, node: str, address: str) -> paramiko.SSHClient:
+    conf, host_keys, pkey = login.conf, login.host_keys, login.pkey
     client = paramiko.SSHClient()
     client.set_log_channel(SSH_LOGGER)
     try:
@@ -271,9 +282,9 @@ def _connect(conf: Fleet, node: str, address: str, host_keys: paramiko.HostKeys,
     return client
 
 
-def _run_one(conf: Fleet, node: str, address: str, command: str, host_keys: paramiko.HostKeys,  # noqa: PLR0913
-             pkey: paramiko.PKey | None, on_progress: ProgressFn | None, cancel: threading.Event,
-             clock: Callable[[], float] = time.monotonic) -> Answer:
+def _run_one(login: _Login, node: str, address: str, command: str, on_progress: ProgressFn | None,
+             cancel: threading.Event, clock: Callable[[], float] = time.monotonic) -> Answer:
+    conf = login.conf
     start = clock()
     answer = Answer(node=node, address=address)
     phase = "connecting"
@@ -282,7 +293,7 @@ def _run_one(conf: Fleet, node: str, address: str, command: str, host_keys: para
     try:
         if on_progress:
             on_progress(node, {"phase": "connecting"})
-        client = _connect(conf, node, address, host_keys, pkey)
+        client = _connect(login, node, address)
         transport = client.get_transport()
         chan = transport.open_session(timeout=conf.connect_timeout)
         chan.exec_command(command)
@@ -370,9 +381,10 @@ def run(conf: Fleet, targets: Mapping[str, str], argv_of: Callable[[str], Sequen
     if not targets:
         return answers
     cancel = threading.Event()
+    login = _Login(conf, host_keys, pkey)
 
     def one(node: str) -> Answer:
-        answer = _run_one(conf, node, targets[node], commands[node], host_keys, pkey, on_progress, cancel)
+        answer = _run_one(login, node, targets[node], commands[node], on_progress, cancel)
         if on_done:
             try:
                 on_done(answer)

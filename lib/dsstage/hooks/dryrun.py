@@ -26,6 +26,7 @@ from dsstage.hooks.decisions import Verdict, job_action, on_failure, task_lines
 from dsstage.node import eviction, space, staging
 from dsstage.node.lock import read_owner
 from dsstage.node.store import Store, open_tier
+from dsstage.policy import retention
 from dsstage.ready import lease as ready_lease
 from dsstage.slurm.records import Job
 from dsstage.units import human
@@ -116,7 +117,7 @@ def _stage(conf: Config, store: Store, ds: Dataset, digest: str, path: str, step
         sp = eviction.space_of(store, tier, tier_conf, needed, use)
         if sp.over(use.total):
             dem, _snap = store.demand()
-            p = eviction.plan(store, tier, tier_conf, dem, space=sp, protect=(name,))
+            p = eviction.plan(store, tier, tier_conf, dem, space=sp, asked=retention.Asked(protect=(name,)))
             if not p.fits:
                 exc = NoSpace(eviction.no_room(store, tier_conf, name, needed, use, sp, p))
                 step.verdict = on_failure(name, ds, exc)

@@ -115,11 +115,12 @@ def policy(store: Store) -> retention.Policy:
     return retention.Policy(min_keep=r.min_keep, max_idle=r.max_idle)
 
 
-def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, space: retention.Space | None = None,  # noqa: PLR0913
-         protect: tuple[str, ...] = (), evict: tuple[str, ...] = (), force: bool = False,
-         released: str = "", have: list[retention.Copy] | None = None) -> retention.Plan:
-    """The planner on this tier; ``space`` and ``have`` (its copies, as copies() gives them
-    with the same ``released``): the tier's, if the caller has them already. Which
+def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *, space: retention.Space | None = None,
+         asked: retention.Asked = retention.Asked(), released: str = "",
+         have: list[retention.Copy] | None = None) -> retention.Plan:
+    """The planner on this tier, doing what the caller ``asked`` (retention.Asked); ``space``
+    and ``have`` (its copies, as copies() gives them with the same ``released``): the
+    tier's, if the caller has them already. Which
     pending jobs a shard copy is for (reading the published reports of their nodes) is worked
     out only where it can matter: over the high watermark, or for a stage that needs room."""
     sp = space or space_of(store, tier, tier_conf)
@@ -128,7 +129,7 @@ def plan(store: Store, tier: RootDir, tier_conf: Tier, dem: retention.Demand, *,
         cs = with_shard_demand(store, cs, dem)
     return retention.plan(cs, dem, sp,
                           store.clock(),
-                          policy=policy(store), node=store.node, protect=protect, evict=evict, force=force)
+                          policy=policy(store), node=store.node, asked=asked)
 
 
 def retain(store: Store, dem: retention.Demand | None = None, *, evict: tuple[str, ...] = (), force: bool = False,
@@ -148,7 +149,7 @@ def retain(store: Store, dem: retention.Demand | None = None, *, evict: tuple[st
     for tier_conf in store.config.tiers.values():
         layout = store.layout(tier_conf)
         with open_tier(layout) as tier, local_errors(f"applying retention in {layout.root}"):
-            p = plan(store, tier, tier_conf, dem, evict=evict, force=force, released=released)
+            p = plan(store, tier, tier_conf, dem, asked=retention.Asked(evict=evict, force=force), released=released)
             decisions = [d for d in p.decisions if not evict or d.copy.dataset in evict]
             out += _apply(store, tier, layout, decisions, dry_run=dry_run, wait=wait, held=held)
             if evict and not dry_run:
@@ -299,13 +300,13 @@ def make_room(store: Store, tier: RootDir, tier_conf: Tier, name: str, needed: i
     if not sp.over(use.total):
         return
     dem, _snap = store.demand()
-    p = plan(store, tier, tier_conf, dem, space=sp, protect=(name,))
+    p = plan(store, tier, tier_conf, dem, space=sp, asked=retention.Asked(protect=(name,)))
     if not p.fits and spare is None and use.reserved and _stop_prefetches(store, tier, name, job_id):
         use = space.usage(tier, besides=resumed)
         sp = space_of(store, tier, tier_conf, needed, use)
         if not sp.over(use.total):
             return
-        p = plan(store, tier, tier_conf, dem, space=sp, protect=(name,))
+        p = plan(store, tier, tier_conf, dem, space=sp, asked=retention.Asked(protect=(name,)))
     if not p.fits:
         raise NoSpace(no_room(store, tier_conf, name, needed, use, sp, p))
     spared = [(d.copy, why) for d in p.evictions() if spare and (why := spare(d.copy, dem))]

@@ -280,13 +280,14 @@ class ProgressNote:
     Called as ``note(phase, delta, total)`` from the stager (any thread): ``phase`` is
     "copying" (bytes) or "verifying" (files)."""
 
-    def __init__(self, run_dir: str, node: str, tier: str, dataset: str, version: str, job_id: str, *,  # noqa: PLR0913
+    def __init__(self, run_dir: str, node: str, key: tuple[str, str, str], job_id: str, *,
                  interval: float, publish_to: tuple[str, str | None] | None,
                  clock: Callable[[], float] = time.time,
                  also: Callable[[str, int, int], None] | None = None) -> None:
+        """``key``: the copy staging, as (tier, dataset, version)."""
         import threading
         self.run_dir, self.node, self.publish_to = run_dir, node, publish_to
-        self.key = (tier, dataset, version)
+        self.key = key
         self.job_id, self.interval, self.clock = job_id, interval, clock
         self.phase, self.done, self.total = "", 0, 0
         self.noted_end = ""  # the phase whose end was written: written once

@@ -239,7 +239,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
             transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
         sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
         area = Area(sfd, tier.path("staging", staging), transfer, job.deadline, node_report.ProgressNote(
-            store.run_dir, store.node, tier_conf.name, name, version_id(digest), job.job_id,
+            store.run_dir, store.node, (tier_conf.name, name, version_id(digest)), job.job_id,
             interval=store.config.report.interval, publish_to=node_report.publish_target(store.config),
             also=progress), whole=manifest.total_bytes if group is not None else 0)
         # the transport, chosen once from the source; peers (the job's nodes, the holders) wrap it

@@ -165,6 +165,18 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class Asked:
+    """What the caller asks of one plan. ``protect``: datasets whose copies stay whatever the
+    pressure (the one a stage is about to stage again reuses their files). ``evict``:
+    datasets an admin asked to evict (``dsstage evict NAME``): their unleased copies go, but
+    not one the queue wants unless ``force``."""
+
+    protect: tuple[str, ...] = ()
+    evict: tuple[str, ...] = ()
+    force: bool = False
+
+
+@dataclass(frozen=True)
 class Decision:
     copy: Copy
     evict: bool
@@ -200,23 +212,19 @@ class Plan:
 
 # -- the planner ------------------------------------------------------------------------
 
-def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *,  # noqa: PLR0913
-         policy: Policy = Policy(), node: str = "", protect: Iterable[str] = (),
-         evict: Iterable[str] = (), force: bool = False) -> Plan:
-    """Keep or evict each of ``copies`` (one tier of node ``node``), with reasons.
-
-    ``protect``: datasets whose copies stay whatever the pressure (the one a stage is about
-    to stage again reuses their files). ``evict``: datasets an admin asked to evict
-    (``dsstage evict NAME``): their unleased copies go, but not one the queue wants unless
-    ``force``."""
-    protected = set(protect)
-    asked = set(evict)
+def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *, policy: Policy = Policy(),
+         node: str = "", asked: Asked = Asked()) -> Plan:
+    """Keep or evict each of ``copies`` (one tier of node ``node``), with reasons, doing what
+    the caller ``asked`` (Asked: datasets protected, or asked to evict)."""
+    protected = set(asked.protect)
+    force = asked.force
+    to_evict = set(asked.evict)
     ready_current = {c.dataset for c in copies if c.current and c.ready}
     decided: dict[tuple[str, str], Decision] = {}
     candidates: list[Copy] = []
     for c in copies:
         d = _rule(c, demand, now, policy, node, ready_current, protected)
-        if c.dataset in asked and (d is None or not d.evict) and not c.leases:
+        if c.dataset in to_evict and (d is None or not d.evict) and not c.leases:
             wanted = _demand_text(c.dataset, demand, node, now, c.not_for)
             if wanted and not force:
                 d = Decision(c, False, f"{wanted}: not evicted without --force")

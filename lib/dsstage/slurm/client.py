@@ -37,6 +37,7 @@ from dsstage.slurm.records import (
     Job,
     Node,
     Placing,
+    RawJob,
     _job,
     parse_job_records,
     parse_nodes,
@@ -283,11 +284,11 @@ class PySlurm:
         """
         try:
             loaded = self.pyslurm.Jobs.load()
-            return [_job(job_id=str(j.id), user=j.user_name or str(j.user_id), state=str(j.state),
-                         partition=j.partition, priority=j.priority,
-                         start=float(j.start_time) if j.start_time else None, sched_nodes=j.scheduled_nodes,
-                         nodes=j.allocated_nodes, batch=bool(j.is_batch_job), requeue=bool(j.is_requeueable),
-                         admin_comment=j.admin_comment)
+            return [_job(RawJob(job_id=str(j.id), user=j.user_name or str(j.user_id), state=str(j.state),
+                                partition=j.partition, priority=j.priority,
+                                start=float(j.start_time) if j.start_time else None, sched_nodes=j.scheduled_nodes,
+                                nodes=j.allocated_nodes, batch=bool(j.is_batch_job),
+                                requeue=bool(j.is_requeueable), admin_comment=j.admin_comment))
                     for j in loaded.values() if j.state in _ALIVE]
         except self.pyslurm.PyslurmError as exc:
             raise CommandError(["pyslurm.Jobs.load()"], None, "", str(exc),

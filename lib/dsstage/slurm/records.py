@@ -11,7 +11,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from dsstage.hostlist import expand_nodes
 
@@ -204,11 +204,11 @@ def parse_job_records(text: str, fmt: str = JOB_FORMAT) -> dict[str, Job]:
         end = records[i + 1].start() if i + 1 < len(records) else len(text)
         f = dict(zip(names, m.groups()))
         f[_LAST] = text[m.end():end].removesuffix("\n").removesuffix("|")
-        out[f["JobID"]] = _job(
+        out[f["JobID"]] = _job(RawJob(
             job_id=f["JobID"], user=f.get("UserName", ""), state=f["State"], partition=f.get("Partition", ""),
             priority=f.get("PriorityLong"), start=_epoch(f.get("StartTime", "")),
             sched_nodes=f.get("SchedNodes"), nodes=f.get("NodeList"), batch=f.get("BatchFlag", "1") == "1",
-            requeue=f.get("Requeue", "1") == "1", admin_comment=f[_LAST])
+            requeue=f.get("Requeue", "1") == "1", admin_comment=f[_LAST]))
     return out
 
 
@@ -216,8 +216,24 @@ def _epoch(text: str) -> float | None:
     return float(text) if text.isdigit() else None
 
 
-def _job(*, job_id: str, user: str | None, state: str, partition: str | None, priority: Any, start: float | None,  # noqa: PLR0913
-         sched_nodes: str | None, nodes: str | None, batch: bool, requeue: bool, admin_comment: str | None) -> Job:
+class RawJob(TypedDict):
+    """A job's fields as a backend (squeue's text, pyslurm) read them, Slurm's words for
+    "none" included."""
+
+    job_id: str
+    user: str | None
+    state: str
+    partition: str | None
+    priority: Any
+    start: float | None
+    sched_nodes: str | None
+    nodes: str | None
+    batch: bool
+    requeue: bool
+    admin_comment: str | None
+
+
+def _job(raw: RawJob) -> Job:
     """A Job from what a backend read, with Slurm's words for "none" made empty.
 
     A held pending job (priority 0) has no expected start, whatever Slurm shows (a requeued
@@ -225,8 +241,11 @@ def _job(*, job_id: str, user: str | None, state: str, partition: str | None, pr
     """
     def text(v: str | None) -> str:
         return "" if v is None or v in _NONE else v
+    priority, state = raw["priority"], raw["state"]
     prio = int(priority) if isinstance(priority, int) or (isinstance(priority, str) and priority.isdigit()) else 0
-    admin = "" if admin_comment in (None, "(null)") else str(admin_comment)
-    return Job(job_id=job_id, user=text(user), state=state, datasets=datasets_of(admin), nodes=text(nodes),
-               partition=text(partition), batch=batch, requeue=requeue, admin_comment=admin, priority=prio,
-               start_time=None if state == "PENDING" and prio == 0 else start, sched_nodes=text(sched_nodes))
+    admin = "" if raw["admin_comment"] in (None, "(null)") else str(raw["admin_comment"])
+    return Job(job_id=raw["job_id"], user=text(raw["user"]), state=state, datasets=datasets_of(admin),
+               nodes=text(raw["nodes"]), partition=text(raw["partition"]), batch=raw["batch"],
+               requeue=raw["requeue"], admin_comment=admin, priority=prio,
+               start_time=None if state == "PENDING" and prio == 0 else raw["start"],
+               sched_nodes=text(raw["sched_nodes"]))

@@ -100,34 +100,42 @@ def walk(root_fd: int, shown: str = "", limiter: parallel.Limiter | None = None,
     return out
 
 
-def build(name: str, root: str, *, source: str = "", previous: Manifest | None = None,  # noqa: PLR0913
-          threads: int = 0, progress: Callable[[int, int], None] | None = None,
-          clock: Callable[[], float] = time.time, reader: Identity | None = None,
-          max_parallel: int = 0) -> BuildReport:
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a build reads its source: as ``reader`` (source_user; None: root), hashing with
+    ``threads`` (0: one per CPU), and up to ``max_parallel`` directories, stats and files at
+    once while more go faster (parallel.Limiter.for_source), for a network filesystem."""
+
+    reader: Identity | None = None
+    threads: int = 0
+    max_parallel: int = 0
+
+
+def build(name: str, root: str, *, source: str = "", previous: Manifest | None = None,
+          how: ReadOptions = ReadOptions(), progress: Callable[[int, int], None] | None = None,
+          clock: Callable[[], float] = time.time) -> BuildReport:
     """Walk ``root`` and describe every regular file; reuse hashes from ``previous``
     for files whose size and mtime did not change. Files are listed and read below one
-    descriptor of ``root``, never through a symbolic link, as ``reader`` (source_user).
+    descriptor of ``root``, never through a symbolic link, as ``how`` says (ReadOptions).
 
-    ``progress(files_done_delta, files_to_hash)`` is called as files are hashed. Up to
-    ``max_parallel`` directories, stats and files are read at once while more go faster
-    (parallel.Limiter.for_source), for a source that is a network filesystem.
+    ``progress(files_done_delta, files_to_hash)`` is called as files are hashed.
     """
     try:
-        with acting_as(reader):
+        with acting_as(how.reader):
             root_fd = open_source_dir(os.path.abspath(root))
     except OSError as exc:
         raise ManifestError(f"source {root!r} of dataset {name!r} is not a readable directory ({exc.strerror}); "
                             "check the path, that it is mounted here and that it holds no symbolic link "
                             "(give the real path)") from None
     try:
-        return _build(name, root, root_fd, source, previous, threads, progress, clock, reader, max_parallel)
+        return _build(name, root, root_fd, source, previous, how, progress, clock)
     finally:
         os.close(root_fd)
 
 
-def _build(name: str, root: str, root_fd: int, source: str, previous: Manifest | None, threads: int,  # noqa: PLR0913
-           progress: Callable[[int, int], None] | None, clock: Callable[[], float],
-           reader: Identity | None, max_parallel: int) -> BuildReport:
+def _build(name: str, root: str, root_fd: int, source: str, previous: Manifest | None, how: ReadOptions,
+           progress: Callable[[int, int], None] | None, clock: Callable[[], float]) -> BuildReport:
+    threads, reader, max_parallel = how.threads, how.reader, how.max_parallel
     old = {e.path: e for e in previous.entries} if previous else {}
     skipped: dict[str, list[str]] = {}
     found: list[tuple[str, int, int]] = []

@@ -147,13 +147,12 @@ def hash_at(root_fd: int, rel: str, reader: Identity | None = None, threads: int
         os.close(fd)
 
 
-def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,  # noqa: PLR0913
+def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,
               progress: Callable[[int], None] | None = None,
               reader: Identity | None = None, max_parallel: int = 0,
-              disk_errors: bool = False, errors: dict[str, str] | None = None,
-              mapped: bool = False) -> list[tuple[int, str] | None]:
+              disk_errors: bool = False, mapped: bool = False) -> list[tuple[int, str] | None]:
     """(bytes read, hash) of ``rels`` below ``root_fd`` in order (None where a file cannot be
-    read; ``disk_errors`` and ``errors``: see hash_at; ``mapped``: a tree on this node's disk,
+    read; ``disk_errors``: see hash_at; ``mapped``: a tree on this node's disk,
     whose large files are read through a mapping: see the module's notes).
 
     Small files are read and hashed ``threads`` at once (0: one per CPU), or, given
@@ -164,7 +163,7 @@ def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,  # noqa: PLR0
     workers = default_threads(threads)
 
     def small(rel: str) -> tuple[int, str | None] | None:
-        got = hash_at(root_fd, rel, reader, large=False, disk_errors=disk_errors, errors=errors)
+        got = hash_at(root_fd, rel, reader, large=False, disk_errors=disk_errors)
         if progress and (got is None or got[1] is not None):
             progress(1)
         return got
@@ -174,8 +173,7 @@ def hash_many(root_fd: int, rels: Sequence[str], threads: int = 0,  # noqa: PLR0
     # large files one at a time, each on blake3's threads (reading ahead)
     for i, got in enumerate(results):
         if got is not None and got[1] is None:
-            results[i] = hash_at(root_fd, rels[i], reader, threads, disk_errors=disk_errors, errors=errors,
-                                 mapped=mapped)
+            results[i] = hash_at(root_fd, rels[i], reader, threads, disk_errors=disk_errors, mapped=mapped)
             if progress:
                 progress(1)
     return [None if r is None or r[1] is None else (r[0], r[1]) for r in results]

@@ -23,8 +23,18 @@ from dsstage.errors import DsstageError
 from dsstage.policy import retention as rt
 from dsstage.policy.sim import trace as tr
 from dsstage.policy.sim.bound import Bound, lower_bound
-from dsstage.policy.sim.planner import Planner
-from dsstage.policy.sim.replay import PLACEMENTS, JobEnd, Lru, Offline, Policy, QueueOracle, Result, simulate
+from dsstage.policy.sim.planner import Planner, Snapshot
+from dsstage.policy.sim.replay import (
+    PLACEMENTS,
+    JobEnd,
+    Lru,
+    Offline,
+    Policy,
+    QueueOracle,
+    Result,
+    Setup,
+    simulate,
+)
 from dsstage.policy.sim.sched import Schedule, schedule
 from dsstage.units import parse_size
 
@@ -156,12 +166,11 @@ def load_trace(args: argparse.Namespace) -> tr.Trace:
         raise OptionError(str(exc)) from None
     if args.datasets < 1:
         raise OptionError("--datasets must be at least 1")
+    draws = tr.Draws(args.datasets, args.zipf_s, args.seed, sizes)
     if args.trace:
-        return tr.read_swf(args.trace, nodes=args.nodes, cores_per_node=args.cores_per_node,
-                           datasets=args.datasets, zipf_s=args.zipf_s, seed=args.seed, other=args.other_dataset,
-                           start=args.start, limit=args.limit, sizes=sizes)
-    return tr.generate(jobs=args.jobs, nodes=args.nodes or 16, datasets=args.datasets, zipf_s=args.zipf_s,
-                       seed=args.seed, load=args.load, sizes=sizes)
+        return tr.read_swf(args.trace, nodes=args.nodes, cores_per_node=args.cores_per_node, draws=draws,
+                           other=args.other_dataset, start=args.start, limit=args.limit)
+    return tr.generate(jobs=args.jobs, nodes=args.nodes or 16, draws=draws, load=args.load)
 
 
 def capacity_of(text: str, working_set: int) -> tuple[int, float]:
@@ -193,9 +202,9 @@ def make_policy(name: str, args: argparse.Namespace, sched: Schedule, capacity: 
         return Offline(sched.runs)
     if name == "queue-oracle":
         return QueueOracle(sched.runs)
+    snapshot = Snapshot(args.snapshot_interval, args.plan_depth, args.demand_max_age, peers and args.last_copy)
     return Planner(sched.nodes, sched.slots_per_node, capacity, high=args.high, low=args.low,
-                   policy=rt.Policy(min_keep=args.min_keep), interval=args.snapshot_interval,
-                   depth=args.plan_depth, max_age=args.demand_max_age, copies=peers and args.last_copy)
+                   policy=rt.Policy(min_keep=args.min_keep), snapshot=snapshot)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -243,10 +252,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         known, happened = sched, False  # the future an oracle knows; whether it was the one that happened
         for rounds in range(1, ORACLE_ROUNDS + 1):
             policy = make_policy(name, args, known, capacity, peer == "on")
+            setup = Setup(placement, args.snapshot_interval, args.backfill_depth, args.wait_for_data,
+                          peer_bandwidth if peer == "on" else None)
             res, out = simulate(trace.jobs, trace.nodes, trace.slots_per_node, trace.sizes, capacity, bandwidth,
-                                policy, placement=placement, features_interval=args.snapshot_interval,
-                                backfill_depth=args.backfill_depth, wait_for_data=args.wait_for_data,
-                                peer_bandwidth=peer_bandwidth if peer == "on" else None)
+                                policy, setup)
             happened = out.runs == known.runs
             if name != "queue-oracle" or happened:
                 break

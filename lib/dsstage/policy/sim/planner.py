@@ -4,7 +4,7 @@ the demand snapshot the poller would have written."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from dsstage.config.model import HIGH_WATERMARK, LOW_WATERMARK
 from dsstage.policy import demand as dm
@@ -12,6 +12,19 @@ from dsstage.policy import retention as rt
 from dsstage.policy.sim.replay import Features, Policy, Tier, node_name, ready_at
 from dsstage.policy.sim.sched import Nodes, Run, project
 from dsstage.policy.sim.trace import Job
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The demand snapshot as the poller makes it: every ``interval`` seconds (0: at each
+    call), the first ``depth`` pending jobs placed, stale after ``max_age``; with ``copies``,
+    which nodes hold each dataset (the poller's ``copies``, written with peers on), and the
+    planner keeps the last copy in the cluster first."""
+
+    interval: float = 30.0
+    depth: int = 100
+    max_age: float = 300.0
+    copies: bool = False
 
 
 class Planner(Policy):
@@ -32,16 +45,16 @@ class Planner(Policy):
 
     name = "planner"
 
-    def __init__(self, nodes: int, slots_per_node: int, capacity: int, *, high: float = HIGH_WATERMARK,  # noqa: PLR0913
-                 low: float = LOW_WATERMARK, policy: rt.Policy = rt.Policy(), interval: float = 30.0, depth: int = 100,
-                 max_age: float = 300.0, shortcut: bool = True, copies: bool = False):
-        """``copies``: the snapshot says which nodes hold each dataset (the poller's ``copies``,
-        written with peers on), and the planner keeps the last copy in the cluster first."""
+    def __init__(self, nodes: int, slots_per_node: int, capacity: int, *, high: float = HIGH_WATERMARK,
+                 low: float = LOW_WATERMARK, policy: rt.Policy = rt.Policy(), snapshot: Snapshot = Snapshot(),
+                 shortcut: bool = True):
+        """``snapshot``: the demand snapshot it decides from (Snapshot)."""
         self.space = rt.Space(capacity, high=high, low=low)
         self.policy = policy
-        self.interval = interval
-        self.depth = depth
-        self.max_age = max_age
+        self.interval = snapshot.interval
+        self.depth = snapshot.depth
+        self.max_age = snapshot.max_age
+        copies = snapshot.copies
         self.shortcut = shortcut and policy.max_idle == 0
         self.names = [node_name(n) for n in range(nodes)]
         self.free = Nodes(nodes, slots_per_node)

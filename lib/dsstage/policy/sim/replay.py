@@ -349,16 +349,30 @@ class Cluster:
         return min(slots, key=lambda s: s.ready) if slots else None
 
 
-def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[str, int], capacity: int,  # noqa: PLR0913
-             bandwidth: float, policy: Policy, *, placement: str = "unaware", features_interval: float = 30.0,
-             backfill_depth: int = 100, features_of: type[Features] | None = None,
-             wait_for_data: float = 0.0, peer_bandwidth: float | None = None) -> tuple[Result, Schedule]:
-    """Schedule ``jobs`` and serve their requests with ``policy`` deciding what the tiers keep;
-    the figures, and the schedule as it came out. ``features_of``: a Features class that
-    places by something else than the caches (bench/sim_noise.py, a control).
-    ``wait_for_data``: with placement ``prefer``, the seconds a job may wait for the nodes that
-    hold its dataset (``sched.Scheduler``'s ``wait``). ``peer_bandwidth``: peers on, a stage
-    reads from a node holding the dataset at this many bytes per second."""
+@dataclass(frozen=True)
+class Setup:
+    """How a replay places jobs and serves their data. ``placement``: one of PLACEMENTS, with
+    the nodes' features read every ``features_interval`` seconds and backfill looking
+    ``backfill_depth`` jobs deep; ``wait_for_data``: with ``prefer``, the seconds a job may
+    wait for the nodes that hold its dataset (``sched.Scheduler``'s ``wait``);
+    ``peer_bandwidth``: peers on, a stage reads from a node holding the dataset at this many
+    bytes per second; ``features_of``: a Features class that places by something else than
+    the caches (bench/sim_noise.py, a control)."""
+
+    placement: str = "unaware"
+    features_interval: float = 30.0
+    backfill_depth: int = 100
+    wait_for_data: float = 0.0
+    peer_bandwidth: float | None = None
+    features_of: type[Features] | None = None
+
+
+def simulate(jobs: Sequence[Job], nodes: int, slots_per_node: int, sizes: dict[str, int], capacity: int,
+             bandwidth: float, policy: Policy, setup: Setup = Setup()) -> tuple[Result, Schedule]:
+    """Schedule ``jobs`` and serve their requests with ``policy`` deciding what the tiers keep,
+    as ``setup`` says (Setup); the figures, and the schedule as it came out."""
+    placement, features_interval, backfill_depth = setup.placement, setup.features_interval, setup.backfill_depth
+    wait_for_data, peer_bandwidth, features_of = setup.wait_for_data, setup.peer_bandwidth, setup.features_of
     if placement not in PLACEMENTS:
         raise ValueError(f"placement {placement!r}: one of {', '.join(PLACEMENTS)}")
     t0 = time.perf_counter()

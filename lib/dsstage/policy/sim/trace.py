@@ -63,6 +63,17 @@ class Trace:
         return sum(self.sizes[d] for d in {j.dataset for j in self.jobs})
 
 
+@dataclass(frozen=True)
+class Draws:
+    """What a trace draws its datasets from: a catalogue of ``datasets`` names (``ds00`` the
+    most popular, Zipf ``zipf_s``) of sizes drawn by ``sizes``, every draw seeded by ``seed``."""
+
+    datasets: int = 40
+    zipf_s: float = 1.0
+    seed: int = 1
+    sizes: SizeModel = SizeModel()
+
+
 def dataset_names(count: int) -> list[str]:
     """``ds00`` ... by popularity rank (``ds00`` the most popular)."""
     width = max(2, len(str(count - 1)))
@@ -109,9 +120,8 @@ class Zipf:
 NODE_COUNTS = ((1, 0.70), (2, 0.15), (4, 0.10), (8, 0.05))
 
 
-def generate(*, jobs: int = 3000, nodes: int = 16, datasets: int = 40, zipf_s: float = 1.0, seed: int = 1,  # noqa: PLR0913
-             load: float = 0.9, sizes: SizeModel = SizeModel(), runtime_median: float = 7200.0,
-             runtime_sigma: float = 1.0) -> Trace:
+def generate(*, jobs: int = 3000, nodes: int = 16, draws: Draws = Draws(), load: float = 0.9,
+             runtime_median: float = 7200.0, runtime_sigma: float = 1.0) -> Trace:
     """A seeded synthetic trace of whole-node jobs (one slot per node).
 
     Each job reads one dataset drawn independently from a Zipf distribution; it asks for
@@ -122,6 +132,7 @@ def generate(*, jobs: int = 3000, nodes: int = 16, datasets: int = 40, zipf_s: f
         raise TraceError("a generated trace needs at least one job and one node")
     if not 0 < load:
         raise TraceError("--load must be positive")
+    datasets, zipf_s, seed, sizes = draws.datasets, draws.zipf_s, draws.seed, draws.sizes
     rng = random.Random(f"dsstage-sim:{seed}:jobs")
     names = dataset_names(datasets)
     zipf = Zipf(datasets, zipf_s)
@@ -240,10 +251,10 @@ def assign_datasets(records: Iterable[SwfRecord], *, names: Sequence[str], zipf_
         yield r, (names[zipf.draw(rng)] if rng.random() < other else home[r.user])
 
 
-def read_swf(path: str, *, nodes: int | None = None, cores_per_node: int = 2, datasets: int = 40,  # noqa: PLR0913
-             zipf_s: float = 1.0, seed: int = 1, other: float = 0.1, start: int = 0, limit: int | None = None,
-             sizes: SizeModel = SizeModel()) -> Trace:
-    """Jobs from an SWF log (gzip if the name ends in .gz), with datasets assigned.
+def read_swf(path: str, *, nodes: int | None = None, cores_per_node: int = 2, draws: Draws = Draws(),
+             other: float = 0.1, start: int = 0, limit: int | None = None) -> Trace:
+    """Jobs from an SWF log (gzip if the name ends in .gz), with datasets assigned from
+    ``draws`` (a job reads its user's home dataset, or with probability ``other`` another).
 
     ``start``: skip that many job records (in file order, before any filter); ``limit``:
     replay at most that many of the jobs kept after it. Left out: cancelled jobs (status 5),
@@ -255,14 +266,15 @@ def read_swf(path: str, *, nodes: int | None = None, cores_per_node: int = 2, da
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="ascii", errors="replace") as fh:
-            return _read_swf(fh, path, nodes, cores_per_node, datasets, zipf_s, seed, other, start, limit, sizes)
+            return _read_swf(fh, path, nodes, cores_per_node, draws, other, start, limit)
     except OSError as exc:
         raise TraceError(f"cannot read the trace {path}: {exc.strerror or exc}: give an SWF file "
                          "(.swf or .swf.gz)") from None
 
 
-def _read_swf(fh: Iterable[str], path: str, nodes: int | None, cpn: int, datasets: int, zipf_s: float, seed: int,  # noqa: PLR0913
-              other: float, start: int, limit: int | None, sizes: SizeModel) -> Trace:
+def _read_swf(fh: Iterable[str], path: str, nodes: int | None, cpn: int, draws: Draws, other: float, start: int,
+              limit: int | None) -> Trace:
+    datasets, zipf_s, seed, sizes = draws.datasets, draws.zipf_s, draws.seed, draws.sizes
     header, records = parse_swf(fh)
     procs = _header_int(header, "MaxProcs") or _header_int(header, "MaxNodes")
     if nodes is None:
