@@ -202,13 +202,15 @@ def skip_without_cluster() -> None:
 
 @contextmanager
 def devcluster(name: str, port: int, *, top: Path = ROOT, sample_files: int = 300,
-               services: bool = False, nodes: int = 3) -> Iterator[Cluster]:
+               services: bool = False, nodes: int = 3, backup: bool = False) -> Iterator[Cluster]:
     """`packaging/devcluster up` of checkout TOP in /var/tmp/NAME-<pid> on PORT, of ``nodes``
     nodes; down and removed at the end. Without ``services`` the demand poller, prefetch and
-    report refresh do not run: the tests run them at the moment they choose."""
+    report refresh do not run: the tests run them at the moment they choose. ``backup``: two
+    controllers (DEVCLUSTER_BACKUP)."""
     directory = Path(f"/var/tmp/{name}-{os.getpid()}")
     env = dict(os.environ, DEVCLUSTER_DIR=str(directory), DEVCLUSTER_PORT=str(port), DEVCLUSTER_NODES=str(nodes),
-               DEVCLUSTER_SAMPLE_FILES=str(sample_files), DEVCLUSTER_SERVICES="1" if services else "0")
+               DEVCLUSTER_SAMPLE_FILES=str(sample_files), DEVCLUSTER_SERVICES="1" if services else "0",
+               DEVCLUSTER_BACKUP="1" if backup else "0")
     script = str(top / "packaging" / "devcluster")
     up = subprocess.run([script, "up"], env=env, text=True, capture_output=True, timeout=1800)
     try:
