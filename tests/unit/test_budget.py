@@ -3,6 +3,7 @@ how grants expire, a dead taker's lock, and the wait that ends at the deadline."
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -94,3 +95,34 @@ def test_a_claim_is_aged_by_the_state_directorys_clock(tmp_path, monkeypatch) ->
     monkeypatch.setattr(shared, "_offsets", {}, raising=False)
     monkeypatch.setattr(time, "time", lambda: real() + 4 * conf.peers.wait)  # n2's clock
     assert stagers.claim(conf, "d", "0123456789abcdef", "n2") == "n1"  # young by the directory's clock
+
+
+def test_a_holder_is_aged_by_the_state_directorys_clock(tmp_path, monkeypatch) -> None:
+    """A holder's report, published a moment ago by a node whose clock runs an hour behind,
+    says it was written an hour ago: by the times the reports say, a reader drops it as stale
+    (and reads the source); by the report file's time against the directory's clock
+    (``server_now``, as dsstage.node.staging.reports_clock gives it) it is fresh. And a dead
+    holder's report, last written long ago by a clock an hour ahead, is stale whatever it says."""
+    import os
+
+    from dsstage.fs import shared
+    from dsstage.node import report
+    state = tmp_path / "state"
+    (state / "nodes").mkdir(parents=True)
+    vid = "0123456789abcdef"
+
+    def publish(node: str, said: float, written: float) -> None:
+        path = report.published_path(str(state), node)
+        copies = [{"dataset": "d", "version": vid, "state": "ready"}]
+        with open(path, "w") as fh:
+            json.dump({"node": node, "time": said, "copies": copies}, fh)
+        os.utime(path, (written, written))
+    now = time.time()
+    publish("behind", now - 3600, now)  # alive; its clock an hour behind
+    publish("dead", now + 3600 - 600, now - 600)  # stopped 10 min ago; its clock an hour ahead
+    by_their_clocks = report.holders(str(state), "d", vid, now, 300)
+    assert by_their_clocks == []  # "behind" taken for stale (the old rule); "dead" for the future
+    clock = shared.server_clock(str(state / "nodes"))
+    assert clock is not None
+    # (the clock's probe, .clock.<host> beside the reports, is no report: not listed)
+    assert report.holders(str(state), "d", vid, now, 300, server_now=clock()) == ["behind"]

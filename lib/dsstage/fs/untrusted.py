@@ -67,8 +67,8 @@ def open_file(path: str, limit: int, *, dir_fd: int | None = None) -> int | None
     return None if opened is None else opened[0]
 
 
-def _open(path: str, limit: int, dir_fd: int | None) -> tuple[int, int] | None:
-    """``open_file``, with the size fstat found."""
+def _open(path: str, limit: int, dir_fd: int | None) -> tuple[int, os.stat_result] | None:
+    """``open_file``, with what fstat found."""
     try:
         fd = os.open(path, O_READ, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -93,7 +93,7 @@ def _open(path: str, limit: int, dir_fd: int | None) -> tuple[int, int] | None:
     except BaseException:
         os.close(fd)
         raise
-    return fd, st.st_size
+    return fd, st
 
 
 def read_fd(fd: int, limit: int, shown: str, size: int | None = None) -> bytes:
@@ -119,12 +119,17 @@ def read_fd(fd: int, limit: int, shown: str, size: int | None = None) -> bytes:
 def read_bytes(path: str, limit: int, *, dir_fd: int | None = None) -> bytes | None:
     """The contents of regular file ``path`` (at most ``limit`` bytes), None if it does not
     exist; Refused or OSError as ``open_file``."""
+    dated = _read_dated(path, limit, dir_fd)
+    return None if dated is None else dated[0]
+
+
+def _read_dated(path: str, limit: int, dir_fd: int | None) -> tuple[bytes, float] | None:
     opened = _open(path, limit, dir_fd)
     if opened is None:
         return None
-    fd, size = opened
+    fd, st = opened
     try:
-        return read_fd(fd, limit, path, size)
+        return read_fd(fd, limit, path, st.st_size), st.st_mtime
     finally:
         os.close(fd)
 
@@ -149,9 +154,15 @@ def read_json(path: str, limit: int = JSON_MAX) -> dict[str, Any]:
     """A JSON object from ``path``; {} if it is missing, unreadable, damaged, not an object, not
     a regular file or larger than ``limit`` (for files others write in the state directory:
     every reader treats {} as "no record")."""
+    return read_json_dated(path, limit)[0]
+
+
+def read_json_dated(path: str, limit: int = JSON_MAX) -> tuple[dict[str, Any], float | None]:
+    """``read_json``, with the file's modification time (by the clock of the filesystem it is
+    on, its server's) as the same open found it; None with {} where there is no record."""
     try:
-        data = read_bytes(path, limit)
-        obj = jsontext.loads(data) if data is not None else None
+        dated = _read_dated(path, limit, None)
+        obj = jsontext.loads(dated[0]) if dated is not None else None
     except (OSError, ValueError):
-        return {}
-    return obj if isinstance(obj, dict) else {}
+        return {}, None
+    return (obj, dated[1]) if isinstance(obj, dict) and dated is not None else ({}, None)

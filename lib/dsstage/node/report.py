@@ -92,12 +92,18 @@ def version_states(report: Mapping[str, Any], name: str, version: str) -> set[st
 
 
 def holders(state_dir: str, name: str, version: str, now: float, max_age: float,
-            among: Sequence[str] | None = None) -> list[str]:
+            among: Sequence[str] | None = None, *, server_now: float | None = None) -> list[str]:
     """The nodes whose current published report (younger than ``max_age``) shows ``version``
     (a version id; a shard's id) of ``name`` ready: the peers any node may fetch it from,
     whichever job they staged it for. One bounded read per report, of every node's or only of
     those ``among`` (the ones the demand snapshot says hold it: dsstage.policy.demand's
-    ``copies``); a report that cannot be read, or names another node than its file, holds nothing."""
+    ``copies``); a report that cannot be read, or names another node than its file, holds nothing.
+
+    How old a report is: with ``server_now`` (the state directory's clock now,
+    dsstage.fs.shared.server_clock), its file's modification time against it, both by the
+    file server's clock, so that a writer's or this node's clock being off does not make a
+    live holder look stale or a dead one live; else the time the report says (its writer's
+    clock) against ``now`` (this node's)."""
     if among is None:
         try:
             files = sorted(f for f in os.listdir(os.path.join(state_dir, NODES))
@@ -109,9 +115,9 @@ def holders(state_dir: str, name: str, version: str, now: float, max_age: float,
         nodes = [n for n in among if n and "/" not in n and not n.startswith(".")]
     out = []
     for node in nodes:
-        rep = untrusted.read_json(published_path(state_dir, node))  # another node wrote it
-        when = rep.get("time")
-        if rep.get("node") != node or not isinstance(when, (int, float)) or not 0 <= now - when <= max_age:
+        rep, mtime = untrusted.read_json_dated(published_path(state_dir, node))  # another node wrote it
+        when, at = (mtime, server_now) if server_now is not None and mtime is not None else (rep.get("time"), now)
+        if rep.get("node") != node or not isinstance(when, (int, float)) or not 0 <= at - when <= max_age:
             continue
         if "ready" in version_states(rep, name, version):
             out.append(node)

@@ -280,7 +280,8 @@ def from_whom(store: Store, name: str, digest: str, *, shard: bool = False) -> t
         return [], True, False
     vid = version_id(digest)
     ready = node_report.holders(conf.state_dir, name, vid, store.clock(), conf.report.max_age,
-                                among=None if shard else listed_holders(store, name, vid))
+                                among=None if shard else listed_holders(store, name, vid),
+                                server_now=reports_clock(store))
     ready = [n for n in ready if n != store.node]
     if ready:
         return ready, True, False
@@ -288,6 +289,21 @@ def from_whom(store: Store, name: str, digest: str, *, shard: bool = False) -> t
     if claimer is None or claimer == store.node:
         return [], True, claimer == store.node
     return [claimer], False, False
+
+
+def reports_clock(store: Store) -> float | None:
+    """The time now by the clock of the directory the nodes publish their reports in (a probe
+    there, as the report's user, at most every few minutes per process:
+    dsstage.fs.shared.server_offset); None where it cannot be read."""
+    from dsstage.fs import shared
+    from dsstage.fs.identity import writing_as
+    conf = store.config
+    try:
+        with writing_as(conf.report.user):
+            clock = shared.server_clock(os.path.join(conf.state_dir, node_report.NODES))
+    except (OSError, DsstageError):
+        return None
+    return clock() if clock else None
 
 
 def listed_holders(store: Store, name: str, vid: str) -> list[str] | None:
