@@ -53,9 +53,11 @@ def until(what: str, check, timeout: float = 120.0):
 def stop(pid: int) -> None:
     """SIGKILL ``pid`` and its process group if it leads one (a service with what it
     started; a daemon leads none), as a host that dies; wait for it to go."""
-    os.kill(pid, signal.SIGKILL)
-    if os.getpgid(pid) == pid:
+    leads = os.getpgid(pid) == pid  # (before the kill: once dead, init may reap it at once)
+    if leads:
         os.killpg(pid, signal.SIGKILL)
+    else:
+        os.kill(pid, signal.SIGKILL)
     until(f"pid {pid} to go", lambda: not Path(f"/proc/{pid}").exists()
           or Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"), 30)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from dsstage.transfer import build as transfer_build
 from dsstage.transfer import copier
+from dsstage.transfer.ratelimit import Rate
 from helpers import Env, native_copier, python_copier, write_tree
 from helpers import copy_verified as copy
 
@@ -61,7 +62,7 @@ def test_rate_limit_slows_the_copy(tmp_path):
     m = transfer_build.build("ds", str(src)).manifest
     (tmp_path / "dest").mkdir()
     t = time.monotonic()
-    copy(src, tmp_path / "dest", m.entries, bwlimit=2_000_000)
+    copy(src, tmp_path / "dest", m.entries, rate=Rate(2_000_000))
     assert time.monotonic() - t >= 0.4  # 1 MB at 2 MB/s
 
 

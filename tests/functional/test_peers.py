@@ -395,13 +395,13 @@ def test_a_cold_stage_reads_the_reports_of_the_holders_the_snapshot_lists_not_ev
         Path(report.published_path(str(env.state), other)).write_text(
             json.dumps({"node": other, "time": time.time(), "copies": []}))
     read: list[str] = []
-    real = report.untrusted.read_json
+    real = report.untrusted.read_json_dated
 
     def counting(path, *a, **k):
         if os.sep + report.NODES + os.sep in str(path):
             read.append(os.path.basename(str(path)))
         return real(path, *a, **k)
-    monkeypatch.setattr(report.untrusted, "read_json", counting)
+    monkeypatch.setattr(report.untrusted, "read_json_dated", counting)
     demand.write(str(env.state), demand.build((), time.time(), copies={"shared": {vid: "n1"}}))
     r = stage(env, "n2", "1101", "")
     assert r.peer_files == FILES and r.transferred_files == 0, r  # type: ignore[attr-defined]

@@ -78,3 +78,19 @@ def test_a_source_that_says_every_file_vanished_is_the_sources_error_not_the_man
     (tmp_path / "dest").mkdir()
     fake.write_text('#!/bin/sh\necho "file has vanished: \\"/dir/a\\" (in m)" >&2\nexit 24\n')
     assert fetch(parse_source("rsync://h/m/dir"), str(tmp_path / "dest"), entries, Transfer(streams=1)).files == 0
+
+
+def test_one_rate_reaches_rsync_and_the_copier_alike():
+    """transfer.bwlimit (rsync's KiB/s per stream) and a prefetch's bytes/s are one Rate: the
+    copier spreads it over its threads, rsync gets its share per stream (at least 1 KiB/s), and
+    an Area with no rate of its own takes the transfer's."""
+    from dsstage.config.model import Transfer
+    from dsstage.transfer.ratelimit import Rate
+    from dsstage.transfer.transport import Area
+    assert Rate.of_rsync(8000, 2) == Rate(8000 * 1024 * 2)
+    assert Rate.of_rsync(8000, 2).rsync_kib(2) == 8000
+    assert Rate(256_000).rsync_kib(4) == 62 and Rate(1000).rsync_kib(4) == 1
+    assert not Rate() and Rate().rsync_kib(4) == 0 and not Rate.of_rsync(0, 4)
+    assert Area(0, "/x", Transfer(bwlimit=100, streams=3)).limit == Rate(100 * 1024 * 3)
+    assert Area(0, "/x", Transfer(bwlimit=100, streams=3), rate=Rate(5000)).limit == Rate(5000)
+    assert Area(0, "/x", Transfer()).limit == Rate()

@@ -130,7 +130,9 @@ def touch_time(path: str) -> float:
 
 #: seconds a measured offset between this host's clock and a shared directory's is used
 OFFSET_TTL = 300.0
-#: directory -> (this host's monotonic time when measured, offset), for this process
+#: directory -> (this host's monotonic time when measured, the directory's time then), for
+#: this process: the directory's clock runs on from it by the monotonic clock, so a step of
+#: this host's wall clock (NTP) meanwhile does not move it
 _offsets: dict[str, tuple[float, float]] = {}
 _said: set[str] = set()
 
@@ -142,9 +144,12 @@ def server_offset(where: str) -> float | None:
     written (said once per process and directory)."""
     seen = _offsets.get(where)
     if seen is not None and time.monotonic() - seen[0] < OFFSET_TTL:
-        return seen[1]
+        return seen[1] + (time.monotonic() - seen[0]) - time.time()
     try:
-        offset = touch_time(os.path.join(where, f".clock.{os.uname().nodename}")) - time.time()
+        before = time.monotonic()
+        server = touch_time(os.path.join(where, f".clock.{os.uname().nodename}"))
+        # the server set the time somewhere within the round trip: its middle
+        at = (before + time.monotonic()) / 2
     except OSError as exc:
         if where not in _said:
             _said.add(where)
@@ -153,8 +158,8 @@ def server_offset(where: str) -> float | None:
                                                 "used, and other nodes' clocks may disagree with it", where,
                                                 exc.strerror or exc)
         return None
-    _offsets[where] = (time.monotonic(), offset)
-    return offset
+    _offsets[where] = (at, server)
+    return server + (time.monotonic() - at) - time.time()
 
 
 def server_clock(where: str) -> Callable[[], float] | None:
@@ -163,10 +168,10 @@ def server_clock(where: str) -> Callable[[], float] | None:
     a node whose clock is off neither takes another's record for expired early nor keeps a
     dead one's late. None where that clock cannot be read (the caller uses its own, and must
     not compare it with files' times)."""
-    offset = server_offset(where)
-    if offset is None:
+    if server_offset(where) is None:
         return None
-    return lambda: time.time() + offset
+    at, server = _offsets[where]
+    return lambda: server + (time.monotonic() - at)
 
 
 def mtime(where: str, name: str) -> float | None:

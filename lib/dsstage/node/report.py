@@ -91,6 +91,10 @@ def version_states(report: Mapping[str, Any], name: str, version: str) -> set[st
             if isinstance(r, dict) and r.get("dataset") == name and r.get("version") == version}
 
 
+#: seconds a report's file time may lie ahead of the state directory's clock as measured
+CLOCK_SLACK = 5.0
+
+
 def holders(state_dir: str, name: str, version: str, now: float, max_age: float,
             among: Sequence[str] | None = None, *, server_now: float | None = None) -> list[str]:
     """The nodes whose current published report (younger than ``max_age``) shows ``version``
@@ -117,7 +121,10 @@ def holders(state_dir: str, name: str, version: str, now: float, max_age: float,
     for node in nodes:
         rep, mtime = untrusted.read_json_dated(published_path(state_dir, node))  # another node wrote it
         when, at = (mtime, server_now) if server_now is not None and mtime is not None else (rep.get("time"), now)
-        if rep.get("node") != node or not isinstance(when, (int, float)) or not 0 <= at - when <= max_age:
+        # by the server's clock, a report written while this reads (or within the probe's
+        # round trip) may look a moment younger than now: not from the future for that
+        slack = CLOCK_SLACK if server_now is not None else 0.0
+        if rep.get("node") != node or not isinstance(when, (int, float)) or not -slack <= at - when <= max_age:
             continue
         if "ready" in version_states(rep, name, version):
             out.append(node)

@@ -211,6 +211,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     """Make room for what older versions cannot lend, copy the version into its staging area
     within a space reservation, and publish it (the caller holds the dataset lock)."""
     from dsstage.node import stager
+    from dsstage.transfer.ratelimit import Rate
     from dsstage.transfer.transport import Area, for_source
     name = ds.name
     prefetch = job.prefetch
@@ -234,14 +235,12 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
             space.reservation(tier, tier_conf.name, tier_conf.capacity, record, needed, f"dataset {name!r}",
                               store.node), \
             within_budget(store, ds, job, peers_first=bool(group and group.holders)) as transfer:
-        if prefetch and prefetch.bwlimit:
-            # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
-            transfer = replace(transfer, bwlimit=max(1, prefetch.bwlimit // 1024 // max(1, transfer.streams)))
         sfd = tier.dir("staging", staging, mode=0o700)  # only once the space is promised
         area = Area(sfd, tier.path("staging", staging), transfer, job.deadline, node_report.ProgressNote(
             store.run_dir, store.node, (tier_conf.name, name, version_id(digest)), job.job_id,
             interval=store.config.report.interval, publish_to=node_report.publish_target(store.config),
-            also=progress), whole=manifest.total_bytes if group is not None else 0)
+            also=progress), whole=manifest.total_bytes if group is not None else 0,
+            rate=Rate(prefetch.bwlimit) if prefetch and prefetch.bwlimit else None)
         # the transport, chosen once from the source; peers (the job's nodes, the holders) wrap it
         transport = for_source(ds.source, area, store.reader())
         if group is not None:
@@ -279,9 +278,9 @@ def from_whom(store: Store, name: str, digest: str, *, shard: bool = False) -> t
     if not conf.peers.enabled:
         return [], True, False
     vid = version_id(digest)
-    ready = node_report.holders(conf.state_dir, name, vid, store.clock(), conf.report.max_age,
-                                among=None if shard else listed_holders(store, name, vid),
-                                server_now=reports_clock(store))
+    among = None if shard else listed_holders(store, name, vid)
+    ready = node_report.holders(conf.state_dir, name, vid, store.clock(), conf.report.max_age, among=among,
+                                server_now=reports_clock(store) if among is None or among else None)
     ready = [n for n in ready if n != store.node]
     if ready:
         return ready, True, False

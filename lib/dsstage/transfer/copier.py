@@ -58,7 +58,7 @@ from dsstage.fs import beneath, safe
 from dsstage.fs.beneath import Tree
 from dsstage.fs.identity import Identity, acting_as, creates_as_root
 from dsstage.transfer import native, parallel
-from dsstage.transfer.ratelimit import RateLimit
+from dsstage.transfer.ratelimit import Rate, RateLimit
 from dsstage.transfer.rsync import TransferStats
 
 CHUNK = 8 * 2**20
@@ -77,14 +77,14 @@ class Tuning:
     """How a copy runs. Files are copied ``threads`` at once at first, then more while more
     measurably go faster and fewer while fewer go as fast, up to ``max_parallel``
     (dsstage.transfer.parallel: a latency-bound source needs many requests in flight, a local
-    disk a few); at most ``bwlimit`` bytes/s in all (0: no limit). A file of at least
+    disk a few); at most ``rate`` in all (Rate: no limit by default). A file of at least
     ``split`` bytes is copied as byte ranges of ``range_size``, one such file after another,
     ``range_streams`` ranges at once (0: one if the source is on the staging area's
     filesystem, where the kernel copies and more streams of one file measured slower, else
     RANGE_STREAMS). BLAKE3 uses at most ``hash_threads`` threads per file (0: one per CPU)."""
 
-    threads: int = THREADS
-    bwlimit: float = 0
+    threads: int | None = None  # None: THREADS
+    rate: Rate = Rate()
     hash_threads: int = 0
     split: int | None = None  # None: SPLIT
     range_size: int | None = None  # None: RANGE
@@ -378,10 +378,10 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], tuning:
     tuning = tuning or Tuning()
     split = SPLIT if tuning.split is None else tuning.split
     tuning = replace(tuning, range_size=RANGE if tuning.range_size is None else tuning.range_size)
-    bwlimit, range_streams = tuning.bwlimit, tuning.range_streams
-    threads = max(1, tuning.threads)
+    rate, range_streams = tuning.rate, tuning.range_streams
+    threads = max(1, THREADS if tuning.threads is None else tuning.threads)
     max_parallel = max(1, tuning.max_parallel)
-    limit = RateLimit(bwlimit)
+    limit = RateLimit(rate)
     src_fd = open_source_root(src_root, reader)
     src = native.Reading(src_fd, src_root, reader)
     stop = threading.Event()
@@ -434,7 +434,7 @@ def copy_verified(src_root: str, dest_fd: int, entries: Sequence[Entry], tuning:
             try:
                 if not late():
                     gate = parallel.Limiter(min(threads, max_parallel), max_parallel, f"copying from {src_root}")
-                    rest, done = native.copy_some(src, dest, rest, gate, late, ranged, rate_limited=bool(bwlimit))
+                    rest, done = native.copy_some(src, dest, rest, gate, late, ranged, rate_limited=bool(rate))
                     with counting:
                         stats.files += done.files
                         stats.bytes += done.bytes

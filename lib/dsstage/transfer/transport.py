@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from dsstage.config.manifest import Entry, Mismatch
@@ -26,6 +26,7 @@ from dsstage.config.model import Source, Transfer
 from dsstage.errors import OutOfTime, StoreError
 from dsstage.fs import safe
 from dsstage.fs.beneath import Tree
+from dsstage.transfer.ratelimit import Rate
 from dsstage.transfer.rsync import TransferStats, fetch
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class Transport(Protocol):
 @dataclass(frozen=True)
 class Area:
     """The staging area a transport fills (its descriptor; its path, which rsync writes by),
-    how (``transfer``), by when (``deadline``, monotonic), and who hears of it (``progress``;
+    how (``transfer``; ``rate``), by when (``deadline``, monotonic), and who hears of it (``progress``;
     ``whole``: the version's bytes, the total a stage with peers reports against, as several
     copies run at once)."""
 
@@ -82,6 +83,14 @@ class Area:
     deadline: float | None = None
     progress: Progress | None = None
     whole: int = 0
+    #: a lower limit than the transfer's (a prefetch's); None: the transfer's own
+    rate: Rate | None = None
+
+    @property
+    def limit(self) -> Rate:
+        """The stage's bandwidth limit: ``rate``, else ``transfer.bwlimit`` (KiB/s per stream)."""
+        t = self.transfer
+        return self.rate if self.rate is not None else Rate.of_rsync(t.bwlimit, t.streams)
 
     def copying(self) -> Callable[[int, int], None] | None:
         """``progress`` of the bytes copied (delta, total), against ``whole`` where it is set."""
@@ -138,9 +147,7 @@ class LocalCopy:
     def copy(self, entries: Sequence[Entry]) -> Copied:
         from dsstage.transfer import copier  # the copier and its hashing, when a copy runs
         t = self.area.transfer
-        # rsync's --bwlimit is KiB/s per stream; the copier spreads streams x bwlimit over its threads
-        tuning = copier.Tuning(hash_threads=t.hash_threads, bwlimit=t.bwlimit * 1024 * t.streams,
-                               max_parallel=t.max_parallel)
+        tuning = copier.Tuning(hash_threads=t.hash_threads, rate=self.area.limit, max_parallel=t.max_parallel)
         stats, bad = copier.copy_verified(self.root, self.area.fd, entries, tuning, deadline=self.area.deadline,
                                           reader=self.reader, progress=self.area.copying())
         return Copied(stats, bad)
@@ -162,7 +169,8 @@ class Rsync:
 
     def copy(self, entries: Sequence[Entry]) -> Copied:
         a = self.area
-        stats = fetch(self.source, a.path, entries, a.transfer, deadline=a.deadline, progress=a.copying())
+        t = replace(a.transfer, bwlimit=a.limit.rsync_kib(a.transfer.streams))
+        stats = fetch(self.source, a.path, entries, t, deadline=a.deadline, progress=a.copying())
         a.late()
         return Copied(stats, a.check(entries, a.verifying(len(entries))))
 
