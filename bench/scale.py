@@ -12,7 +12,15 @@ submission until the last job ended; the highest number of requests in flight th
 saw (against max_in_flight); Slurm RPCs during the scenario (sdiag's per-type counts, reset
 before); and for the N-node job, the slowest node's stage against one node alone.
 
+The hanging source (``hang``, last): the source stops answering (latencyfs ``hang``: every
+request blocks, as a hard NFS mount whose server is gone) and one-node jobs run one after
+another, one per node, under a short ``prolog_budget`` (--hang-budget) and the shipped
+``on_failure: fallback``. Per job: from submission to its end, and Slurm RPCs. The first job
+pays the budget (what every job paid before the source's breaker, dsstage.node.breaker); the
+figure is what the later ones pay, on other nodes.
+
     bench/scale [--nodes 16] [--files 120] [--size 262144] [--rate 40] [--budget 16] [--json FILE]
+                [--scenarios job,array,after,pairs,hang] [--hang-budget 20]
 """
 
 from __future__ import annotations
@@ -86,7 +94,7 @@ class Cluster:
             raise SystemExit(f"bench/scale: {' '.join(argv[:4])} failed ({res.returncode}): {res.stderr[-800:]}")
         return res.stdout
 
-    def dataset(self, peers: bool, budget: int, rsync: bool = False) -> str:
+    def dataset(self, peers: bool, budget: int, rsync: bool = False, prolog_budget: int = 600) -> str:
         """A fresh dataset name on the source (nothing of it on any node), peers on or off."""
         self.count += 1
         name = f"s{self.count}"
@@ -94,7 +102,7 @@ class Cluster:
         conf["datasets"][name] = {"source": str(self.source)}
         conf["peers"]["enabled"] = peers
         conf["sources"] = {"lfs": {"prefix": str(self.fs.mountpoint), "max_in_flight": budget}}
-        conf["prolog_budget"] = 600
+        conf["prolog_budget"] = prolog_budget
         self.conf_path.write_text(yaml.safe_dump(conf))
         self.conf_path.chmod(0o644)
         self.run(self.dsstage, "manifest", "build", name)
@@ -152,6 +160,32 @@ def scenario(c: Cluster, what: str, total: int, budget: int, start: Callable[[st
     return rows
 
 
+def hanging(c: Cluster, nodes: int, budget: int, prolog_budget: int) -> list[dict]:
+    """One-node jobs one after another on n1..nN while the source hangs (see the module doc)."""
+    name = c.dataset(True, budget, prolog_budget=prolog_budget)
+    c.fs.hang()
+    rows = []
+    try:
+        for i in range(1, nodes + 1):
+            c.run("sdiag", "--reset")
+            t = time.monotonic()
+            job = c.submit(name, "-N", "1", "-w", f"n{i}")
+            c.wait([job], seconds=prolog_budget * 4 + 120)
+            took = time.monotonic() - t
+            row = {"scenario": "a hanging source, one-node jobs one after another", "job": i, "node": f"n{i}",
+                   "seconds": took, "rpcs": c.rpcs(), "prolog_budget": prolog_budget}
+            rows.append(row)
+            print(f"hanging source, job {i} on n{i}: submitted to ended {took:6.1f} s "
+                  f"(prolog_budget {prolog_budget} s), {row['rpcs']:4d} RPCs", flush=True)
+    finally:
+        c.fs.answer()
+    later = [r["seconds"] for r in rows[1:]]
+    if later:
+        print(f"hanging source: the first job {rows[0]['seconds']:.1f} s, the {len(later)} later ones "
+              f"{min(later):.1f}-{max(later):.1f} s (mean {sum(later) / len(later):.1f})", flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=16)
@@ -161,7 +195,13 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=16, help="sources.<name>.max_in_flight")
     ap.add_argument("--dir", default="/var/tmp/dsstage-bench-scale", help="where the generated files are kept")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--scenarios", default="job,array,after,pairs,hang",
+                    help="which to run, of job, array, after, pairs, hang")
+    ap.add_argument("--hang-budget", type=int, default=20, help="prolog_budget of the hanging-source scenario, s")
     args = ap.parse_args()
+    chosen = set(args.scenarios.split(","))
+    if chosen - {"job", "array", "after", "pairs", "hang"}:
+        raise SystemExit(f"bench/scale: --scenarios: {args.scenarios}: of job, array, after, pairs, hang")
     if os.geteuid() != 0:
         raise SystemExit("bench/scale: run as root (the devcluster's daemons are root's)")
     n = args.nodes
@@ -179,10 +219,12 @@ def main() -> int:
         alone = max((s for _n, s in c.stages(name)), default=0.0)
         print(f"one node alone: its stage {alone:.1f} s, source served {fs.stats()['bytes_read'] / total:.2f}x",
               flush=True)
-        rows += scenario(c, f"one {n}-node job", total, args.budget,
-                         lambda name: [c.submit(name, "-N", str(n), "--exclusive")])
-        rows += scenario(c, f"an array of {n} one-node jobs, at once", total, args.budget,
-                         lambda name: [c.submit(name, f"--array=1-{n}", "-N", "1", "--exclusive")])
+        if "job" in chosen:
+            rows += scenario(c, f"one {n}-node job", total, args.budget,
+                             lambda name: [c.submit(name, "-N", str(n), "--exclusive")])
+        if "array" in chosen:
+            rows += scenario(c, f"an array of {n} one-node jobs, at once", total, args.budget,
+                             lambda name: [c.submit(name, f"--array=1-{n}", "-N", "1", "--exclusive")])
 
         def one_after_another(name: str) -> list[str]:
             jobs = []
@@ -190,11 +232,15 @@ def main() -> int:
                 jobs.append(c.submit(name, "-N", "1", "-w", f"n{i}"))
                 c.wait(jobs[-1:])
             return jobs
-        rows += scenario(c, f"{n} one-node jobs, one after another", total, args.budget, one_after_another)
-        rows += scenario(c, f"{n // 2} jobs of 2 nodes, at once", total, args.budget,
-                         lambda name: [c.submit(name, "-N", "2", "--exclusive") for _ in range(n // 2)])
+        if "after" in chosen:
+            rows += scenario(c, f"{n} one-node jobs, one after another", total, args.budget, one_after_another)
+        if "pairs" in chosen:
+            rows += scenario(c, f"{n // 2} jobs of 2 nodes, at once", total, args.budget,
+                             lambda name: [c.submit(name, "-N", "2", "--exclusive") for _ in range(n // 2)])
         for r in rows:
             r["one_node_alone_s"] = alone
+        if "hang" in chosen:  # last: the source's breaker stays open behind it
+            rows += hanging(c, n, args.budget, args.hang_budget)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

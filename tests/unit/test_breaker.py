@@ -42,3 +42,23 @@ def test_a_tripped_breaker_is_read_back_and_a_foreign_file_is_none(tmp_path) -> 
     (tmp_path / "sources" / "dataset.d.json").write_text('{"format": 99}')
     assert breaker.read(str(tmp_path), "dataset.d") is None and list(breaker.all_open(str(tmp_path))) == ["dataset.c"]
     assert breaker.reset(str(tmp_path), "dataset.c") and not breaker.reset(str(tmp_path), "dataset.c")
+
+
+def test_after_a_failed_probe_no_node_probes_for_a_cooldown_that_doubles() -> None:
+    """A probe that found the source still hung keeps the breaker open, without a probe, for
+    COOLDOWN s, then twice that after the next failed probe, up to COOLDOWN_MAX: the Prologs
+    meanwhile decide at once instead of each spending PROBE_TIMEOUT (bench/scale: 7.2 s per
+    later job before, the probe each time)."""
+    tripped = {"by": "n1", "since": 40.0, "reason": "hung", "probe_after": 40.0}
+    once = breaker.after_failed_probe({**tripped, "probe_by": "n2"}, "n2", 100.0)
+    st = breaker.state(once, 101.0)
+    assert st.kind == "open" and "node n2 probed it 1 s ago, the next probe in 14 s" in st.reason, st.reason
+    assert breaker.state(once, 100.0 + breaker.COOLDOWN).kind == "probe"
+    twice = breaker.after_failed_probe(once, "n3", 200.0)
+    assert twice["probe_after"] == 200.0 + 2 * breaker.COOLDOWN and twice["failed_probes"] == 2
+    many = twice
+    for i in range(10):
+        many = breaker.after_failed_probe(many, "n4", 1000.0 * (i + 1))
+    assert many["probe_after"] == 10000.0 + breaker.COOLDOWN_MAX
+    claimed = {**once, "probe_after": 120.0, "probe_by": "n5"}  # a node probes after the cooldown
+    assert "node n5 is probing it now" in breaker.state(claimed, 116.0).reason

@@ -15,8 +15,11 @@ probe is under way: it claims the probe (``probe_after`` moves ``PROBE_TIMEOUT``
 cluster's other Prologs meanwhile decide at once), then asks the source for its top directory,
 bounded by ``PROBE_TIMEOUT`` (a child it leaves behind if the source does not answer). If the
 source answers, the record goes and the stage goes on as usual; if not, the dataset gets its
-``on_failure`` at once. So no Prolog spends more than ``PROBE_TIMEOUT`` on a source known to
-hang, at most one probes it at a time, and the first stage after it answers again uses it.
+``on_failure`` at once, and no node probes again for a cooldown (``COOLDOWN``, doubling with
+each failed probe up to ``COOLDOWN_MAX``): the Prologs meanwhile decide at once. So no Prolog
+spends more than ``PROBE_TIMEOUT`` on a source known to hang, at most one probes it at a time,
+most spend nothing on it, and the first stage after a cooldown in which it answered again uses
+it (measured with bench/scale's hanging source: docs/benchmarks.md).
 
 A breaker's key is the source as the admins declared it (``sources.<name>``, the prefix its
 datasets' sources begin with: one NFS server, one rsync daemon), else the dataset alone. A
@@ -42,6 +45,9 @@ log = logging.getLogger(__name__)
 DIR = "sources"
 #: seconds a probe waits for the source's answer (and the others wait for the probe)
 PROBE_TIMEOUT = 5.0
+#: seconds without a probe after the first failed one, doubling with each, up to COOLDOWN_MAX
+COOLDOWN = 15.0
+COOLDOWN_MAX = 120.0
 
 
 def key_of(conf: Config, ds: Dataset) -> str:
@@ -75,7 +81,22 @@ def state(record: Mapping[str, Any] | None, now: float) -> State:
               f"{max(0, int(now - since))} s ago: {record.get('reason') or 'no reason given'})")
     if now >= after:
         return State("probe", reason, since)
+    if not record.get("probe_by") and record.get("probed_by"):  # cooling down after a failed probe
+        return State("open", f"{reason}; node {record.get('probed_by')} probed it "
+                             f"{max(0, int(now - _number(record.get('probed_at'))))} s ago, the next probe in "
+                             f"{max(1, int(after - now))} s", since)
     return State("open", f"{reason}; node {record.get('probe_by') or '?'} is probing it now", since)
+
+
+def after_failed_probe(record: Mapping[str, Any], node: str, now: float) -> dict[str, Any]:
+    """The breaker once ``node``'s probe at ``now`` found the source still not answering: no
+    probe for COOLDOWN seconds (doubling with each failed probe, up to COOLDOWN_MAX), so
+    that the Prologs meanwhile decide at once instead of each spending PROBE_TIMEOUT on it;
+    a source that answers again is used from the first probe after its cooldown (pure)."""
+    probes = int(_number(record.get("failed_probes"))) + 1
+    cool = min(COOLDOWN_MAX, COOLDOWN * 2 ** (probes - 1))
+    return {**record, "probe_after": now + cool, "probe_by": "", "probed_by": node, "probed_at": now,
+            "failed_probes": probes}
 
 
 def _number(value: object) -> float:
@@ -192,6 +213,11 @@ def gate(conf: Config, ds: Dataset, node: str, now: float | None = None) -> str 
     why = probe(ds.source, conf.transfer.rsh)
     if why is not None:
         log.warning("the source of %s still does not answer: %s", ds.name, why)
+        try:
+            with writing_as(conf.report.user):
+                write(conf.state_dir, key, after_failed_probe(record, node, time.time()))
+        except OSError as exc:
+            log.warning("cannot record the failed probe of %s: %s", key, exc)
         return f"the breaker of {key} is open: {st.reason}; probed again now: {why}"
     log.info("the source of %s answers again: the breaker of %s is closed (probed on %s)", ds.name, key, node)
     try:
