@@ -77,3 +77,42 @@ def test_status_shows_a_live_views_progress_and_why_it_stopped():
     assert _live_text({"files": 400, "local": 120, "state": "filling"}) == "; live 120/400 local"
     assert _live_text({"files": 400, "local": 120, "state": "failed", "reason": "x"}) == "; live 120/400 local, failed"
     assert _live_text({"files": 4, "local": 0, "state": "stopped"}) == "; live 0/4 local, stopped"
+
+
+def test_a_live_view_is_a_transport_that_wraps_one_whose_files_land_verified():
+    """dsstage.node.live.Switching: the switcher begins as the copy does (stager.fill calls
+    copy once what an earlier stage left was checked again), what comes wrong is fetched from
+    the wrapped transport's origin, and a transport whose files stand unverified at their
+    names (rsync, peers) is refused: the view then switches when the version is published."""
+    from dsstage.transfer.transport import Area, Copied
+
+    class Inner:
+        verified_on_arrival, checks_all = True, False
+
+        def __init__(self):
+            self.asked = []
+
+        @property
+        def origin(self):
+            return self
+
+        def copy(self, entries):
+            self.asked.append(list(entries))
+            return Copied()
+
+    class Switcher:
+        def __init__(self):
+            self.began = []
+
+        def begin(self, fd):
+            self.began.append(fd)
+    inner, switcher = Inner(), Switcher()
+    t = live.Switching(inner, switcher, Area(7, "/staging/x"))  # type: ignore[arg-type]
+    assert t.verified_on_arrival and not t.checks_all and t.origin is inner
+    assert switcher.began == []
+    t.copy(["a"])  # type: ignore[list-item]
+    assert switcher.began == [7] and inner.asked == [["a"]]
+    rsync = Inner()
+    rsync.verified_on_arrival = False
+    with pytest.raises(ValueError, match="verified as they land"):
+        live.Switching(rsync, switcher, Area(7, "/staging/x"))  # type: ignore[arg-type]

@@ -52,7 +52,9 @@ from dsstage.node.lease import Lease, LeaseBook
 from dsstage.node.store import Store, local_errors, open_tier
 
 if TYPE_CHECKING:
+    from dsstage.config.manifest import Entry
     from dsstage.config.model import Dataset
+    from dsstage.transfer.transport import Area, Copied, Transport
 
 log = logging.getLogger(__name__)
 
@@ -273,8 +275,8 @@ def complete(tier: RootDir, name: str, digest: str, paths: Sequence[str], *, who
 
 class Switcher:
     """Switches a view's entries to the files that land in a staging area, while a stage fills
-    it: ``begin(staging_fd)`` once what the area held before was checked again (dsstage.node.
-    stager.fill calls it), then a thread looks every ``interval`` seconds for the files still
+    it: ``begin(staging_fd)`` once what the area held before was checked again (``Switching``
+    calls it as its copy starts), then a thread looks every ``interval`` seconds for the files still
     to switch (a lookup each, not a listing of the area); ``stop`` ends it."""
 
     def __init__(self, tier: RootDir, name: str, digest: str, paths: Sequence[str], *,
@@ -329,6 +331,33 @@ class Switcher:
         for fd in self._fds[:2]:  # the side directory's is the tier's (RootDir keeps it)
             os.close(fd)
         self._fds = []
+
+
+class Switching:
+    """A transport (dsstage.transfer.transport) that switches a live view's entries while the one
+    it wraps (``inner``, one that renames a file into place only once verified:
+    ``verified_on_arrival``) fills the ``area``: the switcher begins as the copy does, when
+    dsstage.node.stager.fill has checked again what an earlier stage left. The live view is a
+    transport of its own, not a flag of the stage."""
+
+    verified_on_arrival = True
+
+    def __init__(self, inner: Transport, switcher: Switcher, area: Area) -> None:
+        if not inner.verified_on_arrival:
+            raise ValueError("a live view switches only files verified as they land")
+        self.inner, self.switcher, self.area = inner, switcher, area
+
+    @property
+    def checks_all(self) -> bool:
+        return self.inner.checks_all
+
+    @property
+    def origin(self) -> Transport:
+        return self.inner.origin
+
+    def copy(self, entries: Sequence[Entry]) -> Copied:
+        self.switcher.begin(self.area.fd)
+        return self.inner.copy(entries)
 
 
 def drop(tier: RootDir, name: str, vid: str) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dsstage.config.manifest import Entry, Manifest, Mismatch
@@ -80,17 +80,15 @@ def link_reuse(dest: Tree, entries: Sequence[Entry], older: Sequence[tuple[int, 
 
 
 def fill(area: Area, manifest: Manifest, transport: Transport, older: Sequence[tuple[int, Manifest]] = (), *,
-         linked: dict[int, tuple[int, int]] | None = None,
-         checked: Callable[[int], None] | None = None) -> FillStats:
+         linked: dict[int, tuple[int, int]] | None = None) -> FillStats:
     """Make the staging area ``area`` hold exactly ``manifest``, sealed, with ``transport``
     (dsstage.transfer.transport: chosen from the source, peers wrapping it); raise VerifyError
     if the source cannot, OutOfTime when the area's deadline passes (work is kept).
     ``linked`` receives what was hard-linked from each older version. What comes back wrong
-    from the source is fetched from the source again (``transport.origin``).
-    ``checked(area.fd)`` is called once every file the area holds at its final name is
-    verified and sealed from then on (what an earlier stage left was checked again): a live
-    view (dsstage.node.live) may link them as they land; only with a transport that renames
-    a file into place once verified (``verified_on_arrival``)."""
+    from the source is fetched from the source again (``transport.origin``). ``transport.copy``
+    is first called once what an earlier stage left was checked again, so that from then on
+    every file the area holds at its final name is verified (a transport that switches a live
+    view as files land, dsstage.node.live.Switching, relies on it)."""
     report = FillStats()
     with Tree(area.fd, create=True) as dest:
         there = dest.paths()
@@ -105,8 +103,6 @@ def fill(area: Area, manifest: Manifest, transport: Transport, older: Sequence[t
         # of the node may have lost what was not yet on disk; and a stage with peers hashes
         # what a peer sent as it arrives, so a stage cut short may have left some unhashed
         area.remove(area.check(resumed))
-    if checked is not None and transport.verified_on_arrival:
-        checked(area.fd)
     got = transport.copy(manifest.entries)
     stats, bad = got.source, got.bad
     report.from_peers, report.peers_given_up = got.from_peers, got.given_up

@@ -245,9 +245,10 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
         transport = for_source(ds.source, area, store.reader())
         if group is not None:
             transport = peers.PeersFirst(group, peers.Where(name, digest, tier_conf.name), transport, area)
+        if job.view is not None and transport.verified_on_arrival:  # else the view switches at the end
+            transport = live.Switching(transport, job.view, area)
         try:
-            stats = stager.fill(area, manifest, transport, [(fd, m) for fd, m in older], linked=linked,
-                                checked=job.view.begin if job.view else None)
+            stats = stager.fill(area, manifest, transport, [(fd, m) for fd, m in older], linked=linked)
         finally:
             if job.view:  # before the lock goes: the rest is switched from the published copy
                 job.view.stop()

@@ -6,7 +6,9 @@ stage from the dataset's source (``for_source``), as ClusterShell chooses a Work
 - ``Rsync``: an ssh or rsync-daemon source, through rsync (dsstage.transfer.rsync), then
   every file it was asked for is hashed (what an earlier stage left included);
 - dsstage.transfer.peers.PeersFirst wraps either: what other nodes hold or are staging comes
-  from them, the rest from the wrapped transport.
+  from them, the rest from the wrapped transport;
+- dsstage.node.live.Switching wraps the copier's: a live view's entries switch to the files
+  as they land.
 
 dsstage.node.stager.fill drives any of them the same way. Every transport writes into an
 ``Area``: the staging area's descriptor (and path, for rsync), the dataset's transfer
@@ -50,12 +52,18 @@ class Copied:
 class Transport(Protocol):
     """Brings entries of a manifest into its Area."""
 
-    #: a file stands at its final name only once verified (a live view may link it at once)
-    verified_on_arrival: bool
-    #: ``copy`` hashes every entry it is given, what an earlier stage left included; else
-    #: what an interrupted stage left at a final name is checked before (a crash may have
-    #: lost what was not yet on disk, and what a peer sent stands there before its hash)
-    checks_all: bool
+    @property
+    def verified_on_arrival(self) -> bool:
+        """A file stands at its final name only once verified (a live view may link it at once:
+        dsstage.node.live.Switching wraps such a transport)."""
+        ...
+
+    @property
+    def checks_all(self) -> bool:
+        """``copy`` hashes every entry it is given, what an earlier stage left included; else
+        what an interrupted stage left at a final name is checked before (a crash may have
+        lost what was not yet on disk, and what a peer sent stands there before its hash)."""
+        ...
 
     @property
     def origin(self) -> Transport:
