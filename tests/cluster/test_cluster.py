@@ -147,8 +147,8 @@ def test_unreadable_source_with_hold_requeues_and_holds(cluster):
 def test_a_source_that_stops_answering_costs_the_budget_not_the_node(cluster):
     """The source's reads hang (latencyfs ``hang``: a hard NFS mount whose server is gone).
     slurmd's Prolog ends within prolog_budget (the hook leaves its blocked work behind), the
-    job runs on its fallback with the reason, and the node stays up; once the source answers,
-    the next job stages it."""
+    job runs on its fallback with the reason, and the node stays up; the next job probes the
+    source once; once the source answers, the first job after the breaker's cooldown stages it."""
     import latencyfs
     latencyfs.require()
     fs = cluster.hangfs
@@ -183,6 +183,12 @@ def test_a_source_that_stops_answering_costs_the_budget_not_the_node(cluster):
     assert "did not finish within prolog_budget (15s)" in out and "stopped answering" in out, out
     assert took < 60, took  # the Prolog gave up after 10 s; without the bound it waits for the source
     assert cluster.node_state("n3") == "idle"
+    # the second job's failed probe cooled the breaker down (dsstage.node.breaker.COOLDOWN): no
+    # node probes before its end, and the first stage after it probes, closes it and stages
+    from dsstage.node import breaker
+    record = breaker.read(str(cluster.dir / "dsstage-state"), "dataset.hung")
+    assert record is not None and record.get("failed_probes") == 1, record
+    time.sleep(max(0.0, float(record["probe_after"]) - time.time()))
     again = cluster.submit("#SBATCH --dataset=hung\necho DIR=$DSSTAGE_DATASET_DIR\n", "-w", "n3")
     assert cluster.wait(again)["JobState"] == "COMPLETED"
     staged = cluster.output(again).split("DIR=", 1)[1].split("\n", 1)[0]
