@@ -195,7 +195,7 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
 
 
 def refusal(path: Path, problem: str) -> str:
-    return f"dsstage: error: {path} {problem}: dsstage will not use it as root, a user could steer it"
+    return f"dsstage: error: {path} {problem}: dsstage will not use it, a user could steer it"
 
 
 def nothing_published(env: Env, name: str) -> None:

@@ -99,3 +99,33 @@ def test_what_an_ordinary_user_may_do_still_works(staged: Env, user):
     assert res.returncode == 0 and "coco" in res.stdout, res.stderr
     res = as_user(staged, user, "status", "--no-queue")
     assert res.returncode == 0, res.stderr
+
+
+#: the unit tests of the store that must pass without root (a developer's `pytest tests/unit`)
+STORE_UNIT_TESTS = ("tests/unit/test_store.py", "tests/unit/test_lease.py", "tests/unit/test_formats.py")
+
+
+def test_the_stores_unit_tests_pass_as_an_ordinary_user(user):
+    """The store trusts root's and the caller's own directories (dsstage.fs.safe.trusted):
+    its unit tests run on an ordinary user's tmp_path. The user keeps only the right to read
+    this checkout (CAP_DAC_READ_SEARCH: it may lie under /root, mode 0700); every write it
+    makes is checked as that user's, so a store operation that only root's override lets
+    through fails here."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent.parent
+    base = Path(tempfile.mkdtemp(prefix="dsstage-user-"))
+    try:
+        os.chown(base, user.pw_uid, user.pw_gid)
+        argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", "--",
+                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(base / "t"),
+                *STORE_UNIT_TESTS]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DSSTAGE_", "PYTEST_"))}
+        env.update(HOME=str(base), PYTHONPATH=str(root / "lib"))  # this checkout's, whichever the venv names
+        res = subprocess.run(argv, cwd=root, env=env, text=True, capture_output=True, timeout=600)
+        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+        assert " passed" in res.stdout and "skipped" not in res.stdout, res.stdout[-2000:]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -4,7 +4,6 @@ and the one before, and a newer writer's extra keys never make a record look dam
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,6 @@ def test_the_demand_snapshot_of_a_newer_poller_is_said_not_misread(tmp_path: Pat
     assert demand.read(str(tmp_path)).time == 5.0
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a tier is a root-owned directory (dsstage.fs.safe): run as root")
 def test_a_lease_with_keys_a_newer_version_added_is_still_a_lease(tmp_path: Path):
     """Read as damaged, a lease would be removed by reclaim and its copy evicted under a job."""
     with RootDir(str(tmp_path / "tier")) as tier:

@@ -10,8 +10,6 @@ import pytest
 from dsstage.node import metrics
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the run directory is root-owned: run as root")
-
 
 def parsed(path):
     """{(sample name, sorted labels): value} and {family name: type} of a textfile."""

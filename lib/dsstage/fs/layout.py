@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from dsstage.fs import untrusted
+from dsstage.fs import safe, untrusted
 from dsstage.fs.safe import RootDir, read_json_at
 
 TYPE_CHECKING = False  # not typing's: the warm paths do not import typing (tests/unit/test_warm_imports.py)
@@ -163,6 +163,6 @@ def not_ready(tier: RootDir, name: str, digest: str) -> str | None:
         return "the ready mark exists but the copy is gone"
     if [st.st_ino, st.st_dev] != [mark.get("ino"), mark.get("dev")]:
         return "the copy was replaced after it was marked ready"
-    if (st.st_mode & 0o170000) != 0o040000 or st.st_uid != 0 or st.st_mode & 0o222:
+    if (st.st_mode & 0o170000) != 0o040000 or not safe.sealed(st):
         return "the copy is no longer root-owned and read-only"
     return None

@@ -8,7 +8,8 @@ while a Prolog runs. So nothing root creates, changes or reads in a store is rea
 a path a user could have steered:
 
 * A store root (a tier's path, the run directory) is opened from ``/`` one component at a
-  time with ``O_NOFOLLOW | O_DIRECTORY``. Every component must be owned by root; an
+  time with ``O_NOFOLLOW | O_DIRECTORY``. Every component must be owned by root (or by
+  the user dsstage runs as, when that is not root: see ``trusted``); an
   ancestor may be writable by others only if it is sticky (``/tmp``, ``/dev/shm``: then
   nobody but root can rename the root-owned child); the store root and every directory
   dsstage uses below it must not be writable by group or others. Otherwise the store is
@@ -67,13 +68,43 @@ def is_temp(name: str) -> bool:
     return name.startswith(".dsstage-") and name.endswith(".tmp")
 
 
+def trusted(uid: int) -> bool:
+    """Whether dsstage trusts what ``uid`` owns: root's, and the caller's own. As root (the
+    hooks, the services) that is root alone; an ordinary user running dsstage on a store of
+    their own (the unit tests on ``tmp_path``) trusts only root and themselves, so nobody
+    else can steer what they do, and they can steer nobody but themselves."""
+    return uid == 0 or uid == os.geteuid()
+
+
+def owner(gid: int = 0) -> tuple[int, int]:
+    """The owner and group dsstage gives what it seals (published copies, their directories):
+    root and ``gid`` (0: no group restriction), or, for an ordinary user on a store of their
+    own, that user and ``gid`` or their own group (they cannot give files away)."""
+    if os.geteuid() == 0:
+        return 0, gid
+    return os.geteuid(), gid or os.getegid()
+
+
+def sealed_dir_mode() -> int:
+    """The mode of a sealed (published, read-only) directory: 0555 as root, who writes into
+    it anyway when it must (rename, purge); 0755 for an ordinary user on a store of their
+    own, who could not otherwise move or purge their copies, and whom nobody else can steer."""
+    return 0o555 if os.geteuid() == 0 else 0o755
+
+
+def sealed(st: os.stat_result) -> bool:
+    """Whether ``st`` is sealed: trusted (see ``trusted``) and writable by nobody else (by
+    nobody at all where root owns it)."""
+    return trusted(st.st_uid) and not st.st_mode & (0o222 if st.st_uid == 0 else 0o022)
+
+
 def dir_problem(st: os.stat_result, *, store: bool) -> str | None:
     """Why a directory may not be trusted, or None. ``store``: dsstage's own directories
     (nobody else may write); else an ancestor (others may write only if it is sticky)."""
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
-    if st.st_uid != 0:
-        return f"is owned by uid {st.st_uid}, not root"
+    if not trusted(st.st_uid):
+        return f"is owned by uid {st.st_uid}, not root" + ("" if os.geteuid() == 0 else f" nor uid {os.geteuid()}")
     if st.st_mode & 0o022 and (store or not st.st_mode & stat.S_ISVTX):
         return f"is writable by {'group or others' if store else 'others and not sticky'} " \
                f"(mode {stat.S_IMODE(st.st_mode):o})"
@@ -81,7 +112,7 @@ def dir_problem(st: os.stat_result, *, store: bool) -> str | None:
 
 
 def _refuse(path: str, problem: str) -> UnsafeStore:
-    return UnsafeStore(f"{path} {problem}: dsstage will not use it as root, a user could steer it; "
+    return UnsafeStore(f"{path} {problem}: dsstage will not use it, a user could steer it; "
                        f"make every directory of the path root-owned and not writable by others "
                        f"(or remove {path} and let dsstage create it)")
 

@@ -13,7 +13,7 @@ import stat
 
 from dsstage.config.model import Dataset
 from dsstage.errors import ConfigError, StoreError
-from dsstage.fs import acl
+from dsstage.fs import acl, safe
 from dsstage.fs.safe import O_DIR, RootDir
 
 
@@ -56,8 +56,9 @@ def reapply(tier: RootDir, ds: Dataset, *, origin: str, node: str) -> None:
 
 
 def _set(fd: int, st: os.stat_result, gid: int, mode: int) -> None:
-    if st.st_uid != 0 or st.st_gid != gid:
-        os.fchown(fd, 0, gid)
+    uid, gid = safe.owner(gid)
+    if st.st_uid != uid or st.st_gid != gid:
+        os.fchown(fd, uid, gid)
     if stat.S_IMODE(st.st_mode) != mode:
         os.fchmod(fd, mode)
 

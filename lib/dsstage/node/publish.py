@@ -34,9 +34,11 @@ def seal(root_fd: int, gid: int = 0, wanted: Collection[str] | None = None,
     which are not looked at again where their directory hands its files no other group
     than ``gid``; the rest of the tree is read from its directories' listings, and each
     other file is checked. The count of entries removed."""
+    uid, gid = safe.owner(gid)
+
     def fix(fd: int, st: os.stat_result, want: int) -> None:
-        if st.st_uid != 0 or st.st_gid != gid:
-            os.fchown(fd, 0, gid)
+        if st.st_uid != uid or st.st_gid != gid:
+            os.fchown(fd, uid, gid)
         if stat.S_IMODE(st.st_mode) != want:
             os.fchmod(fd, want)
 
@@ -57,13 +59,13 @@ def seal(root_fd: int, gid: int = 0, wanted: Collection[str] | None = None,
                     removed += 1
                 elif rel not in trusted:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                    if st.st_uid != 0 or st.st_gid != gid or stat.S_IMODE(st.st_mode) != 0o444:
+                    if st.st_uid != uid or st.st_gid != gid or stat.S_IMODE(st.st_mode) != 0o444:
                         ffd = os.open(name, safe.O_READ, dir_fd=dfd)
                         try:
                             fix(ffd, os.fstat(ffd), 0o444)
                         finally:
                             os.close(ffd)
-            fix(dfd, dst, 0o555)
+            fix(dfd, dst, safe.sealed_dir_mode())
     return removed
 
 
