@@ -126,3 +126,22 @@ def test_a_holder_is_aged_by_the_state_directorys_clock(tmp_path, monkeypatch) -
     assert clock is not None
     # (the clock's probe, .clock.<host> beside the reports, is no report: not listed)
     assert report.holders(str(state), "d", vid, now, 300, server_now=clock()) == ["behind"]
+
+
+def test_one_probe_measures_the_clock_of_every_directory_on_a_filesystem(tmp_path, monkeypatch) -> None:
+    """nodes/, staging/ and budget/ of one state directory are on one server, with one clock:
+    a cold stage that reads the three touches one probe, not three."""
+    import socket
+
+    from dsstage.fs import shared
+    monkeypatch.setattr(shared, "_offsets", {})
+    monkeypatch.setattr(shared, "_devs", {})
+    dirs = [tmp_path / d for d in ("nodes", "staging", "budget")]
+    for d in dirs:
+        d.mkdir()
+    clocks = [shared.server_clock(str(d)) for d in dirs]
+    assert all(clocks) and abs(clocks[2]() - time.time()) < 5  # type: ignore[misc]
+    probe = f".clock.{socket.gethostname()}"
+    assert [(d / probe).exists() for d in dirs] == [True, False, False]
+    monkeypatch.setattr(shared, "_offsets", {})  # measured too long ago: the next reading measures again
+    assert shared.server_offset(str(dirs[1])) is not None and (dirs[1] / probe).exists()

@@ -130,21 +130,32 @@ def touch_time(path: str) -> float:
 
 #: seconds a measured offset between this host's clock and a shared directory's is used
 OFFSET_TTL = 300.0
-#: directory -> (this host's monotonic time when measured, the directory's time then), for
-#: this process: the directory's clock runs on from it by the monotonic clock, so a step of
-#: this host's wall clock (NTP) meanwhile does not move it
-_offsets: dict[str, tuple[float, float]] = {}
+#: filesystem (a directory's st_dev) -> (this host's monotonic time when measured, the
+#: filesystem's time then), for this process: its clock runs on from it by the monotonic
+#: clock, so a step of this host's wall clock (NTP) meanwhile does not move it. One
+#: filesystem has one clock (its server's): the state directory's ``nodes/``, ``staging/``
+#: and ``budget/`` share one probe, not one each per cold stage
+_offsets: dict[int, tuple[float, float]] = {}
+#: directory -> its filesystem, for this process
+_devs: dict[str, int] = {}
 _said: set[str] = set()
 
 
-def server_offset(where: str) -> float | None:
-    """How far the clock of the filesystem ``where`` is on (``touch_time`` of a probe per host,
-    ``.clock.<host>``, minus this host's time), measured at most every ``OFFSET_TTL`` seconds
-    per process: one metadata write, not one per reading. None where the probe cannot be
-    written (said once per process and directory)."""
-    seen = _offsets.get(where)
+def _measured(where: str) -> tuple[float, float] | None:
+    """(monotonic time, the filesystem's time then) of the filesystem ``where`` is on: its
+    last measure if younger than OFFSET_TTL, else ``touch_time`` of a probe per host,
+    ``.clock.<host>``, in ``where`` (one metadata write, not one per reading); None where the
+    probe cannot be written (said once per process and directory), which leaves another
+    directory on the same filesystem free to try (it may be written as another user)."""
+    dev = _devs.get(where)
+    if dev is None:
+        try:
+            dev = _devs[where] = os.stat(where).st_dev
+        except OSError:
+            dev = -1  # the probe says why
+    seen = _offsets.get(dev)
     if seen is not None and time.monotonic() - seen[0] < OFFSET_TTL:
-        return seen[1] + (time.monotonic() - seen[0]) - time.time()
+        return seen
     try:
         before = time.monotonic()
         server = touch_time(os.path.join(where, f".clock.{os.uname().nodename}"))
@@ -158,8 +169,16 @@ def server_offset(where: str) -> float | None:
                                                 "used, and other nodes' clocks may disagree with it", where,
                                                 exc.strerror or exc)
         return None
-    _offsets[where] = (at, server)
-    return server + (time.monotonic() - at) - time.time()
+    if dev != -1:
+        _offsets[dev] = (at, server)
+    return at, server
+
+
+def server_offset(where: str) -> float | None:
+    """How far the clock of the filesystem ``where`` is on from this host's (see ``_measured``);
+    None where it cannot be read."""
+    seen = _measured(where)
+    return None if seen is None else seen[1] + (time.monotonic() - seen[0]) - time.time()
 
 
 def server_clock(where: str) -> Callable[[], float] | None:
@@ -168,9 +187,10 @@ def server_clock(where: str) -> Callable[[], float] | None:
     a node whose clock is off neither takes another's record for expired early nor keeps a
     dead one's late. None where that clock cannot be read (the caller uses its own, and must
     not compare it with files' times)."""
-    if server_offset(where) is None:
+    seen = _measured(where)
+    if seen is None:
         return None
-    at, server = _offsets[where]
+    at, server = seen
     return lambda: server + (time.monotonic() - at)
 
 
