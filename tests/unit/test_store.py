@@ -170,3 +170,48 @@ def test_evict_refuses_a_leased_copy_and_removes_a_released_one(small: Env):
     store.release("x", "1")
     assert [e.action for e in eviction.evict(store, "x")] == ["evicted"]
     assert on_node(small) == [] and not verifying.verify(store, "x").ok
+
+
+def tier_files(env: Env) -> list[tuple[str, int]]:
+    root = env.tier_root()
+    return sorted((str(p.relative_to(root)), p.lstat().st_ino) for p in root.rglob("*"))
+
+
+def test_the_dry_run_names_the_evictions_the_stage_then_makes_and_does_nothing(small: Env):
+    """dsstage prolog --dry-run and the Prolog decide with the same plan (staging.plan_fill,
+    eviction.room_for): what the dry run says it would evict is what the stage evicts."""
+    from dsstage.hooks import dryrun
+    store = small.store()
+    for job, name in (("1", "x"), ("2", "y")):
+        staging.stage(store, name, request(job))
+        store.release(name, job)
+    demand.write(str(small.state), demand.build([Job("9", "u", "PENDING", ("y",), sched_nodes=small.node)],
+                                                time.time()))
+    with open_tier(store.layout("nvme")) as tier:
+        from dsstage.node import space
+        space.hold(tier, "stage-other.json", 2000, "a stage in progress")
+    before = tier_files(small)
+    [step] = dryrun.prolog(small.config(), store, Job("3", User.lookup().name, "RUNNING", ("z",), nodes=small.node))
+    assert (step.verdict.action, step.verdict.reason) == ("local", "staged"), step.notes
+    evicts = [n for n in step.notes if n.startswith("make room: evict ")]
+    assert len(evicts) == 1 and evicts[0].startswith("make room: evict x "), step.notes
+    assert tier_files(small) == before  # no lease, no lock file, no eviction, no staging area
+    staging.stage(store, "z", request("3"))
+    assert on_node(small) == ["y", "z"]
+
+
+def test_the_dry_run_of_a_dataset_whose_source_breaker_is_open_falls_back_as_the_stage_does(env: Env):
+    from dsstage.hooks import dryrun
+    from dsstage.node import breaker
+    src = env.add("ds", {"a": b"1" * 100})
+    manifest(env, "ds")
+    conf = env.config()
+    key = breaker.key_of(conf, conf.datasets["ds"])
+    now = time.time()
+    breaker.write(conf.state_dir, key, {"source": key, "by": "n9", "since": now - 30, "reason": "timed out",
+                                        "probe_after": now + 600, "probe_by": "n9"})
+    [step] = dryrun.prolog(conf, env.store(), Job("1", User.lookup().name, "RUNNING", ("ds",), nodes=env.node))
+    assert step.verdict.action == "fallback" and step.verdict.path == str(src), step.verdict
+    assert f"the breaker of {key} is open" in step.verdict.reason
+    with pytest.raises(SourceError, match=f"the breaker of {key} is open"):
+        staging.stage(env.store(), "ds", request("1"))

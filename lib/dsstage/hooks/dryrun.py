@@ -23,10 +23,9 @@ from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.safe import RootDir
 from dsstage.hooks.decisions import Verdict, job_action, on_failure, task_lines
-from dsstage.node import eviction, space, staging
+from dsstage.node import eviction, staging
 from dsstage.node.lock import read_owner
 from dsstage.node.store import Store, open_tier
-from dsstage.policy import retention
 from dsstage.ready import lease as ready_lease
 from dsstage.slurm.records import Job
 from dsstage.units import human
@@ -86,49 +85,52 @@ def one(conf: Config, store: Store, name: str, user: cat.User, job: Job) -> Step
 
 def _stage(conf: Config, store: Store, ds: Dataset, digest: str, path: str, step: Step,
            tier: RootDir | None) -> Step:
-    """The stage the Prolog would make, and whether it fits."""
+    """The stage the Prolog would make, and whether it fits: the stage's own plan
+    (dsstage.node.staging.plan_fill, dsstage.node.eviction.room_for), said and not carried out."""
+    from dsstage.node import breaker
+    from dsstage.transfer.transport import describe
     name = ds.name
-    manifest = store.load_manifest(name, digest)
-    older = [m for _fd, m in staging.older_versions(store, tier, name, digest)] if tier is not None else []
-    needed = staging.to_fetch(manifest, older)
-    if needed < manifest.total_bytes:
-        step.notes.append(f"older versions here lend {human(manifest.total_bytes - needed)} by hard links")
-    how = "the verifying copier" if ds.source.kind == "local" else f"rsync ({ds.source.kind})"
+    record, gate = breaker.look(conf, ds)
+    if record is not None and gate.kind == "open":  # as staging.closed: the dataset's on_failure at once
+        raise SourceError(f"{name!r} is not staged: the breaker of {breaker.key_of(conf, ds)} is open: {gate.reason}")
+    if record is not None and gate.kind == "probe":
+        step.notes.append(f"the breaker of {breaker.key_of(conf, ds)} is due a probe ({gate.reason}): the Prolog "
+                          "probes the source first, and takes the dataset's on_failure at once if it does not answer")
+    plan = staging.plan_fill(store, tier, ds, digest, staging.StageRequest(user=cat.User.lookup(), job_id="0"))
+    if plan.lent:
+        step.notes.append(f"older versions here lend {human(plan.lent)} by hard links")
     if ds.source.kind == "local":
         problem = source_problem(ds.source.path)
         if problem:
             raise SourceError(f"the source of {name!r}: {problem}")
-    step.notes.append(f"stage: {manifest.files} files, {human(needed)} to fetch from {ds.source.raw} with {how}, "
-                      f"verified against the BLAKE3 manifest, within prolog_budget ({conf.prolog_budget:g}s)")
+    step.notes.append(f"stage: {plan.manifest.files} files, {human(plan.needed)} to fetch from {ds.source.raw} "
+                      f"with {describe(ds.source)}, verified against the BLAKE3 manifest, within prolog_budget "
+                      f"({conf.prolog_budget:g}s)")
     if ds.start == "at-once":
         step.notes.append(f"start: at-once: if the stage takes more than start_budget ({conf.start_budget:g}s), "
                           "the job starts on a live view and the stage goes on in the background")
     if conf.peers.enabled:
         step.notes.append("peers: on a job of several nodes each fetches its share from the source and the rest "
                           "from the others")
-    if tier is not None:
+    if tier is not None and plan.room is not None:
         owner = read_owner(store.layout(ds.tier).lock(name))
         if owner:
             step.notes.append(f"the dataset's lock is held ({owner.get('action') or 'stage'} on {owner.get('host')} "
                               f"pid {owner.get('pid')} job {owner.get('job_id') or '-'}): the Prolog would wait "
                               "for it within its budget")
         tier_conf = conf.tiers[ds.tier]
-        use = space.usage(tier)
-        sp = eviction.space_of(store, tier, tier_conf, needed, use)
-        if sp.over(use.total):
-            dem, _snap = store.demand()
-            p = eviction.plan(store, tier, tier_conf, dem, space=sp, asked=retention.Asked(protect=(name,)))
-            if not p.fits:
-                exc = NoSpace(eviction.no_room(store, tier_conf, name, needed, use, sp, p))
-                step.verdict = on_failure(name, ds, exc)
-                step.notes.append(f"NoSpace: {exc}")
-                return step
-            for d in p.evictions():
-                step.notes.append(f"make room: evict {d.copy.dataset} {d.copy.version} ({human(d.copy.bytes)}): "
-                                  f"{d.reason}")
-        else:
-            step.notes.append(f"space: tier {ds.tier} holds {human(use.total)} of {human(sp.capacity)}; "
-                              f"{human(needed)} more fits without evicting")
+        room = plan.room
+        if not room.fits:
+            exc = NoSpace(eviction.no_room(store, tier_conf, name, plan.needed, room))
+            step.verdict = on_failure(name, ds, exc)
+            step.notes.append(f"NoSpace: {exc}")
+            return step
+        for d in room.evictions():
+            step.notes.append(f"make room: evict {d.copy.dataset} {d.copy.version} ({human(d.copy.bytes)}): "
+                              f"{d.reason}")
+        if room.plan is None:
+            step.notes.append(f"space: tier {ds.tier} holds {human(room.use.total)} of {human(room.space.capacity)}; "
+                              f"{human(plan.needed)} more fits without evicting")
     step.verdict = Verdict(name, "local", path, "staged")
     return step
 

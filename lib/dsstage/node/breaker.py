@@ -190,6 +190,16 @@ def probe(source: Source, rsh: str, timeout: float = PROBE_TIMEOUT) -> str | Non
     return None
 
 
+def look(conf: Config, ds: Dataset, now: float | None = None) -> tuple[dict[str, Any] | None, State]:
+    """The breaker of ``ds``'s source as the state directory holds it (read as
+    ``report.user``) and what a stage would do with it now; reads only (``gate`` acts on it,
+    the dry run says it)."""
+    from dsstage.fs.identity import writing_as
+    with writing_as(conf.report.user):
+        record = read(conf.state_dir, key_of(conf, ds))
+    return record, state(record, time.time() if now is None else now)
+
+
 def gate(conf: Config, ds: Dataset, node: str, now: float | None = None) -> str | None:
     """Before a stage of ``ds`` from its source: None to go on, else why the stage must not
     (the dataset then gets its ``on_failure`` at once). A due probe is made here, bounded by
@@ -198,9 +208,7 @@ def gate(conf: Config, ds: Dataset, node: str, now: float | None = None) -> str 
     from dsstage.fs.identity import writing_as
     key = key_of(conf, ds)
     now = time.time() if now is None else now
-    with writing_as(conf.report.user):
-        record = read(conf.state_dir, key)
-    st = state(record, now)
+    record, st = look(conf, ds, now)
     if st.kind == "closed" or record is None:
         return None
     if st.kind == "open":

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dsstage.config.model import Tier
@@ -284,37 +284,65 @@ def evict(store: Store, name: str, *, force: bool = False, dry_run: bool = False
         return retain(store, dem, evict=(name,), force=force, held=name)
 
 
-def make_room(store: Store, tier: RootDir, tier_conf: Tier, name: str, needed: int,
-               spare: Callable[[retention.Copy, retention.Demand], str] | None = None,
-               resumed: str = "", job_id: str = "") -> None:
-    """Before a stage of ``name`` (holding its lock): evict what the planner says to make
-    room for ``needed`` bytes; NoSpace, saying what holds the space, if they cannot fit,
+@dataclass(frozen=True)
+class Room:
+    """Whether a stage fits on its tier and what it would evict to: decided, nothing done
+    (``room_for``). ``plan`` is None where the stage fits without evicting."""
+
+    use: space.Usage
+    space: retention.Space
+    plan: retention.Plan | None = None
+    demand: retention.Demand | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is None or self.plan.fits
+
+    def evictions(self) -> list[retention.Decision]:
+        return [] if self.plan is None else self.plan.evictions()
+
+
+def room_for(store: Store, tier: RootDir, tier_conf: Tier, name: str, needed: int, resumed: str = "") -> Room:
+    """The room a stage of ``name`` needing ``needed`` bytes has on the tier now: nothing to
+    evict where it fits under the high watermark's rule (``Space.over``), else the planner's
+    evictions, with ``name`` protected. ``resumed``: the reservation of the staging area the
+    stage takes over, which ``needed`` replaces. Reads only: the stage (make_room) and the dry
+    run (dsstage.hooks.dryrun) both decide with it."""
+    use = space.usage(tier, besides=resumed)
+    sp = space_of(store, tier, tier_conf, needed, use)
+    if not sp.over(use.total):
+        return Room(use, sp)
+    dem, _snap = store.demand()
+    return Room(use, sp, plan(store, tier, tier_conf, dem, space=sp, asked=retention.Asked(protect=(name,))), dem)
+
+
+def make_room(store: Store, tier: RootDir, tier_conf: Tier, name: str, room: Room, *,
+              spare: Callable[[retention.Copy, retention.Demand], str] | None = None,
+              resumed: str = "", job_id: str = "") -> None:
+    """Before a stage of ``name`` (holding its lock): evict what ``room`` (``room_for``'s
+    answer for the bytes the stage needs) says to; NoSpace, saying what holds the space, if they cannot fit,
     or if the plan would evict a copy that ``spare`` (a prefetch's rule) gives a reason
     to keep. ``resumed``: the reservation of the staging area this stage takes over
     (an interrupted stage's, a yielded prefetch's), which ``needed`` replaces. A stage
     for a job (not a prefetch) first stops the prefetches of other datasets whose
     staging areas keep it from fitting when evictions cannot: a job allocated here
     outweighs one expected later."""
-    use = space.usage(tier, besides=resumed)
-    sp = space_of(store, tier, tier_conf, needed, use)
-    if not sp.over(use.total):
+    needed = room.space.need
+    if room.plan is None:
         return
-    dem, _snap = store.demand()
-    p = plan(store, tier, tier_conf, dem, space=sp, asked=retention.Asked(protect=(name,)))
-    if not p.fits and spare is None and use.reserved and _stop_prefetches(store, tier, name, job_id):
-        use = space.usage(tier, besides=resumed)
-        sp = space_of(store, tier, tier_conf, needed, use)
-        if not sp.over(use.total):
+    if not room.fits and spare is None and room.use.reserved and _stop_prefetches(store, tier, name, job_id):
+        room = room_for(store, tier, tier_conf, name, needed, resumed)
+        if room.plan is None:
             return
-        p = plan(store, tier, tier_conf, dem, space=sp, asked=retention.Asked(protect=(name,)))
-    if not p.fits:
-        raise NoSpace(no_room(store, tier_conf, name, needed, use, sp, p))
-    spared = [(d.copy, why) for d in p.evictions() if spare and (why := spare(d.copy, dem))]
+    if not room.fits:
+        raise NoSpace(no_room(store, tier_conf, name, needed, room))
+    dem = room.demand or retention.Demand()
+    spared = [(d.copy, why) for d in room.evictions() if spare and (why := spare(d.copy, dem))]
     if spared:
         c, why = spared[0]
         raise NoSpace(f"tier {tier_conf.name!r} on {store.node}: making room for {name!r} ({_human(needed)}) "
                       f"would evict {c.dataset} {c.version}, {why}: not prefetched")
-    done = _apply(store, tier, Layout(tier.root), p.evictions(), dry_run=False, wait=0.0, purge=False)
+    done = _apply(store, tier, Layout(tier.root), room.evictions(), dry_run=False, wait=0.0, purge=False)
     for e in done:
         log.info("making room for %s on %s: %s %s %s (%s)", name, store.node, e.action, e.dataset, e.version,
                  e.reason)
@@ -323,10 +351,10 @@ def make_room(store: Store, tier: RootDir, tier_conf: Tier, name: str, needed: i
         background.purge(tier.root)
 
 
-def no_room(store: Store, tier_conf: Tier, name: str, needed: int, use: space.Usage, sp: retention.Space,
-            p: retention.Plan) -> str:
-    """Why a stage of ``name`` cannot fit even after plan ``p``'s evictions, and what to do."""
-    held = p.holding()
+def no_room(store: Store, tier_conf: Tier, name: str, needed: int, room: Room) -> str:
+    """Why a stage of ``name`` cannot fit even after ``room``'s evictions, and what to do."""
+    use, sp = room.use, room.space
+    held = room.plan.holding() if room.plan is not None else "nothing"
     fix = ("the dataset alone is larger than the tier: raise the tier's capacity" if held == "nothing" else
            f"it is held by {held}: wait for those jobs, or raise the tier's capacity")
     return (f"tier {tier_conf.name!r} on {store.node} ({_human(sp.capacity)}, {_human(use.total)} in use) "

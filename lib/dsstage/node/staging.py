@@ -206,6 +206,39 @@ def make_ready(store: Store, tier: RootDir, ds: Dataset, digest: str, job: Stage
         result.peer_bytes = stats.from_peers.bytes
 
 
+@dataclass(frozen=True)
+class FillPlan:
+    """What a fill of one version will do, decided from what it reads (``plan_fill``): the
+    manifest, the older versions on the node that lend files by hard links, the bytes left to
+    fetch, and the room to make for them (dsstage.node.eviction.Room: what it evicts, or why it
+    cannot fit). The stage carries it out holding the dataset's lock; the dry run
+    (dsstage.hooks.dryrun) says it and does nothing."""
+
+    manifest: Manifest
+    older: list[tuple[int, Manifest]]
+    needed: int
+    room: eviction.Room | None  # None: the tier does not exist yet (a dry run's)
+
+    @property
+    def lent(self) -> int:
+        """The bytes older versions lend."""
+        return self.manifest.total_bytes - self.needed
+
+
+def plan_fill(store: Store, tier: RootDir | None, ds: Dataset, digest: str, job: StageRequest,
+              resumed: str = "") -> FillPlan:
+    """The fill of ``ds`` version ``digest`` on ``tier``, decided, nothing done (``FillPlan``).
+    ``resumed``: the reservation of the staging area the stage takes over."""
+    name = ds.name
+    manifest = store.load_manifest(name, digest)
+    # the other copies of a sharded dataset are its other shards, which lend no file: not read
+    older = [] if job.shard or tier is None else older_versions(store, tier, name, digest)
+    needed = to_fetch(manifest, [m for _fd, m in older])
+    room = None if tier is None else eviction.room_for(store, tier, store.config.tiers[ds.tier], name, needed,
+                                                       resumed)
+    return FillPlan(manifest, older, needed, room)
+
+
 def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageRequest,
          progress: Callable[[str, int, int], None] | None = None) -> FillStats:
     """Make room for what older versions cannot lend, copy the version into its staging area
@@ -215,16 +248,15 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     from dsstage.transfer.transport import Area, for_source
     name = ds.name
     prefetch = job.prefetch
-    manifest = store.load_manifest(name, digest)
     staging = fs_layout.staging_name(name, digest)
     record = space.stage_record(staging)
     store.remove_staging(tier, name, keep=staging)
     publish.take_back(tier, name, digest)
-    # the other copies of a sharded dataset are its other shards, which lend no file: not read
-    older = [] if job.shard else older_versions(store, tier, name, digest)
-    needed = to_fetch(manifest, [m for _fd, m in older])
+    plan = plan_fill(store, tier, ds, digest, job, resumed=record)
+    manifest, older, needed = plan.manifest, plan.older, plan.needed
     tier_conf = store.config.tiers[ds.tier]
-    eviction.make_room(store, tier, tier_conf, name, needed, prefetch.spare if prefetch else None,
+    room = plan.room or eviction.room_for(store, tier, tier_conf, name, needed, record)  # (never None here)
+    eviction.make_room(store, tier, tier_conf, name, room, spare=prefetch.spare if prefetch else None,
                        resumed=record, job_id=job.job_id)
     linked: dict[int, tuple[int, int]] = {}
     holders, ready, claimed = from_whom(store, name, digest, shard=job.shard)

@@ -189,3 +189,8 @@ def for_source(source: Source, area: Area, reader: Identity | None = None) -> Tr
     if source.kind == "local":
         return LocalCopy(source.path, area, reader)
     return Rsync(source, area)
+
+
+def describe(source: Source) -> str:
+    """The transport ``for_source`` would choose, as a dry run says it (nothing is opened)."""
+    return "the verifying copier" if source.kind == "local" else f"rsync ({source.kind})"
