@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 from dsstage.config.catalog import User
-from dsstage.node import eviction, sharded, views
+from dsstage.node import eviction, sharded
 from dsstage.node.lease import LeaseBook
 from dsstage.node.staging import StageRequest
 from dsstage.node.store import open_tier
 from dsstage.ready import lease as ready_lease
+from dsstage.shards import views
 from helpers import Env, wait_flushed
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned: run as root")
@@ -464,13 +465,13 @@ def test_the_nodes_of_a_job_wait_for_the_plan_of_the_node_that_claimed_it(env: E
     makes one itself (the first record written is the plan)."""
     import threading
 
-    from dsstage.node import jobrecord, shardplan
+    from dsstage.node import jobrecord
     ids = [s.id for s in sharded.shards_of(env.store(), "big", big["digest"]).shards]
     nodes = ["n1", "n2", "n3"]
     env.state.mkdir(exist_ok=True)
     made = []
-    real = shardplan.plan
-    monkeypatch.setattr(shardplan, "plan", lambda *a: made.append(a) or real(*a))
+    real = jobrecord.plan
+    monkeypatch.setattr(jobrecord, "plan", lambda *a: made.append(a) or real(*a))
     first = jobrecord.plan_for(str(env.state), "160", nodes, "n1", {"big": ids})
     # n2 and n3 come while n1 would still be planning: n1's claim is there, its record not yet
     record = env.state / "jobs" / "160.shards.json"

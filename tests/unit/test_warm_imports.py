@@ -18,8 +18,8 @@ from helpers import WARM_HEAVY as HEAVY
 
 #: what the warm Prolog of a sharded dataset imports besides (its job record, plan and view);
 #: logging comes with ClusterShell, which expands the job's hostlist
-SHARDED = ("dsstage.hostlist", "dsstage.node.jobrecord", "dsstage.shards.indexfile", "dsstage.node.shardplan",
-           "dsstage.hooks.shardmap", "dsstage.node.views", "dsstage.privatedata")
+SHARDED = ("dsstage.hostlist", "dsstage.node.jobrecord", "dsstage.shards.indexfile", "dsstage.shards.assign",
+           "dsstage.shards.told", "dsstage.shards.views", "dsstage.privatedata")
 
 
 @pytest.mark.parametrize("modules,allowed", [

@@ -16,7 +16,7 @@ from dsstage.config.manifest import Catalog
 from dsstage.config.model import Config
 from dsstage.errors import DsstageError
 from dsstage.hostlist import fold_nodes
-from dsstage.node import jobrecord, shardplan
+from dsstage.node import jobrecord
 from dsstage.shards import index as shard_index
 
 #: nodes named in the sentence; the rest are counted (``status --json`` has them all)
@@ -48,7 +48,7 @@ def for_job(conf: Config, job: Mapping[str, Any], planned: Sequence[str]) -> dic
         if made and running and len(planned) == 1:  # a one-node job holds every shard; nothing is recorded
             plan, made = {planned[0]: list(number)}, False
         elif made:
-            plan = shardplan.plan(conf.state_dir, name, list(number), list(planned))
+            plan = jobrecord.plan(conf.state_dir, name, list(number), list(planned))
         assert isinstance(plan, dict)
         out[name] = {"recorded": not made,
                      "nodes": {str(n): sorted(number[s] for s in ids if s in number) for n, ids in plan.items()

@@ -1,5 +1,5 @@
 """A path inside a dataset as one line of text: how a manifest writes each file's path, and how
-a sharded view's files list (dsstage.node.views) writes each file, so that no name can split
+a sharded view's files list (dsstage.shards.views) writes each file, so that no name can split
 into two lines (a file named ``x\\n/etc/shadow`` would otherwise add a line ``/etc/shadow``).
 
 A backslash, newline, tab and carriage return are written ``\\\\``, ``\\n``, ``\\t``, ``\\r``;

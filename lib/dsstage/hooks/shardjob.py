@@ -28,11 +28,11 @@ from dsstage.config import catalog as cat
 from dsstage.config.model import Dataset
 from dsstage.errors import DsstageError, StateError
 from dsstage.fs import layout, pathtext, runfiles
-from dsstage.hooks import shardmap
 from dsstage.hooks.decisions import Verdict
 from dsstage.hostlist import expand_nodes
-from dsstage.node import jobrecord, sharded, shardplan
+from dsstage.node import jobrecord, sharded
 from dsstage.node.store import Store
+from dsstage.shards import assign, told
 from dsstage.shards import index as shard_index
 
 log = logging.getLogger(__name__)
@@ -87,13 +87,13 @@ def stage(ctx: Job, store: Store, name: str, versions: Mapping[str, str], user: 
     from dsstage.node.staging import StageRequest
     part = sharded.stage_part(store, name, version, mine,
                               StageRequest(user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes),
-                              replicas=shardplan.replicas(plan, mine))
-    map_path = shardmap.write_map(store.run_dir, ctx.node, ctx.job_id, (ctx.uid, ctx.gid), name, version, index.shards,
+                              replicas=assign.replicas(plan, mine))
+    map_path = told.write_map(store.run_dir, ctx.node, ctx.job_id, (ctx.uid, ctx.gid), name, version, index.shards,
                                   plan)
     log.info("job %s: %s shards %s of %d %s on %s (view %s, %d files; %d files from the source)", ctx.job_id, name,
              ",".join(str(s.index) for s in part.shards), index.count, part.action, ctx.node, part.view.path,
              part.view.files, part.transferred_files)
-    exports = shardmap.exports(part.shards, index.count, index.shards, plan, part.view.files_list, part.view.files,
+    exports = told.exports(part.shards, index.count, index.shards, plan, part.view.files_list, part.view.files,
                                map_path)
     label = {"dataset": name}
     store.count([("misses", label, 1), ("staged_bytes", label, part.transferred_bytes),
@@ -118,9 +118,9 @@ def from_source(ctx: Job, store: Store, name: str, versions: Mapping[str, str], 
              for s in mine for e in store.load_manifest(name, s.digest).entries]
     files_list = runfiles.write_job_file(store.run_dir, ctx.node, ctx.job_id, f"files-{name}", "".join(lines),
                                          (ctx.uid, ctx.gid))
-    map_path = shardmap.write_map(store.run_dir, ctx.node, ctx.job_id, (ctx.uid, ctx.gid), name, index.version,
+    map_path = told.write_map(store.run_dir, ctx.node, ctx.job_id, (ctx.uid, ctx.gid), name, index.version,
                                   index.shards, plan)
-    return shardmap.exports(mine, index.count, index.shards, plan, files_list, len(lines), map_path)
+    return told.exports(mine, index.count, index.shards, plan, files_list, len(lines), map_path)
 
 
 def fallback(ctx: Job, store: Store, verdict: Verdict, versions: Mapping[str, str], sharded_names: Sequence[str],

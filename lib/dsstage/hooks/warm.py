@@ -188,9 +188,8 @@ def _parts(names: Sequence[str], catalog: Mapping[str, WarmDataset], versions: M
 
 def _part(name: str, version: str, tier: RootDir, run_dir: str, job: Job, part: Part) -> Pick | None:
     """This node's part of sharded dataset ``name`` if every shard the job's plan gives it is
-    ready here and their view was made (dsstage.node.views); else None. Writes the job's map."""
-    from dsstage.hooks import shardmap
-    from dsstage.node import views
+    ready here and their view was made (dsstage.shards.views); else None. Writes the job's map."""
+    from dsstage.shards import told, views
     shards, plan = part.shards, part.plan
     by_id = {s.id: s for s in shards}
     mine = sorted((by_id[s] for s in dict.fromkeys(plan.get(job.node) or ()) if s in by_id), key=lambda s: s.index)
@@ -199,9 +198,9 @@ def _part(name: str, version: str, tier: RootDir, run_dir: str, job: Job, part: 
     view = views.find(tier, name, [s.id for s in mine])
     if view is None:
         return None
-    map_path = shardmap.write_map(run_dir, job.node, job.job_id, (job.uid, job.gid), name, version, shards, plan)
+    map_path = told.write_map(run_dir, job.node, job.job_id, (job.uid, job.gid), name, version, shards, plan)
     pick = Pick(name, version, tier, view.path, tuple(mine))
-    pick.exports = shardmap.exports(mine, len(shards), shards, plan, view.files_list, view.files, map_path)
+    pick.exports = told.exports(mine, len(shards), shards, plan, view.files_list, view.files, map_path)
     pick.view = lambda: views.find(tier, name, [s.id for s in mine]) is not None
     return pick
 

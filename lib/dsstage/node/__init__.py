@@ -5,10 +5,11 @@ publish, lease), ``stager`` (filling a staging area through a dsstage.transfer.t
 ``lock`` (waiting for the dataset lock of dsstage.ready), ``access`` (groups and ACLs),
 ``background`` (purges), ``eviction``, ``verifying`` and ``treecheck``, ``local``, ``report`` (this node's report file),
 ``inventory`` (the report's body, built from the store), ``metrics``, ``rollout``; a sharded
-dataset's part (``sharded``, ``shardplan``, ``views``, ``standalone``); the job records
-(``jobrecord``); a job's live view of a dataset still staging (``live``); the shared state
-directory's layout (``statedir``); and the cluster's share of a source: ``breaker``,
-``budget``, ``stagers``.
+dataset's part staged (``sharded``; the rest of sharding is dsstage.shards), a stage no job's
+Prolog asks for (``standalone``: ``dsstage stage``, ``warm``, a prefetch); the job records
+(``jobrecord``: versions, hold claims, shard plans); a job's live view of a dataset still
+staging (``live``); the shared state directory's layout (``statedir``); and the cluster's
+share of a source: ``breaker``, ``budget``, ``stagers``.
 
 May import ``dsstage.transfer``, ``dsstage.policy``, ``dsstage.config``, ``dsstage.ready``, ``dsstage.fs`` and the
 bottom modules; never Slurm, the hooks or the cluster services: whoever calls the store hands

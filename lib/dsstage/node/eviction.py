@@ -19,10 +19,11 @@ from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.layout import Layout, version_id
 from dsstage.fs.safe import RootDir
-from dsstage.node import background, live, publish, shardplan, space, views
+from dsstage.node import background, jobrecord, live, publish, space
 from dsstage.node.lease import LeaseBook
 from dsstage.node.store import PREEMPT_WAIT, Eviction, Store, _human, _lock, local_errors, open_tier
 from dsstage.policy import retention
+from dsstage.shards import views
 
 if TYPE_CHECKING:  # the staging machinery is imported only when a stage needs it
     pass
@@ -77,7 +78,7 @@ PLANNED_JOBS = 8
 
 def shards_not_for(store: Store, name: str, dem: retention.Demand) -> dict[str, frozenset[str]]:
     """shard id -> the pending jobs planned on this node (and others) whose plan would give
-    this node other shards of ``name`` (dsstage.node.shardplan, as the job's first node will
+    this node other shards of ``name`` (dsstage.node.jobrecord.plan, as the job's first node will
     make it from what the nodes hold now); {} for a dataset that is not sharded."""
     ds = store.config.datasets.get(name)
     if ds is None or not ds.shards or dem.stale:
@@ -91,7 +92,7 @@ def shards_not_for(store: Store, name: str, dem: retention.Demand) -> dict[str, 
     except (DsstageError, OSError):
         return {}
     out: dict[str, set[str]] = {}
-    plans = shardplan.plans(store.config.state_dir, name, ids, [list(w.nodes) for w in planned])
+    plans = jobrecord.plans(store.config.state_dir, name, ids, [list(w.nodes) for w in planned])
     for w, plan in zip(planned, plans):
         mine = set(plan.get(store.node) or ids)
         for shard in ids:
@@ -164,7 +165,7 @@ def retain(store: Store, dem: retention.Demand | None = None, *, evict: tuple[st
 
 
 def _prune_views(tier: RootDir, layout: Layout, held: str) -> None:
-    """Drop the sharded datasets' views no job uses, but the newest (dsstage.node.views), each
+    """Drop the sharded datasets' views no job uses, but the newest (dsstage.shards.views), each
     dataset's under its lock (a Prolog makes and finds views holding it); a busy lock: later."""
     book = LeaseBook(tier)
 

@@ -15,11 +15,12 @@ from dsstage.errors import DsstageError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
 from dsstage.fs.safe import RootDir
-from dsstage.node import access, eviction, live, metrics, space, views
+from dsstage.node import access, eviction, live, metrics, space
 from dsstage.node.lease import LeaseBook
 from dsstage.node.lock import is_held, read_owner
 from dsstage.node.report import FORMAT, PREFETCH_KEPT, publish_target, replace
 from dsstage.node.store import Store, open_tier
+from dsstage.shards import views
 
 log = logging.getLogger(__name__)
 

@@ -39,6 +39,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+def plan(state_dir: str, name: str, shard_ids: Sequence[str], nodes: Sequence[str]) -> dict[str, list[str]]:
+    """node -> shard ids of ``name`` for a job on ``nodes``: dsstage.shards.assign over what
+    each node's published report shows ready now. The plan a job's first node records
+    (``plan_for``), and the part a prefetch stages on a pending job's planned node
+    (dsstage.node.standalone): the same function, so that what a prefetch staged is what the
+    job's plan gives that node."""
+    from dsstage.node import report
+    from dsstage.shards.assign import assign
+    return assign(shard_ids, nodes, report.ready_in_reports(state_dir, nodes, name, shard_ids))
+
+
+def plans(state_dir: str, name: str, shard_ids: Sequence[str],
+          jobs: Sequence[Sequence[str]]) -> list[dict[str, list[str]]]:
+    """``plan`` for several jobs (each given by its nodes), each node's report read once."""
+    from dsstage.node import report
+    from dsstage.shards.assign import assign
+    everyone = sorted({n for nodes in jobs for n in nodes})
+    held = report.ready_in_reports(state_dir, everyone, name, shard_ids)
+    return [assign(shard_ids, nodes, {n: held[n] for n in nodes if n in held}) for nodes in jobs]
+
 DIR = "jobs"
 FORMAT = formats.CURRENT["job-record"]
 
@@ -156,8 +177,7 @@ def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shard
                 # read every node's report here too (M nodes starting at once: M x M reads)
                 raw = _wait_for(where, record_name, writers, time.monotonic() + PLAN_WAIT)
             if raw is None:
-                from dsstage.node import shardplan
-                made = {name: shardplan.plan(state_dir, name, ids, nodes) for name, ids in shards.items()}
+                made = {name: plan(state_dir, name, ids, nodes) for name, ids in shards.items()}
                 data = jsontext.dumps({"format": FORMAT, "job": job_id, "nodes": sorted(nodes), "by": node,
                                        "time": time.time(), "shards": made}, sort_keys=True).encode() + b"\n"
                 if shared.create_once(where, record_name, data, writers):

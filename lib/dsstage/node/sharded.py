@@ -1,6 +1,6 @@
 """A sharded dataset's part on this node: the shards a job gave it, each staged as a copy of
 its own (``datasets/<name>/<shard id>``: ready mark, verification and eviction per shard),
-all held by the job's one lease, and shown to the job as one view (dsstage.node.views).
+all held by the job's one lease, and shown to the job as one view (dsstage.shards.views).
 
 Each shard is staged by dsstage.node.staging as a version whose manifest is the shard's
 (dsstage.shards.index), so what holds for a version (resume after the budget, the space
@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from dsstage.errors import ManifestError
-from dsstage.node import access, staging, views
+from dsstage.node import access, staging
 from dsstage.node.store import StageResult, Store, local_errors, open_tier, state_errors
 from dsstage.shards import index as shard_index
+from dsstage.shards import views
 from dsstage.shards.split import Shard
 
 log = logging.getLogger(__name__)

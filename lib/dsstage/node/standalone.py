@@ -1,6 +1,6 @@
 """A stage that no job's Prolog asks for: ``dsstage stage``, ``dsstage warm`` and a prefetch
 for a pending job. A dataset is staged whole; of a sharded dataset, this node stages the
-part that a job on the given nodes would get (dsstage.node.shardplan, from what the nodes
+part that a job on the given nodes would get (dsstage.node.jobrecord.plan, from what the nodes
 hold now), and its view, so that the job's own plan finds it there when it starts.
 """
 
@@ -12,10 +12,11 @@ from dataclasses import replace
 from dsstage.config import catalog as cat
 from dsstage.errors import StateError
 from dsstage.hostlist import expand_nodes
-from dsstage.node import sharded, shardplan, staging
+from dsstage.node import jobrecord, sharded, staging
 from dsstage.node.local import default_holder
 from dsstage.node.staging import StageRequest
 from dsstage.node.store import StageResult, Store
+from dsstage.shards import assign
 
 
 def stage(store: Store, name: str, job: StageRequest, *,
@@ -28,7 +29,7 @@ def stage(store: Store, name: str, job: StageRequest, *,
         return staging.stage(store, name, job, progress=progress)
     version, planned, plan, mine = part_for(store, name, job.nodes)
     part = sharded.stage_part(store, name, version, mine, replace(job, nodes=job.nodes if len(planned) > 1 else ""),
-                              progress=progress, replicas=shardplan.replicas(plan, mine))
+                              progress=progress, replicas=assign.replicas(plan, mine))
     return StageResult(dataset=name, digest=version, path=part.view.path, tier=ds.tier, node=store.node,
                        action=part.action, job_id=job.job_id, transferred_files=part.transferred_files,
                        transferred_bytes=part.transferred_bytes, seconds=part.seconds)
@@ -42,7 +43,7 @@ def part_for(store: Store, name: str, nodes: str) -> tuple[str, list[str], dict[
     index = sharded.shards_of(store, name, version)
     planned = expand_nodes(nodes) if nodes else [store.node]
     planned = planned if store.node in planned else [store.node]
-    plan = shardplan.plan(store.config.state_dir, name, [s.id for s in index.shards], planned)
+    plan = jobrecord.plan(store.config.state_dir, name, [s.id for s in index.shards], planned)
     mine = plan.get(store.node)
     if not mine:  # assign gives every node of a job at least one shard
         raise StateError(f"no shard of {name!r} for node {store.node} among {', '.join(planned)}")
@@ -55,8 +56,8 @@ def part_ready(store: Store, name: str, nodes: str) -> bool:
     for any other dataset, and where that cannot be read (a stage meets the error)."""
     from dsstage.errors import DsstageError
     from dsstage.fs.layout import version_id
-    from dsstage.node import views
     from dsstage.node.store import open_tier
+    from dsstage.shards import views
     ds = store.config.datasets.get(name)
     if ds is None or not ds.shards:
         return False

@@ -120,7 +120,7 @@ def verify_locked(store: Store, tier: RootDir, ds: Dataset, digest: str) -> Veri
         result.repaired = [b.path for b in bad]
         result.reason = f"repaired {len(bad)} file(s): " + "; ".join(b.describe() for b in bad[:3])
         if ds.shards:  # a shard's views link the files replaced: link them to the repaired ones
-            from dsstage.node import views
+            from dsstage.shards import views
             views.relink(tier, ds.name, vid, result.repaired)
     if bad or result.removed_extras:
         publish.seal(vfd, gid=0)

@@ -98,7 +98,7 @@ class Copy:
     #: bytes it hard-links from older versions of the same dataset on the node, by version
     shared: Mapping[str, int] = field(default_factory=dict)
     #: a sharded dataset's shard: the pending jobs planned on this node whose plan gives this
-    #: node other shards (dsstage.node.shardplan); their demand does not count for this copy
+    #: node other shards (dsstage.node.jobrecord.plan); their demand does not count for this copy
     not_for: frozenset[str] = frozenset()
 
     @property

@@ -115,7 +115,7 @@ def reusable(tier: RootDir, name: str, digest: str, verify: str) -> str | None:
 class Pick:
     """A dataset found ready: its version, tier, and for a sharded one this node's part of it
     (``shards``), what the job's environment gets for it (``exports``) and whether the view
-    of those shards is still there (``view``: dsstage.node.views, which this layer does not
+    of those shards is still there (``view``: dsstage.shards.views, which this layer does not
     import)."""
 
     __slots__ = ("name", "digest", "tier", "path", "shards", "exports", "view")

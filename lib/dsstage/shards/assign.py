@@ -85,3 +85,16 @@ def _replicated(shards: Sequence[str], nodes: Sequence[str], held: Mapping[str, 
         got[n] = [shard]
         count[shard] += 1
     return {n: got[n] for n in nodes}
+
+
+def replicas(plan: Mapping[str, Sequence[str]], mine: Sequence[str]) -> dict[str, str]:
+    """shard id -> the nodes (a Slurm hostlist) that hold it in ``plan``, for each of
+    ``mine`` that more than one node holds (a job of more nodes than shards): they share its
+    transfer through the peers."""
+    from dsstage.hostlist import fold_nodes
+    out = {}
+    for shard in mine:
+        holders = [node for node, ids in plan.items() if shard in ids]
+        if len(holders) > 1:
+            out[shard] = fold_nodes(holders)
+    return out
