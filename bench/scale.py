@@ -10,7 +10,10 @@ all readers (--rate) and a budget of requests in flight (sources.<name>.max_in_f
 Figures, per scenario and mode: bytes the source served / dataset size; the time from
 submission until the last job ended; the highest number of requests in flight the source
 saw (against max_in_flight); Slurm RPCs during the scenario (sdiag's per-type counts, reset
-before); and for the N-node job, the slowest node's stage against one node alone.
+before); the shared state directory's operations per job start (the devcluster's
+``state_dir`` is served by a second latencyfs, writable, root not squashed, 200 µs per
+request: what an NFS server would see of dsstage, every FUSE request counted, by kind);
+and for the N-node job, the slowest node's stage against one node alone.
 
 The hanging source (``hang``, last): the source stops answering (latencyfs ``hang``: every
 request blocks, as a hard NFS mount whose server is gone) and one-node jobs run one after
@@ -79,9 +82,32 @@ def make_files(root: Path, files: int, size: int) -> int:
     return files * size
 
 
+@contextlib.contextmanager
+def served_state_dir(cdir: Path) -> Iterator[LatencyFS]:
+    """The devcluster's state directory behind a latencyfs that counts its requests: the
+    directory moves to a backing directory and the mount takes its place (writable, each
+    request as its caller, root served as root: an export without root_squash)."""
+    state = cdir / "dsstage-state"
+    backing = cdir / "dsstage-state.backing"
+    state.rename(backing)
+    state.mkdir()
+    try:
+        with LatencyFS(backing, state, delay_us=200, squash=True, extra_options="squash_uid=0,squash_gid=0") as fs:
+            yield fs
+    finally:
+        state.rmdir()
+        backing.rename(state)
+
+
+def state_ops(stats: dict) -> dict[str, int]:
+    """The state directory's requests by kind, without the zeros."""
+    return {k: v for k, v in stats["ops"].items() if v}
+
+
 class Cluster:
-    def __init__(self, cdir: Path, env: dict[str, str], fs: LatencyFS, source: Path) -> None:
-        self.cdir, self.env, self.fs, self.source = cdir, env, fs, source
+    def __init__(self, cdir: Path, env: dict[str, str], fs: LatencyFS, source: Path,
+                 state: LatencyFS | None = None) -> None:
+        self.cdir, self.env, self.fs, self.source, self.state = cdir, env, fs, source, state
         self.conf_path = cdir / "etc" / "dsstage.yaml"
         self.log_path = cdir / "log" / "dsstage-hooks.log"
         self.dsstage = str(TOP / ".venv" / "bin" / "dsstage")
@@ -141,22 +167,31 @@ def scenario(c: Cluster, what: str, total: int, budget: int, start: Callable[[st
     for peers in (True, False):
         name = c.dataset(peers, budget)
         c.fs.reset()
+        if c.state:
+            c.state.reset()
         c.run("sdiag", "--reset")
         t = time.monotonic()
         jobs = start(name)
         c.wait(jobs)
         took = time.monotonic() - t
         stats = c.fs.stats()
+        ops = state_ops(c.state.stats()) if c.state else {}
         stages = c.stages(name)
         row = {"scenario": what, "peers": peers, "served_over_dataset": stats["bytes_read"] / total,
                "seconds": took, "peak_in_flight": stats["peak_in_flight"],
                "peak_opens_in_flight": stats["peak_opens_in_flight"], "max_in_flight": budget,
                "rpcs": c.rpcs(), "jobs": len(jobs), "stages": len(stages),
-               "slowest_stage_s": max((s for _n, s in stages), default=0.0)}
+               "slowest_stage_s": max((s for _n, s in stages), default=0.0),
+               "starts": len(stages), "state_ops": ops,
+               "state_ops_per_start": sum(ops.values()) / max(len(stages), 1)}
         rows.append(row)
         print(f"{what:44} peers {'on ' if peers else 'off'}: source served {row['served_over_dataset']:5.2f}x, "
               f"{took:6.1f} s, peak in flight {row['peak_in_flight']:3d} (budget {budget}), "
-              f"{row['rpcs']:5d} RPCs, {len(stages)} stages, slowest {row['slowest_stage_s']:.1f} s", flush=True)
+              f"{row['rpcs']:5d} RPCs, {len(stages)} stages, slowest {row['slowest_stage_s']:.1f} s, "
+              f"state dir {row['state_ops_per_start']:.0f} ops per node start", flush=True)
+        if ops:
+            print(f"{'':44}              state dir by kind: "
+                  + ", ".join(f"{k} {v / max(len(stages), 1):.1f}" for k, v in sorted(ops.items())), flush=True)
     return rows
 
 
@@ -210,8 +245,8 @@ def main() -> int:
     mnt = Path(args.dir) / "mnt"
     rows: list[dict] = []
     with LatencyFS(backing, mnt, delay_us=200, rate=args.rate << 20, extra_options="uncached") as fs, \
-            devcluster(n) as (cdir, env):
-        c = Cluster(cdir, env, fs, Path(fs.mountpoint) / "data")
+            devcluster(n) as (cdir, env), served_state_dir(cdir) as state:
+        c = Cluster(cdir, env, fs, Path(fs.mountpoint) / "data", state)
         # one node alone: what "ready" costs without any sharing (the N-node job's baseline)
         name = c.dataset(False, args.budget)
         fs.reset()
