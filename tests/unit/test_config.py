@@ -411,14 +411,15 @@ def test_sources_budgets_are_checked_and_matched_by_the_longest_prefix():
     assert "sources.a.prefix: " in error(base(sources={"a": {"prefix": "", "max_in_flight": 3}}))
 
 
-def test_watermarks_default_to_95_and_90_and_a_high_mark_alone_stays_valid():
+def test_watermarks_default_to_99_and_97_and_a_high_mark_alone_stays_valid():
     def marks(**spec: str) -> tuple[float, float]:
         t = load.from_dict(base(tiers={"nvme": {"path": "/l", "capacity": "1TB", **spec}})).tiers["nvme"]
         return t.high_watermark, t.low_watermark
-    assert marks() == (0.95, 0.90)
+    assert marks() == (0.99, 0.97)
     # a configuration written for the former defaults, with only its high mark, still loads
-    assert marks(high_watermark="90%") == (0.90, 0.85)
-    assert marks(high_watermark="3%") == (0.03, 0.0)
+    assert marks(high_watermark="90%") == (0.90, 0.88)
+    assert marks(high_watermark="3%") == (0.03, 0.01)
+    assert marks(high_watermark="1%") == (0.01, 0.0)
     assert marks(high_watermark="80%", low_watermark="50%") == (0.80, 0.50)
 
 

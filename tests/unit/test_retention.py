@@ -179,15 +179,15 @@ def test_among_copies_nothing_wants_the_less_used_goes_first_whatever_the_size()
     assert d["often"].reason.startswith("no demand; used by 12 jobs in the cluster")
     # a pending job's want still comes before any count
     p = plan([copy("often", 48, idle=DAY), copy("rare", 48, idle=DAY)],
-             Demand(wants={"rare": [pending("1")]}, uses={"often": 50.0}, age=10), Space(capacity=100 * GB), NOW,
-             node="n1")
+             Demand(wants={"rare": [pending("1")]}, uses={"often": 50.0}, age=10),
+             Space(capacity=100 * GB, high=0.95, low=0.90), NOW, node="n1")
     assert [x.copy.dataset for x in p.evictions()] == ["often"]
 
 
 def test_a_stale_snapshot_still_ranks_by_its_counts():
     p = plan([copy("often", 48, idle=3 * DAY), copy("rare", 48, idle=DAY)],
              Demand(wants={"rare": [pending("1")]}, stale=True, age=7200, uses={"often": 5.0, "rare": 0.5}),
-             Space(capacity=100 * GB), NOW, node="n1")
+             Space(capacity=100 * GB, high=0.95, low=0.90), NOW, node="n1")
     d = {x.copy.dataset: x for x in p.decisions}
     assert d["rare"].evict and "no demand; used by <1 job" in d["rare"].reason
     assert d["often"].reason.startswith("demand unknown (snapshot 2 h old); used by 5 jobs")
