@@ -20,7 +20,7 @@ from dsstage.errors import NoSpace, SourceError
 from dsstage.fs import safe
 from dsstage.node import eviction, staging, verifying
 from dsstage.node.lease import LeaseBook
-from dsstage.node.store import open_tier
+from dsstage.node.store import Store, open_tier
 from dsstage.policy import demand
 from dsstage.slurm.records import Job
 from dsstage.transfer import build as transfer_build
@@ -134,16 +134,23 @@ def small(env: Env) -> Env:
     return env
 
 
-def test_a_stage_evicts_what_no_job_wants_and_keeps_what_a_pending_job_wants(small: Env):
-    store = small.store()
+def x_and_y_released_y_wanted(env: Env) -> Store:
+    """x and y staged and released, a pending job planned here wants y, and a stage in
+    progress holds 2 000: 8 000 of 10 000, so z's 3 000 do not fit without evicting."""
+    store = env.store()
     for job, name in (("1", "x"), ("2", "y")):
         staging.stage(store, name, request(job))
         store.release(name, job)
-    demand.write(str(small.state), demand.build([Job("9", "u", "PENDING", ("y",), sched_nodes=small.node)],
-                                                time.time()))
+    demand.write(str(env.state), demand.build([Job("9", "u", "PENDING", ("y",), sched_nodes=env.node)],
+                                              time.time()))
     with open_tier(store.layout("nvme")) as tier:
         from dsstage.node import space
-        space.hold(tier, "stage-other.json", 2000, "a stage in progress")  # 8 000 + z's 3 000: no fit
+        space.hold(tier, "stage-other.json", 2000, "a stage in progress")
+    return store
+
+
+def test_a_stage_evicts_what_no_job_wants_and_keeps_what_a_pending_job_wants(small: Env):
+    store = x_and_y_released_y_wanted(small)
     assert staging.stage(store, "z", request("3")).action == "staged"
     assert on_node(small) == ["y", "z"]  # x had no demand; y is wanted by job 9
 
@@ -181,15 +188,7 @@ def test_the_dry_run_names_the_evictions_the_stage_then_makes_and_does_nothing(s
     """dsstage prolog --dry-run and the Prolog decide with the same plan (staging.plan_fill,
     eviction.room_for): what the dry run says it would evict is what the stage evicts."""
     from dsstage.hooks import dryrun
-    store = small.store()
-    for job, name in (("1", "x"), ("2", "y")):
-        staging.stage(store, name, request(job))
-        store.release(name, job)
-    demand.write(str(small.state), demand.build([Job("9", "u", "PENDING", ("y",), sched_nodes=small.node)],
-                                                time.time()))
-    with open_tier(store.layout("nvme")) as tier:
-        from dsstage.node import space
-        space.hold(tier, "stage-other.json", 2000, "a stage in progress")
+    store = x_and_y_released_y_wanted(small)
     before = tier_files(small)
     [step] = dryrun.prolog(small.config(), store, Job("3", User.lookup().name, "RUNNING", ("z",), nodes=small.node))
     assert (step.verdict.action, step.verdict.reason) == ("local", "staged"), step.notes

@@ -96,7 +96,7 @@ def _stage(conf: Config, store: Store, ds: Dataset, digest: str, path: str, step
     if record is not None and gate.kind == "probe":
         step.notes.append(f"the breaker of {breaker.key_of(conf, ds)} is due a probe ({gate.reason}): the Prolog "
                           "probes the source first, and takes the dataset's on_failure at once if it does not answer")
-    plan = staging.plan_fill(store, tier, ds, digest, staging.StageRequest(user=cat.User.lookup(), job_id="0"))
+    plan = staging.plan_fill(store, tier, ds, digest)
     if plan.lent:
         step.notes.append(f"older versions here lend {human(plan.lent)} by hard links")
     if ds.source.kind == "local":
@@ -112,7 +112,7 @@ def _stage(conf: Config, store: Store, ds: Dataset, digest: str, path: str, step
     if conf.peers.enabled:
         step.notes.append("peers: on a job of several nodes each fetches its share from the source and the rest "
                           "from the others")
-    if tier is not None and plan.room is not None:
+    if plan.room is not None:  # (a tier that exists)
         owner = read_owner(store.layout(ds.tier).lock(name))
         if owner:
             step.notes.append(f"the dataset's lock is held ({owner.get('action') or 'stage'} on {owner.get('host')} "

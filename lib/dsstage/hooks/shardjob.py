@@ -89,12 +89,12 @@ def stage(ctx: Job, store: Store, name: str, versions: Mapping[str, str], user: 
                               StageRequest(user=user, job_id=ctx.job_id, deadline=deadline, nodes=ctx.nodes),
                               replicas=assign.replicas(plan, mine))
     map_path = told.write_map(store.run_dir, ctx.node, ctx.job_id, (ctx.uid, ctx.gid), name, version, index.shards,
-                                  plan)
+                              plan)
     log.info("job %s: %s shards %s of %d %s on %s (view %s, %d files; %d files from the source)", ctx.job_id, name,
              ",".join(str(s.index) for s in part.shards), index.count, part.action, ctx.node, part.view.path,
              part.view.files, part.transferred_files)
     exports = told.exports(part.shards, index.count, index.shards, plan, part.view.files_list, part.view.files,
-                               map_path)
+                           map_path)
     label = {"dataset": name}
     store.count([("misses", label, 1), ("staged_bytes", label, part.transferred_bytes),
                  ("staged_seconds", label, part.seconds)] if part.action == "staged" else [("hits", label, 1)])
@@ -119,7 +119,7 @@ def from_source(ctx: Job, store: Store, name: str, versions: Mapping[str, str], 
     files_list = runfiles.write_job_file(store.run_dir, ctx.node, ctx.job_id, f"files-{name}", "".join(lines),
                                          (ctx.uid, ctx.gid))
     map_path = told.write_map(store.run_dir, ctx.node, ctx.job_id, (ctx.uid, ctx.gid), name, index.version,
-                                  index.shards, plan)
+                              index.shards, plan)
     return told.exports(mine, index.count, index.shards, plan, files_list, len(lines), map_path)
 
 

@@ -39,27 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-def plan(state_dir: str, name: str, shard_ids: Sequence[str], nodes: Sequence[str]) -> dict[str, list[str]]:
-    """node -> shard ids of ``name`` for a job on ``nodes``: dsstage.shards.assign over what
-    each node's published report shows ready now. The plan a job's first node records
-    (``plan_for``), and the part a prefetch stages on a pending job's planned node
-    (dsstage.node.standalone): the same function, so that what a prefetch staged is what the
-    job's plan gives that node."""
-    from dsstage.node import report
-    from dsstage.shards.assign import assign
-    return assign(shard_ids, nodes, report.ready_in_reports(state_dir, nodes, name, shard_ids))
-
-
-def plans(state_dir: str, name: str, shard_ids: Sequence[str],
-          jobs: Sequence[Sequence[str]]) -> list[dict[str, list[str]]]:
-    """``plan`` for several jobs (each given by its nodes), each node's report read once."""
-    from dsstage.node import report
-    from dsstage.shards.assign import assign
-    everyone = sorted({n for nodes in jobs for n in nodes})
-    held = report.ready_in_reports(state_dir, everyone, name, shard_ids)
-    return [assign(shard_ids, nodes, {n: held[n] for n in nodes if n in held}) for nodes in jobs]
-
 DIR = "jobs"
 FORMAT = formats.CURRENT["job-record"]
 
@@ -157,6 +136,25 @@ def _wait_for(where: str, name: str, writers: Sequence[int], until: float) -> by
         if raw is not None or time.monotonic() >= until:
             return raw
         time.sleep(PLAN_POLL)
+
+
+def plan(state_dir: str, name: str, shard_ids: Sequence[str], nodes: Sequence[str]) -> dict[str, list[str]]:
+    """node -> shard ids of ``name`` for a job on ``nodes``: dsstage.shards.assign over what
+    each node's published report shows ready now. The plan a job's first node records
+    (``plan_for``), and the part a prefetch stages on a pending job's planned node
+    (dsstage.node.standalone): the same function, so that what a prefetch staged is what the
+    job's plan gives that node."""
+    return plans(state_dir, name, shard_ids, [nodes])[0]
+
+
+def plans(state_dir: str, name: str, shard_ids: Sequence[str],
+          jobs: Sequence[Sequence[str]]) -> list[dict[str, list[str]]]:
+    """``plan`` for several jobs (each given by its nodes), each node's report read once."""
+    from dsstage.node import report
+    from dsstage.shards.assign import assign
+    everyone = sorted({n for nodes in jobs for n in nodes})
+    held = report.ready_in_reports(state_dir, everyone, name, shard_ids)
+    return [assign(shard_ids, nodes, {n: held[n] for n in nodes if n in held}) for nodes in jobs]
 
 
 def plan_for(state_dir: str, job_id: str, nodes: Sequence[str], node: str, shards: Mapping[str, Sequence[str]],

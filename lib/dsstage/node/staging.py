@@ -225,14 +225,15 @@ class FillPlan:
         return self.manifest.total_bytes - self.needed
 
 
-def plan_fill(store: Store, tier: RootDir | None, ds: Dataset, digest: str, job: StageRequest,
+def plan_fill(store: Store, tier: RootDir | None, ds: Dataset, digest: str, *, shard: bool = False,
               resumed: str = "") -> FillPlan:
     """The fill of ``ds`` version ``digest`` on ``tier``, decided, nothing done (``FillPlan``).
-    ``resumed``: the reservation of the staging area the stage takes over."""
+    ``shard``: the version is a shard (StageRequest.shard); ``resumed``: the reservation of
+    the staging area the stage takes over."""
     name = ds.name
     manifest = store.load_manifest(name, digest)
     # the other copies of a sharded dataset are its other shards, which lend no file: not read
-    older = [] if job.shard or tier is None else older_versions(store, tier, name, digest)
+    older = [] if shard or tier is None else older_versions(store, tier, name, digest)
     needed = to_fetch(manifest, [m for _fd, m in older])
     room = None if tier is None else eviction.room_for(store, tier, store.config.tiers[ds.tier], name, needed,
                                                        resumed)
@@ -252,7 +253,7 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     record = space.stage_record(staging)
     store.remove_staging(tier, name, keep=staging)
     publish.take_back(tier, name, digest)
-    plan = plan_fill(store, tier, ds, digest, job, resumed=record)
+    plan = plan_fill(store, tier, ds, digest, shard=job.shard, resumed=record)
     manifest, older, needed = plan.manifest, plan.older, plan.needed
     tier_conf = store.config.tiers[ds.tier]
     room = plan.room or eviction.room_for(store, tier, tier_conf, name, needed, record)  # (never None here)
