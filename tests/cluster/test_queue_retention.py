@@ -273,7 +273,10 @@ def test_epilog_keeps_the_dataset_the_cluster_uses_over_the_one_used_last_here(l
     either when that job ends under pressure (850 kB: high watermark 765 kB, low 425 kB, so
     one copy of 400 kB must go). Its Epilog evicts rx, the copy used last on n1, and keeps
     ry, which three jobs in the cluster started with (the poller's counts of job starts):
-    LRU, or any rule that reads n1's history alone, would have evicted ry."""
+    LRU, or any rule that reads n1's history alone, would have evicted ry. The devcluster
+    runs with peers on, where a copy other nodes hold goes before the one the cluster keeps
+    (retention.keeper): ry's copies on n2 and n3 are evicted first, so that n1 holds the
+    last copy of both and the counts decide."""
     others = ("n2", "n3")
     try:
         go = lab.flag("ry-n1")
@@ -292,6 +295,8 @@ def test_epilog_keeps_the_dataset_the_cluster_uses_over_the_one_used_last_here(l
         go.write_text("go")
         for job in elsewhere:
             lab.done(job)
+        for node in others:
+            lab.cluster.dsstage("--node", node, "evict", "ry", "--force")
 
         go = lab.flag("rx")
         last = lab.submit("#SBATCH --dataset=rx\n" + lab.wait_for(go))
@@ -313,9 +318,8 @@ def test_epilog_keeps_the_dataset_the_cluster_uses_over_the_one_used_last_here(l
         assert not evicted(lines, "ry"), lines
         assert lab.copies("rx") == [] and lab.copies("ry") == [ry]
         kept = lab.plan()["ry"]
-        # the devcluster runs with peers on: n1, first of ry's three holders, is the one the cluster keeps it on
         assert kept["action"] == "kept" and kept["reason"].startswith(
-            "the copy the cluster keeps (the first of its 3 holders); used by 3 jobs in the cluster"), kept
+            "the last copy in the cluster; used by 3 jobs in the cluster"), kept
     finally:
         for node in others:
             lab.cluster.dsstage("--node", node, "evict", "ry", "--force")

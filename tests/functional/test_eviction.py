@@ -16,6 +16,7 @@ from dsstage.errors import NoSpace
 from dsstage.hooks import job as hooks
 from dsstage.node import background, eviction, staging
 from dsstage.policy import demand
+from dsstage.policy.retention import keeper_of
 from dsstage.slurm.records import Job
 
 from tests.helpers import Env, wait_flushed
@@ -249,8 +250,8 @@ def test_a_purge_cut_short_is_restarted_by_the_next_retention_pass(env: Env, mon
 def test_with_peers_evict_dry_run_says_which_copy_is_the_last_in_the_cluster(env: Env):
     """With peers.enabled the snapshot's copies (the poller reads every node's report) reach
     the node's plan: of two unwanted copies the cluster has used, the one no other node holds
-    is "the last copy in the cluster"; the other, held on a0 too (whose name comes first: the
-    cluster keeps it there), is not."""
+    is "the last copy in the cluster"; the other, held on a node the cluster keeps it on
+    (retention.keeper_of picks it), is not."""
     data = yaml.safe_load(env.config_path.read_text())
     data["peers"] = {"enabled": True}
     env.config_path.write_text(yaml.safe_dump(data))
@@ -260,8 +261,9 @@ def test_with_peers_evict_dry_run_says_which_copy_is_the_last_in_the_cluster(env
     version = {name: env.cli_json("stage", name, "--job-id", "7")["digest"][:16] for name in ("x", "y")}
     env.cli("release", "x", "--job-id", "7")
     env.cli("release", "y", "--job-id", "7")
+    other = next(f"a{i}" for i in range(100) if keeper_of("y", version["y"], (env.node, f"a{i}")) != env.node)
     snap = demand.build((), time.time(), copies={"x": {version["x"]: env.node},
-                                                  "y": {version["y"]: f"{env.node},a0"}})
+                                                  "y": {version["y"]: f"{env.node},{other}"}})
     demand.write(str(env.state), replace(snap, uses={"x": 2.0, "y": 2.0}))
     out = env.cli("evict", "--dry-run").stdout
     line = {n: next(ln for ln in out.splitlines() if f"nvme {n} " in ln) for n in ("x", "y")}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dsstage.policy.retention import Asked, Copy, Demand, Plan, Policy, Space, Want, plan, used
+from dsstage.policy.retention import Asked, Copy, Demand, Plan, Policy, Space, Want, keeper_of, plan, used
 
 NOW = 1_800_000_000.0
 GB = 10**9
@@ -338,56 +338,88 @@ def _copies(**held: tuple[str, ...]) -> dict:
     return {name: {copy(name).version: frozenset(nodes)} for name, nodes in held.items()}
 
 
+def _not_keeper(name: str, holders: tuple[str, ...]) -> str:
+    """A node of ``holders`` that is not the one keeper_of picks for ``name``'s copy."""
+    pick = keeper_of(name, copy(name).version, holders)
+    return next(h for h in holders if h != pick)
+
+
 def test_a_copy_other_nodes_hold_goes_before_the_last_one_in_the_cluster():
-    """Two copies, both wanted alike; only "b" is held elsewhere (n0, whose name comes first: the
-    cluster keeps b there): with the copies known (peers on), the Epilog evicts "b" first, and
-    keeps "a" saying why; without them (peers off, or an older poller) the order is the usual
-    one (here: "a", used longer ago, goes)."""
+    """Two copies on this node: "a" is the last in the cluster, "b" is held elsewhere too and
+    kept there. With the copies known (peers on) the Epilog evicts "b" first, although a job
+    planned here soon wants it more (a peer serves b again, only the source a), and keeps "a"
+    saying why; without them (peers off, or an older poller) the order is the usual one:
+    demand first, so "a" goes."""
+    here = _not_keeper("b", ("n1", "n2"))
+    other = "n2" if here == "n1" else "n1"
     copies = [copy("a", 50, idle=2 * DAY), copy("b", 50, idle=DAY)]
-    wants = {"a": [pending("1", nodes=("n5",))], "b": [pending("2", nodes=("n5",))]}
+    wants = {"a": [pending("1", nodes=("n5",))], "b": [pending("2", start_in=60, nodes=(here,))]}
     space = Space(capacity=100 * GB, high=0.9, low=0.75)
-    known = plan(copies, Demand(wants=wants, age=10, copies=_copies(a=("n1",), b=("n0", "n1"))), space, NOW, node="n1")
+    known = plan(copies, Demand(wants=wants, age=10, copies=_copies(a=(here,), b=(here, other))), space, NOW,
+                 node=here)
     d = {x.copy.dataset: x for x in known.decisions}
     assert d["b"].evict and not d["a"].evict
     assert d["a"].reason.endswith("; the last copy in the cluster")
-    unknown = plan(copies, Demand(wants=wants, age=10), space, NOW, node="n1")
+    unknown = plan(copies, Demand(wants=wants, age=10), space, NOW, node=here)
     assert [x.copy.dataset for x in unknown.evictions()] == ["a"]
 
 
-def test_the_last_copy_rule_needs_a_fresh_snapshot_and_a_want_or_a_use():
-    """Nothing wants "a" and the cluster has not used it: being the last copy does not keep it;
-    used by a job (a count of 1) it is kept; on a stale snapshot the copies are as old as its
-    queue and count for nothing."""
+def test_the_last_copy_rule_needs_a_fresh_snapshot():
+    """Nothing wants "a" and the cluster has not used it: being the last copy keeps it all the
+    same (the next job that asks for it would read the source); on a stale snapshot the copies
+    are as old as its queue and count for nothing."""
     copies = [copy("a", 50, idle=2 * DAY), copy("b", 50, idle=DAY)]
     space = Space(capacity=100 * GB, high=0.9, low=0.75)
-    held = _copies(a=("n1",), b=("n0", "n1"))
-    idle = plan(copies, Demand(age=10, copies=held), space, NOW, node="n1")
-    assert [x.copy.dataset for x in idle.evictions()] == ["a"]
-    used_once = plan(copies, Demand(age=10, copies=held, uses={"a": 1.0, "b": 1.0}), space, NOW, node="n1")
-    assert [x.copy.dataset for x in used_once.evictions()] == ["b"]
-    kept = {x.copy.dataset: x.reason for x in used_once.decisions}["a"]
-    assert kept.startswith("the last copy in the cluster; used by 1 job in the cluster"), kept
+    node = _not_keeper("b", ("n0", "n1"))
+    held = _copies(a=(node,), b=("n0", "n1"))
+    idle = plan(copies, Demand(age=10, copies=held), space, NOW, node=node)
+    assert [x.copy.dataset for x in idle.evictions()] == ["b"]
+    kept = {x.copy.dataset: x.reason for x in idle.decisions}["a"]
+    assert kept.startswith("the last copy in the cluster, idle 2 d"), kept
     stale = plan(copies, Demand(age=7200, stale=True, copies=held, uses={"a": 1.0, "b": 1.0}), space, NOW,
-                 node="n1")
+                 node=node)
     assert [x.copy.dataset for x in stale.evictions()] == ["a"]
 
 
-def test_one_holder_keeps_a_version_and_a_want_planned_here_outranks_the_cluster_s_keeper():
-    """Two holders of the only copies of "a" under pressure at once: only the one whose name
-    comes first keeps it for the cluster, so they do not both evict it. And a copy a pending
-    job planned on this node needs soon goes after the cluster's keeper of an unwanted dataset
-    (the review's case: the keeper rule orders only copies wanted alike)."""
+def test_one_holder_keeps_a_version():
+    """Two holders of the only copies of "a" and "b" under pressure at once: each version has
+    one keeper (keeper_of), so they do not both evict it; the keeper says so."""
     copies = [copy("a", 50, idle=2 * DAY), copy("b", 50, idle=DAY)]
     space = Space(capacity=100 * GB, high=0.9, low=0.75)
     held = _copies(a=("n1", "n2"), b=("n1", "n2"))
-    uses = {"a": 1.0, "b": 0.5}
-    first = plan(copies, Demand(age=10, copies=held, uses=uses), space, NOW, node="n1")
-    second = plan(copies, Demand(age=10, copies=held, uses=uses), space, NOW, node="n2")
-    assert [x.copy.dataset for x in first.evictions()] == ["b"]
-    assert {x.copy.dataset: x.reason for x in first.decisions}["a"].startswith(
-        "the copy the cluster keeps (the first of its 2 holders)")
-    assert "keeps" not in {x.copy.dataset: x.reason for x in second.decisions}["a"]  # n2 is not its keeper
-    planned = {"b": [pending("9", start_in=60, nodes=("n1",))]}
-    here = plan(copies, Demand(wants=planned, age=10, copies=_copies(a=("n1",), b=("n1",)), uses=uses), space, NOW,
-                node="n1")
-    assert [x.copy.dataset for x in here.evictions()] == ["a"]
+    plans = {n: plan(copies, Demand(age=10, copies=held), space, NOW, node=n) for n in ("n1", "n2")}
+    for name in ("a", "b"):
+        keeps = keeper_of(name, copy(name).version, ("n1", "n2"))
+        reasons = {n: {x.copy.dataset: x for x in p.decisions}[name] for n, p in plans.items()}
+        assert not reasons[keeps].evict or all(x.evict for x in plans[keeps].decisions), reasons
+        assert reasons[keeps].reason.startswith("the copy the cluster keeps (on this node, 1 of its 2 holders)") \
+            or reasons[keeps].evict, reasons
+        assert "keeps" not in next(r.reason for n, r in reasons.items() if n != keeps)
+
+
+def test_the_keeper_of_each_version_is_spread_over_its_holders():
+    """Rendezvous hashing: the same pick whatever the order the holders come in; over many
+    versions each of 16 nodes keeps about its share (the first by name kept all before); a
+    holder that goes moves only the versions it kept."""
+    nodes = [f"n{i:03d}" for i in range(16)]
+    picks = {f"d{i}": keeper_of(f"d{i}", "ab12", nodes) for i in range(1600)}
+    assert all(keeper_of(d, "ab12", list(reversed(nodes))) == p for d, p in picks.items())
+    share = {n: sum(1 for p in picks.values() if p == n) for n in nodes}
+    assert min(share.values()) > 60 and max(share.values()) < 140, share
+    gone = [n for n in nodes if n != "n005"]
+    moved = [d for d, p in picks.items() if keeper_of(d, "ab12", gone) != p]
+    assert moved and all(picks[d] == "n005" for d in moved)
+
+
+def test_a_stage_takes_a_recent_copy_other_nodes_hold_before_the_cluster_s_keeper():
+    """For a stage that cannot fit otherwise, a copy used a minute ago that another node holds
+    and no pending job wants here goes before the last copy in the cluster, idle for days:
+    min_keep yields to the keeper rule (a peer serves the recent one again)."""
+    node = _not_keeper("r", ("n1", "n2"))
+    copies = [copy("last", 40, idle=3 * DAY), copy("r", 40, idle=60)]
+    space = Space(capacity=100 * GB, high=0.9, low=0.75, need=40 * GB)
+    p = plan(copies, Demand(age=10, copies=_copies(last=(node,), r=("n1", "n2"))), space, NOW, node=node)
+    assert [x.copy.dataset for x in p.evictions()] == ["r"] and p.fits
+    assert "within min_keep 10 min, but the stage cannot fit otherwise" in p.evictions()[0].reason
+    without = plan(copies, Demand(age=10), space, NOW, node=node)
+    assert [x.copy.dataset for x in without.evictions()] == ["last"]

@@ -83,6 +83,9 @@ def test_with_peers_a_dataset_is_read_from_the_source_once_and_a_peer_never_runs
     first = sched.runs[0]
     assert first.job.id == "1" and on.wait_max >= 10.0
     assert (on.bytes_staged, on.bytes_from_source, on.bytes_from_peers) == (30 * GB, 20 * GB, 10 * GB)
+    # first stages: a on both nodes and b on one (per node); a and b once each (per cluster)
+    assert (on.bytes_compulsory, on.bytes_first_ever) == (off.bytes_compulsory, off.bytes_first_ever) == \
+        (30 * GB, 20 * GB)
     assert off.wait_max == on.wait_max == 10.0  # the peer's 2.5 s transfer waits for the copy it reads
 
 
@@ -487,7 +490,7 @@ def test_json_keys():
     assert [(r["policy"], r["placement"], r["peers"]) for r in rep["rows"]] == \
         [(*k, "off") for k in one] + [(*k, "on") for k in one]
     keys = {"policy", "placement", "peers", "bytes_staged", "bytes_from_source", "bytes_from_peers",
-            "bytes_staged_again", "bytes_compulsory", "requests", "hits",
+            "bytes_staged_again", "bytes_compulsory", "bytes_first_ever", "requests", "hits",
             "hit_ratio", "wait_mean_s", "wait_p95_s", "stage_wait_total_s", "stage_wait_mean_s", "stage_wait_max_s",
             "jobs_delayed", "jobs_on_preferred_nodes", "stages", "stages_evicting", "evictions", "bytes_evicted",
             "bypassed", "no_room", "seconds"}
@@ -496,11 +499,12 @@ def test_json_keys():
         assert (r["jobs_on_preferred_nodes"] is None) == (r["placement"] == "unaware")
         assert r["bytes_from_source"] + r["bytes_from_peers"] == r["bytes_staged"]
         assert r["bytes_from_peers"] == 0 or r["peers"] == "on"
+        assert r["bytes_first_ever"] <= r["bytes_compulsory"] and r["bytes_first_ever"] <= r["bytes_from_source"]
     oracle = next(r for r in rep["rows"] if r["policy"] == "queue-oracle")
     assert oracle["bound_on_queue_aware_optimum"] == "upper" and oracle["replays"] == 1
     assert oracle["future_as_it_happened"] is True  # unaware: the schedule is the trace's alone
     assert {"planner_unaware_gap_closed", "planner_prefer_gap_closed",
-            "planner_prefer_peers_source_vs_baseline"} <= set(rep["goal"])
+            "planner_prefer_peers_source_vs_baseline", "planner_prefer_peers_source_vs_first_ever"} <= set(rep["goal"])
     offline = next(r for r in rep["rows"] if r["policy"] == "offline")
     assert offline["bound_on_optimum"] == "upper"
     assert rep["bound"]["bound_on_optimum"] == "lower"

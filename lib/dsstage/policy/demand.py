@@ -31,9 +31,9 @@ ends between two rounds is not seen, and the starts while the poller is down are
 copies nothing in the queue wants by these counts (see dsstage.policy.retention).
 ``copies`` (with ``peers.enabled``): per dataset and version, the nodes whose current
 report, as the poller read it this round, shows that version ready: a node's Epilog
-then keeps the last copy in the cluster of what the queue wants over a copy other nodes
-hold too (retention.keeper), one read of the reports per round for the whole cluster
-rather than one per Epilog.
+then evicts a copy other nodes hold too before the one the cluster keeps of each version
+(retention.keeper), one read of the reports per round for the whole cluster rather than
+one per Epilog.
 
 Prologs and Epilogs only read this file; they never ask Slurm about demand. A snapshot
 older than ``retention.demand_max_age`` is stale: the Epilog then keeps what it cannot

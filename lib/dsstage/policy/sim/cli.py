@@ -128,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="planner: an older snapshot is stale and counts for nothing (300)")
     r.add_argument("--last-copy", action=argparse.BooleanOptionalAction, default=True,
                    help="planner, with peers: the snapshot says which nodes hold each dataset, and a node evicts "
-                        "a copy other nodes hold before the last one in the cluster of what is wanted or used "
-                        "(retention.keeper), as dsstage does with peers.enabled (on)")
+                        "a copy other nodes hold before the one the cluster keeps of each version, whatever the "
+                        "demand (retention.keeper), as dsstage does with peers.enabled (on)")
     r.add_argument("--plan-depth", type=int, default=100, metavar="N",
                    help="planner: the first N pending jobs have an expected start and planned nodes in the "
                         "snapshot, the others none (100, like Slurm's bf_max_job_test)")
@@ -299,6 +299,8 @@ def _goal(results: dict[Key, Result], extra: dict[Key, dict[str, Any]], bound: B
         if peers == "on":
             goal[f"{tag}_source_vs_baseline"] = r.bytes_from_source / base.bytes_from_source \
                 if base.bytes_from_source else None
+            goal[f"{tag}_source_vs_first_ever"] = r.bytes_from_source / r.bytes_first_ever \
+                if r.bytes_first_ever else None
     best = results.get(("planner", "prefer", "off"))
     if bound is not None and best is not None and bound.bytes_staged_again:
         goal["planner_prefer_vs_bound"] = best.bytes_staged_again / bound.bytes_staged_again
@@ -329,6 +331,7 @@ def _report(args: argparse.Namespace, trace: tr.Trace, sched: Schedule, working_
             "bytes_from_peers": r.bytes_from_peers,
             "bytes_staged_again": r.bytes_staged_again,
             "bytes_compulsory": r.bytes_compulsory,
+            "bytes_first_ever": r.bytes_first_ever,
             "requests": r.requests,
             "hits": r.hits,
             "hit_ratio": r.hit_ratio,
@@ -479,7 +482,9 @@ def render(rep: dict[str, Any]) -> str:
                                                           "prefer did not repeat, so it is no bound there)"))
     if g.get("planner_prefer_peers_source_vs_baseline") is not None:
         out.append(f"peers: planner/prefer with peers reads {g['planner_prefer_peers_source_vs_baseline']:.2f}x "
-                   "the base's bytes from the source")
+                   "the base's bytes from the source"
+                   + (f", {g['planner_prefer_peers_source_vs_first_ever']:.2f}x the first read of each dataset "
+                      "(the least any policy reads)" if g.get("planner_prefer_peers_source_vs_first_ever") else ""))
     for r in rep["rows"]:
         if r["policy"] == "planner" and r["peers"] == "off":
             right = r.get("planned_nodes_right")

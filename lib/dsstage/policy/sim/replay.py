@@ -74,6 +74,7 @@ class Result:
     hits: int = 0  # requests that found a copy on the node
     bytes_staged: int = 0
     bytes_compulsory: int = 0  # the first stage of each (node, dataset) pair
+    bytes_first_ever: int = 0  # the first stage of each dataset in the cluster: the least a source serves
     bytes_from_source: int = 0  # of bytes_staged: read from the dataset's source (the shared filesystem)
     bytes_from_peers: int = 0  # of bytes_staged: read from another node's copy (peers)
     peers: bool = False
@@ -339,6 +340,7 @@ class Cluster:
     peer_bandwidth: float | None = None
     link: list[float] = field(default_factory=list)  # when each node's link is free
     seen: set[tuple[int, str]] = field(default_factory=set)  # (node, dataset) pairs staged once
+    seen_anywhere: set[str] = field(default_factory=set)  # datasets staged once on any node
 
     def holder(self, dataset: str, node: int) -> Slot | None:
         """With peers, the copy of ``dataset`` on another node that is ready first (it may be
@@ -474,6 +476,9 @@ def _stage(cl: Cluster, n: int, ds: str, size: int, res: Result, t: float) -> fl
     if (n, ds) not in cl.seen:
         cl.seen.add((n, ds))
         res.bytes_compulsory += size
+    if ds not in cl.seen_anywhere:
+        cl.seen_anywhere.add(ds)
+        res.bytes_first_ever += size
     begin = max(t, cl.link[n])
     holder = cl.holder(ds, n)
     if holder is not None and cl.peer_bandwidth:
