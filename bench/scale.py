@@ -12,8 +12,11 @@ submission until the last job ended; the highest number of requests in flight th
 saw (against max_in_flight); Slurm RPCs during the scenario (sdiag's per-type counts, reset
 before); the shared state directory's operations per job start (the devcluster's
 ``state_dir`` is served by a second latencyfs, writable, root not squashed, 200 µs per
-request: what an NFS server would see of dsstage, every FUSE request counted, by kind);
-and for the N-node job, the slowest node's stage against one node alone.
+request: what an NFS server would see of dsstage, every FUSE request counted, by kind and
+by area, the top-level entry it went to: nodes, budget, staging, demand, ...; and the same
+without the background: the requests per second of 10 s with no job, before each mode,
+times the scenario's duration, taken out); and for the N-node job, the slowest node's stage
+against one node alone.
 
 The hanging source (``hang``, last): the source stops answering (latencyfs ``hang``: every
 request blocks, as a hard NFS mount whose server is gone) and one-node jobs run one after
@@ -104,6 +107,30 @@ def state_ops(stats: dict) -> dict[str, int]:
     return {k: v for k, v in stats["ops"].items() if v}
 
 
+def state_areas(stats: dict) -> dict[str, dict[str, int]]:
+    """The state directory's requests by area (its top-level entry: nodes, budget, staging,
+    demand, ...) and kind, without the areas that saw none."""
+    return {a: kinds for a, kinds in stats.get("by_area", {}).items() if kinds}
+
+
+def idle_rates(state: LatencyFS, seconds: float) -> dict[str, dict[str, float]]:
+    """The state directory's requests per second by area and kind while no job runs: the
+    devcluster's background (each node's report refresh every few seconds, where a site's
+    timer runs every 5 minutes; the poller's rounds), taken out of a scenario's figures."""
+    state.reset()
+    time.sleep(seconds)
+    return {a: {k: v / seconds for k, v in kinds.items()} for a, kinds in state_areas(state.stats()).items()}
+
+
+def without_background(areas: dict[str, dict[str, int]], rates: dict[str, dict[str, float]],
+                       seconds: float) -> dict[str, dict[str, float]]:
+    """``areas`` less what the background (``rates``) would have done in ``seconds``."""
+    net = {a: {k: max(0.0, v - rates.get(a, {}).get(k, 0.0) * seconds) for k, v in kinds.items()}
+           for a, kinds in areas.items()}
+    return {a: {k: v for k, v in kinds.items() if v >= 0.05} for a, kinds in net.items()
+            if sum(kinds.values()) >= 0.05}
+
+
 class Cluster:
     def __init__(self, cdir: Path, env: dict[str, str], fs: LatencyFS, source: Path,
                  state: LatencyFS | None = None) -> None:
@@ -162,10 +189,12 @@ class Cluster:
                 if m.group(2) == name]
 
 
-def scenario(c: Cluster, what: str, total: int, budget: int, start: Callable[[str], list[str]]) -> list[dict]:
+def scenario(c: Cluster, what: str, total: int, budget: int, start: Callable[[str], list[str]],
+             idle: float = 10.0) -> list[dict]:
     rows = []
     for peers in (True, False):
         name = c.dataset(peers, budget)
+        rates = idle_rates(c.state, idle) if c.state else {}
         c.fs.reset()
         if c.state:
             c.state.reset()
@@ -175,23 +204,34 @@ def scenario(c: Cluster, what: str, total: int, budget: int, start: Callable[[st
         c.wait(jobs)
         took = time.monotonic() - t
         stats = c.fs.stats()
-        ops = state_ops(c.state.stats()) if c.state else {}
+        state = c.state.stats() if c.state else {}
+        ops = state_ops(state) if state else {}
+        areas = state_areas(state) if state else {}
+        net = without_background(areas, rates, took)
         stages = c.stages(name)
         row = {"scenario": what, "peers": peers, "served_over_dataset": stats["bytes_read"] / total,
                "seconds": took, "peak_in_flight": stats["peak_in_flight"],
                "peak_opens_in_flight": stats["peak_opens_in_flight"], "max_in_flight": budget,
                "rpcs": c.rpcs(), "jobs": len(jobs), "stages": len(stages),
                "slowest_stage_s": max((s for _n, s in stages), default=0.0),
-               "starts": len(stages), "state_ops": ops,
-               "state_ops_per_start": sum(ops.values()) / max(len(stages), 1)}
+               "starts": len(stages), "state_ops": ops, "state_ops_by_area": areas,
+               "state_ops_per_start": sum(ops.values()) / max(len(stages), 1),
+               "state_background_per_s": rates, "state_ops_by_area_net": net,
+               "state_ops_per_start_net": sum(sum(k.values()) for k in net.values()) / max(len(stages), 1)}
         rows.append(row)
         print(f"{what:44} peers {'on ' if peers else 'off'}: source served {row['served_over_dataset']:5.2f}x, "
               f"{took:6.1f} s, peak in flight {row['peak_in_flight']:3d} (budget {budget}), "
               f"{row['rpcs']:5d} RPCs, {len(stages)} stages, slowest {row['slowest_stage_s']:.1f} s, "
-              f"state dir {row['state_ops_per_start']:.0f} ops per node start", flush=True)
+              f"state dir {row['state_ops_per_start']:.0f} ops per node start, "
+              f"{row['state_ops_per_start_net']:.0f} without the background", flush=True)
         if ops:
             print(f"{'':44}              state dir by kind: "
                   + ", ".join(f"{k} {v / max(len(stages), 1):.1f}" for k, v in sorted(ops.items())), flush=True)
+            print(f"{'':44}              state dir by area, without the background: "
+                  + ", ".join(f"{a} {sum(kinds.values()) / max(len(stages), 1):.1f} ("
+                              + ", ".join(f"{k} {v / max(len(stages), 1):.1f}" for k, v in sorted(kinds.items()))
+                              + ")" for a, kinds in sorted(net.items(), key=lambda kv: -sum(kv[1].values()))),
+                  flush=True)
     return rows
 
 

@@ -37,7 +37,11 @@
  * peak number of requests in flight (all kinds, and opens alone). They are written as
  * JSON to the `stats` file (written to FILE.tmp and renamed) on SIGUSR1 and at exit;
  * SIGUSR2 resets them and writes the file too. Each write carries a sequence number
- * `seq`, so a reader can wait for it.
+ * `seq`, so a reader can wait for it. The operations are also counted by area (`by_area`):
+ * the first component of the path, cut at its first dot after the first character
+ * ("nodes", "budget", "demand" for demand.json and its temporary files, ".clock"; "/" for
+ * the mount's root), at most 63 areas and the rest as "*": where in a shared directory the
+ * requests go.
  *
  * Root squashed (option `squash`): the mount is writable, and every request runs with the
  * caller's file-system identity (setfsuid, setfsgid and its groups, per worker thread), but
@@ -105,10 +109,60 @@ static void raise_peak(atomic_long *p, long n)
         ;
 }
 
-/* One request: count it, mark it in flight, wait the round trip. */
-static void enter(enum kind k)
+/* The areas: a name, and its counts by kind. A name is written before area_count covers it. */
+#define AREAS 64
+static struct area {
+    char name[64];
+    atomic_long n[K_COUNT];
+} areas[AREAS];
+static atomic_int area_count;
+static pthread_mutex_t areas_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int find_area(const char *name, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(areas[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* The area of PATH (as FUSE gives it, "/a/b"): see the header. */
+static struct area *area_of(const char *path)
+{
+    const char *p = path && path[0] == '/' ? path + 1 : path ? path : "";
+    size_t len = strcspn(p, "/");
+    const char *dot = len > 1 ? memchr(p + 1, '.', len - 1) : NULL;
+    if (dot)
+        len = (size_t)(dot - p);
+    char name[64] = "/";
+    if (len) {
+        len = len < sizeof name - 1 ? len : sizeof name - 1;
+        memcpy(name, p, len);
+        name[len] = '\0';
+    }
+    int i = find_area(name, atomic_load(&area_count));
+    if (i >= 0)
+        return &areas[i];
+    pthread_mutex_lock(&areas_lock);
+    int n = atomic_load(&area_count);
+    i = find_area(name, n);
+    if (i < 0 && n < AREAS - 1) {
+        strcpy(areas[n].name, name);
+        atomic_store(&area_count, n + 1);
+        i = n;
+    } else if (i < 0) {
+        strcpy(areas[AREAS - 1].name, "*");
+        i = AREAS - 1;
+    }
+    pthread_mutex_unlock(&areas_lock);
+    return &areas[i];
+}
+
+/* One request on PATH: count it, mark it in flight, wait the round trip. */
+static void enter(enum kind k, const char *path)
 {
     atomic_fetch_add(&counts[k], 1);
+    atomic_fetch_add(&area_of(path)->n[k], 1);
     raise_peak(&peak, atomic_fetch_add(&in_flight, 1) + 1);
     if (k == K_OPEN)
         raise_peak(&opens_peak, atomic_fetch_add(&opens_in_flight, 1) + 1);
@@ -175,6 +229,27 @@ static void write_stats(int final)
                 ++seq, final ? "true" : "false", (long)getpid(), opt.delay_us, opt.threads, opt.rate);
         for (int k = 0; k < K_COUNT; k++)
             fprintf(f, "%s\"%s\": %ld", k ? ", " : "", kind_names[k], atomic_load(&counts[k]));
+        fprintf(f, "}, \"by_area\": {");
+        int areas_now = atomic_load(&area_count);
+        for (int i = 0, first = 1; i < AREAS; i++) {
+            if (i >= areas_now && i != AREAS - 1)
+                continue;
+            if (!areas[i].name[0])
+                continue;
+            fprintf(f, "%s\"", first ? "" : ", ");
+            for (const char *c = areas[i].name; *c; c++)  /* a JSON string: escape what must be */
+                fprintf(f, (*c == '"' || *c == '\\') ? "\\%c" : (unsigned char)*c < 0x20 ? "\\u%04x" : "%c", *c);
+            fprintf(f, "\": {");
+            for (int k = 0, any = 0; k < K_COUNT; k++) {
+                long v = atomic_load(&areas[i].n[k]);
+                if (v) {
+                    fprintf(f, "%s\"%s\": %ld", any ? ", " : "", kind_names[k], v);
+                    any = 1;
+                }
+            }
+            fprintf(f, "}");
+            first = 0;
+        }
         fprintf(f, "}, \"bytes_read\": %ld, \"in_flight\": %ld, \"peak_in_flight\": %ld, "
                    "\"peak_opens_in_flight\": %ld}\n",
                 atomic_load(&bytes_read), atomic_load(&in_flight), atomic_load(&peak),
@@ -187,8 +262,11 @@ static void write_stats(int final)
 
 static void reset_stats(void)
 {
-    for (int k = 0; k < K_COUNT; k++)
+    for (int k = 0; k < K_COUNT; k++) {
         atomic_store(&counts[k], 0);
+        for (int i = 0; i < AREAS; i++)
+            atomic_store(&areas[i].n[k], 0);
+    }
     atomic_store(&bytes_read, 0);
     atomic_store(&peak, atomic_load(&in_flight));
     atomic_store(&opens_peak, atomic_load(&opens_in_flight));
@@ -326,7 +404,7 @@ static void lfs_destroy(void *data)
 static int lfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
     (void)fi;
-    enter(K_GETATTR);
+    enter(K_GETATTR, path);
     as_caller();
     int fd = open_beneath(path, O_PATH);
     as_server();
@@ -339,7 +417,7 @@ static int lfs_getattr(const char *path, struct stat *st, struct fuse_file_info 
 
 static int lfs_readlink(const char *path, char *buf, size_t size)
 {
-    enter(K_READLINK);
+    enter(K_READLINK, path);
     if (size == 0)
         return leave(K_READLINK, -EINVAL);
     as_caller();
@@ -357,7 +435,7 @@ static int lfs_readlink(const char *path, char *buf, size_t size)
 
 static int lfs_open(const char *path, struct fuse_file_info *fi)
 {
-    enter(K_OPEN);
+    enter(K_OPEN, path);
     if ((fi->flags & O_ACCMODE) != O_RDONLY && !opt.squash)
         return leave(K_OPEN, -EROFS);
     as_caller();
@@ -387,7 +465,7 @@ static int failing_errno(void)
 static int lfs_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi)
 {
     (void)path;
-    enter(K_READ);
+    enter(K_READ, path);
     if (opt.fail && access(opt.fail, F_OK) == 0)
         return leave(K_READ, -failing_errno());
     ssize_t n = pread((int)fi->fh, buf, size, off);
@@ -401,7 +479,7 @@ static int lfs_read(const char *path, char *buf, size_t size, off_t off, struct 
 static int lfs_release(const char *path, struct fuse_file_info *fi)
 {
     (void)path;
-    enter(K_RELEASE);
+    enter(K_RELEASE, path);
     close((int)fi->fh);
     return leave(K_RELEASE, 0);
 }
@@ -414,7 +492,7 @@ struct dir {
 
 static int lfs_opendir(const char *path, struct fuse_file_info *fi)
 {
-    enter(K_OPENDIR);
+    enter(K_OPENDIR, path);
     as_caller();
     int fd = open_beneath(path, O_RDONLY | O_DIRECTORY);
     as_server();
@@ -437,7 +515,7 @@ static int lfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, off_
                        struct fuse_file_info *fi, enum fuse_readdir_flags flags)
 {
     (void)path;
-    enter(K_READDIR);
+    enter(K_READDIR, path);
     struct dir *d = (struct dir *)(uintptr_t)fi->fh;
     if (offset != d->offset) {
         seekdir(d->dp, offset);
@@ -476,7 +554,7 @@ static int lfs_readdir(const char *path, void *buf, fuse_fill_dir_t filler, off_
 static int lfs_releasedir(const char *path, struct fuse_file_info *fi)
 {
     (void)path;
-    enter(K_RELEASEDIR);
+    enter(K_RELEASEDIR, path);
     struct dir *d = (struct dir *)(uintptr_t)fi->fh;
     closedir(d->dp);
     free(d);
@@ -486,7 +564,7 @@ static int lfs_releasedir(const char *path, struct fuse_file_info *fi)
 static int lfs_statfs(const char *path, struct statvfs *sv)
 {
     (void)path;
-    enter(K_STATFS);
+    enter(K_STATFS, path);
     return leave(K_STATFS, fstatvfs(backing_fd, sv) == 0 ? 0 : -errno);
 }
 
@@ -501,56 +579,56 @@ static int done(int ok)
 
 static int lfs_mkdir(const char *path, mode_t mode)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, path);
     as_caller();
     return done(mkdirat(backing_fd, rel(path), mode) == 0);
 }
 
 static int lfs_unlink(const char *path)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, path);
     as_caller();
     return done(unlinkat(backing_fd, rel(path), 0) == 0);
 }
 
 static int lfs_rmdir(const char *path)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, path);
     as_caller();
     return done(unlinkat(backing_fd, rel(path), AT_REMOVEDIR) == 0);
 }
 
 static int lfs_rename(const char *from, const char *to, unsigned int flags)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, to);
     as_caller();
     return done(syscall(SYS_renameat2, backing_fd, rel(from), backing_fd, rel(to), flags) == 0);
 }
 
 static int lfs_link(const char *from, const char *to)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, to);
     as_caller();
     return done(linkat(backing_fd, rel(from), backing_fd, rel(to), 0) == 0);
 }
 
 static int lfs_symlink(const char *target, const char *path)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, path);
     as_caller();
     return done(symlinkat(target, backing_fd, rel(path)) == 0);
 }
 
 static int lfs_chmod(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, path);
     as_caller();
     return done((fi ? fchmod((int)fi->fh, mode) : fchmodat(backing_fd, rel(path), mode, 0)) == 0);
 }
 
 static int lfs_chown(const char *path, uid_t uid, gid_t gid, struct fuse_file_info *fi)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, path);
     as_caller();
     return done((fi ? fchown((int)fi->fh, uid, gid)
                     : fchownat(backing_fd, rel(path), uid, gid, AT_SYMLINK_NOFOLLOW)) == 0);
@@ -558,7 +636,7 @@ static int lfs_chown(const char *path, uid_t uid, gid_t gid, struct fuse_file_in
 
 static int lfs_truncate(const char *path, off_t size, struct fuse_file_info *fi)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, path);
     as_caller();
     if (fi)
         return done(ftruncate((int)fi->fh, size) == 0);
@@ -576,14 +654,14 @@ static int lfs_truncate(const char *path, off_t size, struct fuse_file_info *fi)
 
 static int lfs_utimens(const char *path, const struct timespec ts[2], struct fuse_file_info *fi)
 {
-    enter(K_CHANGE);
+    enter(K_CHANGE, path);
     as_caller();
     return done((fi ? futimens((int)fi->fh, ts) : utimensat(backing_fd, rel(path), ts, AT_SYMLINK_NOFOLLOW)) == 0);
 }
 
 static int lfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
-    enter(K_OPEN);
+    enter(K_OPEN, path);
     as_caller();
     struct open_how how = {.flags = (unsigned long long)(fi->flags | O_CREAT | O_NOFOLLOW | O_CLOEXEC),
                            .mode = mode & 07777,
@@ -601,7 +679,7 @@ static int lfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 static int lfs_write(const char *path, const char *buf, size_t size, off_t off, struct fuse_file_info *fi)
 {
     (void)path;
-    enter(K_WRITE);
+    enter(K_WRITE, path);
     ssize_t n = pwrite((int)fi->fh, buf, size, off);
     return leave(K_WRITE, n < 0 ? -errno : (int)n);
 }
@@ -609,7 +687,7 @@ static int lfs_write(const char *path, const char *buf, size_t size, off_t off, 
 static int lfs_fsync(const char *path, int datasync, struct fuse_file_info *fi)
 {
     (void)path;
-    enter(K_CHANGE);
+    enter(K_CHANGE, path);
     int res = (datasync ? fdatasync((int)fi->fh) : fsync((int)fi->fh)) == 0 ? 0 : -errno;
     return leave(K_CHANGE, res);
 }

@@ -4,7 +4,8 @@ trip (docs/benchmarks.md, "Latency-bound sources").
 
     with LatencyFS(backing, mountpoint, delay_us=1000, rate=100 << 20) as fs:
         ...                  # read through mountpoint
-        fs.stats()           # {"ops": {"getattr": ..., "open": ...}, "bytes_read": ..., "peak_in_flight": ...}
+        fs.stats()           # {"ops": {"getattr": ..., "open": ...}, "by_area": {"nodes": {"open": ...}, ...},
+                             #  "bytes_read": ..., "peak_in_flight": ...}
         fs.reset()           # zero the counters
         fs.remount()         # cold dentry, attribute and page caches
         fs.hang()            # no request is answered any more, as a hard NFS mount whose server is gone
@@ -211,7 +212,9 @@ class LatencyFS:
 
     def stats(self) -> dict[str, Any]:
         """The counters now: ``ops`` by kind (getattr, readlink, opendir, readdir, open, read,
-        release, releasedir, statfs), ``bytes_read`` (bytes delivered by read replies),
+        release, releasedir, statfs, write, change), ``by_area`` (the same by the first component
+        of the path, cut at its first dot after the first character: ``nodes``, ``demand`` for
+        demand.json, ``/`` for the root), ``bytes_read`` (bytes delivered by read replies),
         ``in_flight``, ``peak_in_flight`` and ``peak_opens_in_flight`` since the mount or the
         last reset; and the settings ``delay_us``, ``threads`` and ``rate``."""
         return self._signal(signal.SIGUSR1)

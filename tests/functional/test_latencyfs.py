@@ -218,3 +218,27 @@ def test_uncached_readers_of_one_mount_never_share_a_read(backing: Path, tmp_pat
             assert len(a.read(size + 1)) == size
             assert len(b.read(size + 1)) == size
         assert fs.stats()["bytes_read"] == 2 * size
+
+
+def test_requests_are_counted_by_area(fs: LatencyFS, backing: Path) -> None:
+    """by_area: the operations by the first component of their path, cut at its first dot
+    after the first character (where in a shared directory the requests go), summing to the
+    counts by kind; a reset zeroes them."""
+    (backing / "demand.json").write_text("{}")
+    (backing / ".clock.n001").write_text("")
+    mnt = Path(fs.mountpoint)
+    fs.reset()
+    (mnt / "d1" / "f01").read_bytes()
+    (mnt / "d1" / "f05").read_bytes()
+    (mnt / "demand.json").read_text()
+    (mnt / ".clock.n001").stat()
+    sorted(os.listdir(mnt / "flat"))
+    s = fs.stats()
+    areas = s["by_area"]
+    assert areas["d1"]["open"] == 2 and areas["d1"]["read"] >= 2, areas
+    assert areas["demand"]["open"] == 1 and "open" not in areas.get(".clock", {}), areas
+    assert areas[".clock"]["getattr"] >= 1 and areas["flat"]["opendir"] == 1, areas
+    assert "d0" not in areas or not areas["d0"], areas
+    for kind, n in s["ops"].items():
+        assert sum(a.get(kind, 0) for a in areas.values()) == n, (kind, s)
+    assert not any(fs.reset()["by_area"].values())
