@@ -382,19 +382,35 @@ def test_the_last_copy_rule_needs_a_fresh_snapshot():
 
 
 def test_one_holder_keeps_a_version():
-    """Two holders of the only copies of "a" and "b" under pressure at once: each version has
-    one keeper (keeper_of), so they do not both evict it; the keeper says so."""
-    copies = [copy("a", 50, idle=2 * DAY), copy("b", 50, idle=DAY)]
+    """Two holders of the only copies of two datasets under pressure at once, each the keeper
+    of one (keeper_of): each evicts the one the other keeps, so both versions stay; the
+    keeper says so."""
+    names = [f"d{i}" for i in range(40)]
+    a = next(n for n in names if keeper_of(n, copy(n).version, ("n1", "n2")) == "n1")
+    b = next(n for n in names if keeper_of(n, copy(n).version, ("n1", "n2")) == "n2")
+    copies = [copy(a, 50, idle=2 * DAY), copy(b, 50, idle=DAY)]
     space = Space(capacity=100 * GB, high=0.9, low=0.75)
-    held = _copies(a=("n1", "n2"), b=("n1", "n2"))
-    plans = {n: plan(copies, Demand(age=10, copies=held), space, NOW, node=n) for n in ("n1", "n2")}
-    for name in ("a", "b"):
-        keeps = keeper_of(name, copy(name).version, ("n1", "n2"))
-        reasons = {n: {x.copy.dataset: x for x in p.decisions}[name] for n, p in plans.items()}
-        assert not reasons[keeps].evict or all(x.evict for x in plans[keeps].decisions), reasons
-        assert reasons[keeps].reason.startswith("the copy the cluster keeps (on this node, 1 of its 2 holders)") \
-            or reasons[keeps].evict, reasons
-        assert "keeps" not in next(r.reason for n, r in reasons.items() if n != keeps)
+    held = {**_copies(**{a: ("n1", "n2")}), **_copies(**{b: ("n1", "n2")})}
+    plans = {n: {x.copy.dataset: x for x in plan(copies, Demand(age=10, copies=held), space, NOW, node=n).decisions}
+             for n in ("n1", "n2")}
+    assert [d for d, x in plans["n1"].items() if x.evict] == [b]
+    assert [d for d, x in plans["n2"].items() if x.evict] == [a]
+    assert plans["n1"][a].reason.startswith("the copy the cluster keeps (on this node, 1 of its 2 holders)")
+    assert plans["n1"][b].reason.endswith("; held on 1 other node, idle 1 d"), plans["n1"][b].reason
+
+
+def test_a_keeper_others_also_hold_goes_before_the_last_copy_and_an_admin_hears_what_they_evict():
+    """Among the cluster's copies, one this node keeps but others hold too goes before the last
+    copy in the cluster (they still serve it); ``dsstage evict NAME`` of a last copy says so."""
+    node = "n1"
+    shared = next(n for n in (f"s{i}" for i in range(40)) if keeper_of(n, copy(n).version, (node, "n2")) == node)
+    copies = [copy(shared, 50, idle=DAY), copy("last", 50, idle=2 * DAY)]
+    held = {**_copies(**{shared: (node, "n2")}), **_copies(last=(node,))}
+    p = plan(copies, Demand(age=10, copies=held), Space(capacity=100 * GB, high=0.9, low=0.75), NOW, node=node)
+    assert [x.copy.dataset for x in p.evictions()] == [shared]
+    asked = plan(copies, Demand(age=10, copies=held), Space(capacity=1000 * GB), NOW, node=node,
+                 asked=Asked(evict=("last",)))
+    assert [x.reason for x in asked.evictions()] == ["asked to evict; it was the last copy in the cluster"]
 
 
 def test_the_keeper_of_each_version_is_spread_over_its_holders():
@@ -420,6 +436,7 @@ def test_a_stage_takes_a_recent_copy_other_nodes_hold_before_the_cluster_s_keepe
     space = Space(capacity=100 * GB, high=0.9, low=0.75, need=40 * GB)
     p = plan(copies, Demand(age=10, copies=_copies(last=(node,), r=("n1", "n2"))), space, NOW, node=node)
     assert [x.copy.dataset for x in p.evictions()] == ["r"] and p.fits
-    assert "within min_keep 10 min, but the stage cannot fit otherwise" in p.evictions()[0].reason
+    assert p.evictions()[0].reason.endswith("; held on 1 other node, idle 1 min (within min_keep 10 min, but other "
+                                            "nodes hold it: it goes before the copy the cluster keeps)")
     without = plan(copies, Demand(age=10), space, NOW, node=node)
     assert [x.copy.dataset for x in without.evictions()] == ["last"]
