@@ -72,6 +72,26 @@ def test_catalog_publish_and_current(tmp_path, tree):
     assert cat.load("ds").entries == m.entries
 
 
+def test_a_remembering_catalog_reads_current_once(tmp_path, tree):
+    """One Prolog's catalog (remember=True) reads each CURRENT once: a version another writer
+    publishes meanwhile is the next catalog's, as is a CURRENT that appears after "none";
+    what it publishes itself it sees at once. A plain catalog reads CURRENT every time."""
+    state = str(tmp_path / "state")
+    one_job, plain = (config_manifest.Catalog(state, remember=True), config_manifest.Catalog(state))
+    assert one_job.current("ds") is None
+    first = build(tree(tmp_path / "a", {"a": b"x"})).manifest
+    plain.publish(first)
+    assert one_job.current("ds") is None and plain.current("ds") == first.digest
+    again = config_manifest.Catalog(state, remember=True)
+    assert again.current("ds") == first.digest
+    second = build(tree(tmp_path / "b", {"a": b"y"})).manifest
+    plain.publish(second)
+    assert again.current("ds") == first.digest and plain.current("ds") == second.digest
+    third = build(tree(tmp_path / "c", {"a": b"z"})).manifest
+    again.publish(third)
+    assert again.current("ds") == third.digest == plain.current("ds")
+
+
 def _manifest_file(tmp_path: Path, entries, digest=None):
     m = config_manifest.Manifest("ds", digest or config_manifest.compute_digest(entries), list(entries), 0, 0.0)
     path = str(tmp_path / "x.manifest")

@@ -348,10 +348,15 @@ def sizes_problem(rows: Sequence[Sequence[str]], entries: Sequence[Entry], path:
 
 
 class Catalog:
-    """Where the manifests of one state directory live."""
+    """Where the manifests of one state directory live. With ``remember``, each dataset's
+    ``CURRENT`` is read once for the catalog's life (one Prolog or Epilog): the tier's plan
+    and the node's report read the current version of every dataset the node holds, and
+    on a shared filesystem each read is four requests (docs/benchmarks.md); a version
+    published meanwhile is the next job's."""
 
-    def __init__(self, state_dir: str) -> None:
+    def __init__(self, state_dir: str, *, remember: bool = False) -> None:
         self.root = os.path.join(state_dir, "manifests")
+        self._current: dict[str, str | None] | None = {} if remember else None
 
     def dir(self, name: str) -> str:
         return os.path.join(self.root, name)
@@ -361,13 +366,18 @@ class Catalog:
 
     def current(self, name: str) -> str | None:
         """The digest of the current version, or None if no manifest was built (cheap)."""
+        if self._current is not None and name in self._current:
+            return self._current[name]
         try:
-            return read_current(os.path.dirname(self.root), name)
+            digest = read_current(os.path.dirname(self.root), name)
         except untrusted.Refused as exc:
             raise ManifestError(f"{exc}; then run `dsstage manifest build {name}`") from None
         except ValueError:
             raise ManifestError(f"{self.dir(name)}/{CURRENT}: damaged; rebuild with "
                                 f"`dsstage manifest build {name}`") from None
+        if self._current is not None:
+            self._current[name] = digest
+        return digest
 
     def require_current(self, name: str) -> str:
         digest = self.current(name)
@@ -389,4 +399,6 @@ class Catalog:
         path = self.path(manifest.name, manifest.digest)
         write(manifest, path)
         write_atomic(os.path.join(self.dir(manifest.name), CURRENT), manifest.digest + "\n")
+        if self._current is not None:
+            self._current[manifest.name] = manifest.digest
         return path

@@ -240,7 +240,7 @@ def prolog(env: Mapping[str, str], *, run_dir: str, slurm: SlurmClient | None = 
         log.info("job %s: %s: not staged, the job reads its sources", ctx.job_id, why)
         return decide(ctx, off_parts(ctx, conf, off_verdicts(ctx.request or "", conf, why), run_dir),
                       run_dir=run_dir, slurm=slurm)
-    store = Store(conf, ctx.node or None, run_dir=run_dir)
+    store = Store(conf, ctx.node or None, run_dir=run_dir, one_job=True)
     budget = conf.prolog_budget
     outcomes = stage_all(ctx, conf, store, deadline=started + stage_deadline(budget))
     write_config_cache(run_dir, conf)
@@ -255,7 +255,7 @@ def off_parts(ctx: JobContext, conf: Config, outcomes: list[Verdict], run_dir: s
     if not any(o.path for o in outcomes if o.dataset in sharded_names):
         return outcomes
     from dsstage.hooks import shardjob
-    store = Store(conf, ctx.node or None, run_dir=run_dir)
+    store = Store(conf, ctx.node or None, run_dir=run_dir, one_job=True)
     part_of = shardjob.Job(ctx.job_id, ctx.node, ctx.nodes if ctx.multi_node else "", ctx.uid, ctx.gid)
     # every dataset of the job pinned, not only these: the first node to pin decides for all
     versions = pinned_versions(ctx, conf, store, [o.dataset for o in outcomes if o.dataset in conf.datasets])
@@ -363,7 +363,7 @@ def epilog(env: Mapping[str, str], *, run_dir: str,
         # leases stay; they are reclaimed once the job is known to be gone
         log.error("job %s: cannot release leases, configuration broken: %s", ctx.job_id, exc)
         return 0
-    store = Store(conf, ctx.node or None, run_dir=run_dir)
+    store = Store(conf, ctx.node or None, run_dir=run_dir, one_job=True)
     try:
         released = store.release_job(ctx.job_id)  # local: first, whatever the shared state directory does
         log.info("job %s: released %s", ctx.job_id, ", ".join(x.dataset for x in released) or "nothing")

@@ -158,12 +158,14 @@ class Store:
     """The store of one node, over all tiers of a configuration."""
 
     def __init__(self, config: Config, node: str | None = None, *,
-                 clock: Callable[[], float] = time.time, run_dir: str | None = None) -> None:
+                 clock: Callable[[], float] = time.time, run_dir: str | None = None, one_job: bool = False) -> None:
+        """``one_job``: the store of one Prolog or Epilog, whose datasets' current versions are
+        read once (Catalog's ``remember``)."""
         self.config = config
         self.node = node or node_name()
         #: node-local runtime state (the node's report, the metrics' counters)
         self.run_dir = run_dir or runfiles.default_run_dir()
-        self.manifests = Catalog(config.state_dir)
+        self.manifests = Catalog(config.state_dir, remember=one_job)
         self.clock = clock
         self._reader: Identity | None | bool = False
 
