@@ -256,8 +256,8 @@ def fill(store: Store, tier: RootDir, ds: Dataset, digest: str, job: StageReques
     plan = plan_fill(store, tier, ds, digest, shard=job.shard, resumed=record)
     manifest, older, needed = plan.manifest, plan.older, plan.needed
     tier_conf = store.config.tiers[ds.tier]
-    room = plan.room or eviction.room_for(store, tier, tier_conf, name, needed, record)  # (never None here)
-    eviction.make_room(store, tier, tier_conf, name, room, spare=prefetch.spare if prefetch else None,
+    assert plan.room is not None  # a fill has its tier: plan_fill decided the room
+    eviction.make_room(store, tier, tier_conf, name, plan.room, spare=prefetch.spare if prefetch else None,
                        resumed=record, job_id=job.job_id)
     linked: dict[int, tuple[int, int]] = {}
     holders, ready, claimed = from_whom(store, name, digest, shard=job.shard)

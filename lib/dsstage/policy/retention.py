@@ -244,7 +244,7 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *, po
             if wanted and not force:
                 d = Decision(c, False, f"{wanted}: not evicted without --force")
             else:
-                kept = keeper(c, demand, node, now)
+                kept = keeper(c, demand, node)
                 d = Decision(c, True, "asked to evict" + (f" (with --force, although {wanted})" if wanted else "")
                              + (f"; it was {kept}" if kept else ""), "forced" if wanted else "asked")
         if d is not None:
@@ -268,10 +268,12 @@ def plan(copies: Sequence[Copy], demand: Demand, space: Space, now: float, *, po
             # holds is staged again from it, the one the cluster keeps from the source
             fits_room.sort(key=lambda c: keeper_rank(c, demand, node))
         pressured = _shortest_prefix(fits_room, remaining, space, hot)
-    # whether the stage could fit without the recent copies (then one went for the keeper rule)
-    older = [c for c in candidates if c.key not in recent]
-    fits_without_recent = used(c for c in remaining.values() if c not in older) + space.reserved + space.need \
-        <= space.capacity
+    # a recent copy evicted although the stage fits without the recent copies went for the keeper rule
+    fits_without_recent = False
+    if any(c.key in recent for c in pressured):
+        older = {c.key for c in candidates if c.key not in recent}
+        fits_without_recent = used(c for k, c in remaining.items() if k not in older) + space.reserved \
+            + space.need <= space.capacity
     for c in candidates:
         if c in pressured:
             why = _pressure_reason(c, demand, node, space, now)
@@ -404,7 +406,7 @@ def keeper_rank(c: Copy, demand: Demand, node: str) -> int:
     return 2 if len(holders) == 1 else 1
 
 
-def keeper(c: Copy, demand: Demand, node: str, now: float = 0.0) -> str:
+def keeper(c: Copy, demand: Demand, node: str) -> str:
     """Why ``c`` is the copy the cluster keeps of its version, or "": ``Demand.copies`` (known)
     shows it ready on no other node ("the last copy in the cluster"), or this node is the
     one of its holders that ``keeper_of`` picks (one keeper per version: holders that read
@@ -448,7 +450,7 @@ def _pressure_reason(c: Copy, demand: Demand, node: str, space: Space, now: floa
     why = (f"over high watermark ({space.high:.0%} of {_size(space.capacity)})" if space.need == 0 else
            f"room for the stage in progress ({_size(space.need)} in a tier of {_size(space.capacity)})")
     what = "old version" if not c.current else _demand_text(c.dataset, demand, node, now, c.not_for) or "no demand"
-    kept = keeper(c, demand, node, now)
+    kept = keeper(c, demand, node)
     others = len(_holders(c, demand, node)) - 1
     last = f"; {kept}" if kept else f"; held on {others} other node{'s' if others > 1 else ''}" if others > 0 else ""
     return (f"{why}; {what}{_uses_text(c.dataset, demand)}{last}, "
@@ -459,7 +461,7 @@ def _keep_reason(c: Copy, demand: Demand, node: str, now: float, policy: Policy)
     if not c.current:
         return "old version, kept while there is room: staging the current one reuses its files"
     wanted = _demand_text(c.dataset, demand, node, now, c.not_for)
-    kept = keeper(c, demand, node, now)
+    kept = keeper(c, demand, node)
     if wanted:
         return wanted + (f"; {kept}" if kept else "")
     idle = now - c.last_used
