@@ -96,6 +96,27 @@ def test_json_fields_and_a_stale_node(cluster: Env):
         ("200", "pending", "n[2-3]", ["coco"]), ("101", "running", "n1", ["coco"])]
 
 
+def test_each_node_says_which_dsstage_wrote_its_report_and_a_mixed_cluster_is_named(cluster: Env):
+    import dsstage
+    data = status.to_json(collect(cluster))
+    assert {n["node"]: n["dsstage"] for n in data["nodes"]} == dict.fromkeys(("n1", "n2", "n3"), dsstage.__version__)
+    st = collect(cluster)
+    assert "dsstage " not in status_view.headline(st)  # one version: nothing to say
+    # an upgrade halfway: n2's report is of a version before reports said (the key absent),
+    # n1's of a newer one; n3's is stale, so it is not counted
+    for node, version in (("n1", "9.0.0"), ("n2", None), ("n3", "0.0.1")):
+        path = cluster.state / "nodes" / f"{node}.json"
+        rep = json.loads(path.read_text())
+        rep.pop("dsstage")
+        if version:
+            rep["dsstage"] = version
+        path.write_text(json.dumps(rep))
+    st = collect(cluster)
+    assert status.versions(st) == {"9.0.0": ["n1"], "before 0.2.0": ["n2"]}
+    assert status_view.headline(st).startswith(
+        "3 nodes reporting, 1 stale; dsstage 9.0.0 on n1, before 0.2.0 on n2; queue from")
+
+
 def test_a_node_slurm_says_is_down_is_stale_whatever_its_reports_age(cluster: Env):
     st = collect(cluster, down={"n2": "down*", "n1": "mixed"})
     stale = {r["node"]: r["stale"] for r in st.nodes}

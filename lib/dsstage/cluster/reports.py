@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 from dsstage.fs import safe
 from dsstage.node.report import NODES
 
+#: a version string longer than this is cut (another host's write: data)
+VERSION_MAX = 40
+
 
 def read_all(state_dir: str) -> list[dict[str, Any]]:
     """Every published node report (format 1 reports read as best they can), by node."""
@@ -49,7 +52,9 @@ def normalize(report: Mapping[str, Any], node: str = "") -> dict[str, Any]:
     demand = report.get("demand") if isinstance(report.get("demand"), dict) else {}
     prefetch = [p for p in report.get("prefetch") or [] if isinstance(p, dict)] \
         if isinstance(report.get("prefetch"), list) else []
-    return {"format": report.get("format", 1), "node": str(report.get("node") or node), "time": when,
+    version = report.get("dsstage")  # which dsstage wrote it (none before 0.2.0)
+    return {"format": report.get("format", 1), "node": str(report.get("node") or node),
+            "dsstage": version[:VERSION_MAX] if isinstance(version, str) else "", "time": when,
             "tiers": tiers, "copies": copies, "demand": demand, "prefetch": prefetch,
             **({"file_node": node} if node else {})}  # whose file it was: a report may name another node
 

@@ -246,8 +246,8 @@ def to_json(st: Status) -> dict[str, Any]:
     """The stable JSON of ``dsstage status --json`` (format 1; fields are only ever added)."""
     return {
         "format": JSON_FORMAT, "time": st.time,
-        "nodes": [{"node": r["node"], "time": r["time"], "age": max(0.0, st.time - r["time"]), "stale": r["stale"],
-                   "tiers": r["tiers"]} for r in st.nodes],
+        "nodes": [{"node": r["node"], "dsstage": r.get("dsstage") or None, "time": r["time"],
+                   "age": max(0.0, st.time - r["time"]), "stale": r["stale"], "tiers": r["tiers"]} for r in st.nodes],
         "copies": [{"node": r["node"], "stale": r["stale"] is not None, **c} for r in st.nodes for c in r["copies"]],
         "unreachable": st.unreachable,
         "queue": {"source": st.demand_source or None, "time": st.demand_time or None,
@@ -257,6 +257,16 @@ def to_json(st: Status) -> dict[str, Any]:
         "sources_not_answering": {k: {"since": r.get("since"), "by": r.get("by"), "reason": r.get("reason")}
                                   for k, r in sorted(st.breakers.items())},
     }
+
+
+def versions(st: Status) -> dict[str, list[str]]:
+    """Which dsstage each node that reports now runs: version -> its nodes ("before 0.2.0"
+    for a report that does not say). More than one key means an upgrade is under way."""
+    out: dict[str, list[str]] = {}
+    for r in st.nodes:
+        if not r["stale"]:
+            out.setdefault(r.get("dsstage") or "before 0.2.0", []).append(r["node"])
+    return out
 
 
 def dataset_rows(st: Status) -> list[dict[str, Any]]:

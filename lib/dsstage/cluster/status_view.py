@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsstage.cluster.status import Status, _expand, _progress_text, dataset_rows
+from dsstage.cluster.status import Status, _expand, _progress_text, dataset_rows, versions
+from dsstage.hostlist import fold_nodes as fold
 from dsstage.units import human, human_duration
 
 #: at most this many rows per section in the text view (the JSON has everything)
@@ -55,6 +56,9 @@ def headline(st: Status) -> str:
         text += f", {stale} stale"
     if st.unreachable:
         text += f", {len(st.unreachable)} unreachable"
+    running = versions(st)
+    if len(running) > 1:  # an upgrade one node at a time, under way or stopped halfway
+        text += "; dsstage " + ", ".join(f"{v} on {fold(sorted(n))}" for v, n in sorted(running.items()))
     if st.demand_source == "snapshot":
         text += f"; queue from the demand snapshot ({human_duration(st.time - st.demand_time)} old" + \
             (", stale)" if st.queue_note else ")")

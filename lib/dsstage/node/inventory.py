@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dsstage import __version__
 from dsstage.errors import DsstageError
 from dsstage.fs import layout as fs_layout
 from dsstage.fs import safe
@@ -68,8 +69,9 @@ def build(store: Store, previous: Mapping[str, Any] | None = None) -> dict[str, 
                              "progress": None, "prefetched_for": mark.get("prefetched_for") or None})
             rows += _staging_rows(store, tier, tier_conf.name, layout, before, is_held, read_owner)
             rows += _trash_rows(tier, tier_conf.name)
-    return {"format": FORMAT, "node": store.node, "time": now, "demand": {"age": dem.age, "stale": dem.stale},
-            "tiers": tiers, "copies": rows, "prefetch": list((previous or {}).get("prefetch") or [])[-PREFETCH_KEPT:]}
+    return {"format": FORMAT, "node": store.node, "dsstage": __version__, "time": now,
+            "demand": {"age": dem.age, "stale": dem.stale}, "tiers": tiers, "copies": rows,
+            "prefetch": list((previous or {}).get("prefetch") or [])[-PREFETCH_KEPT:]}
 
 
 def _staging_rows(store: Store, tier: RootDir, tier_name: str, layout: Any, before: Mapping[Any, Any],

@@ -2,7 +2,7 @@
 
 A report (FORMAT 2) is one JSON document per node::
 
-    {"format": 2, "node": "n1", "time": <epoch>, "demand": {"age": s, "stale": bool},
+    {"format": 2, "node": "n1", "dsstage": "0.2.0", "time": <epoch>, "demand": {"age": s, "stale": bool},
      "tiers": [{"tier", "path", "capacity", "used", "reserved", "free", "high", "low"}],
      "copies": [{"tier", "dataset", "version", "state", "current", "bytes", "files",
                  "leases": [{"job_id", "user", "since"}], "last_used",
@@ -10,7 +10,9 @@ A report (FORMAT 2) is one JSON document per node::
                  "progress": {"phase", "unit", "done", "total", "rate", "eta", "since"} | null,
                  "job_id"}]}
 
-``state`` is one of ready, staging, verifying, evicting, failed (a copy flagged bad),
+``dsstage`` is the version that wrote the report (absent before 0.2.0: a key added without a
+new format, which older readers skip), so that ``dsstage status`` can say which nodes an
+upgrade has not reached yet. ``state`` is one of ready, staging, verifying, evicting, failed (a copy flagged bad),
 incomplete (a version directory without its ready mark) and interrupted (a staging area
 left by a killed stage). ``decision`` is the retention planner's current verdict on the
 copy, with its reason, as the next Epilog would apply it.
