@@ -43,9 +43,21 @@ class Cluster:
         self.series = os.environ.get("DEVCLUSTER_SLURM") or "22.05"
         self.hangfs: Any = None  # a latencyfs that can stop answering (hangable_mount), if any
         self.slowfs: Any = None  # a latencyfs that delivers SLOW_RATE bytes/s (a busy shared filesystem), if any
+        self.devcluster: tuple[str, dict[str, str]] = ("", {})  # the script and environment that brought it up
         if self.series != "22.05":
             self.venv_bin = directory / "bin"
             self.env["PATH"] = f"{directory / 'bin'}:{self.env.get('PATH', '/usr/bin:/bin')}"
+
+    def up_again(self, **settings: str) -> str:
+        """`devcluster down`, then `up` in the same directory with the DEVCLUSTER_* ``settings``
+        changed (PREVIOUS_NODES="n2": an upgrade's next step); what `up` said."""
+        script, env = self.devcluster
+        env.update({f"DEVCLUSTER_{k}": v for k, v in settings.items()})
+        down = subprocess.run([script, "down"], env=env, text=True, capture_output=True, timeout=120)
+        assert down.returncode == 0, f"devcluster down failed:\n{down.stderr}"
+        up = subprocess.run([script, "up"], env=env, text=True, capture_output=True, timeout=600)
+        assert up.returncode == 0, f"devcluster up failed:\n{up.stdout}\n{up.stderr}"
+        return up.stderr
 
     def bbstat(self, *words: str, user: str = "daemon", since: float | None = None, timeout: float = 60) -> str:
         """`scontrol show bbstat WORDS` as ``user``: an answer computed after ``since`` (epoch
@@ -202,20 +214,24 @@ def skip_without_cluster() -> None:
 
 @contextmanager
 def devcluster(name: str, port: int, *, top: Path = ROOT, sample_files: int = 300,
-               services: bool = False, nodes: int = 3, backup: bool = False) -> Iterator[Cluster]:
+               services: bool = False, nodes: int = 3, backup: bool = False,
+               previous: str = "") -> Iterator[Cluster]:
     """`packaging/devcluster up` of checkout TOP in /var/tmp/NAME-<pid> on PORT, of ``nodes``
     nodes; down and removed at the end. Without ``services`` the demand poller, prefetch and
     report refresh do not run: the tests run them at the moment they choose. ``backup``: two
-    controllers (DEVCLUSTER_BACKUP)."""
+    controllers (DEVCLUSTER_BACKUP). ``previous``: the nodes that run the previous release
+    (DEVCLUSTER_PREVIOUS_NODES); ``Cluster.up_again`` changes them."""
     directory = Path(f"/var/tmp/{name}-{os.getpid()}")
     env = dict(os.environ, DEVCLUSTER_DIR=str(directory), DEVCLUSTER_PORT=str(port), DEVCLUSTER_NODES=str(nodes),
                DEVCLUSTER_SAMPLE_FILES=str(sample_files), DEVCLUSTER_SERVICES="1" if services else "0",
-               DEVCLUSTER_BACKUP="1" if backup else "0")
+               DEVCLUSTER_BACKUP="1" if backup else "0", DEVCLUSTER_PREVIOUS_NODES=previous)
     script = str(top / "packaging" / "devcluster")
     up = subprocess.run([script, "up"], env=env, text=True, capture_output=True, timeout=1800)
     try:
         assert up.returncode == 0, f"devcluster up failed:\n{up.stdout}\n{up.stderr}"
-        yield Cluster(directory, top)
+        c = Cluster(directory, top)
+        c.devcluster = (script, env)
+        yield c
     finally:
         subprocess.run([script, "down"], env=env, timeout=120)
         left = daemons_of(directory)

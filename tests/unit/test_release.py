@@ -78,7 +78,8 @@ def test_packaging_release_tags_the_release_and_opens_the_next(tmp_path: Path):
     assert _git(clone, "show", f"{tagged}:lib/dsstage/__init__.py").count(f'__version__ = "{version}"') == 1
     spec = _git(clone, "show", f"{tagged}:packaging/dsstage.spec")
     assert re.search(rf"^Version:\s+{re.escape(version)}$", spec, re.M)
-    assert re.search(rf"^\* .* - {re.escape(version)}-1\n- Release {re.escape(version)}: see CHANGELOG.md.$", spec, re.M)
+    v = re.escape(version)
+    assert re.search(rf"^\* .* - {v}-1\n- Release {v}: see CHANGELOG.md.$", spec, re.M)
     assert f'"dsstage {version}"' in _git(clone, "show", f"{tagged}:packaging/man/dsstage.1").splitlines()[0]
     released = re.findall(r"^## (.+)$", _git(clone, "show", f"{tagged}:CHANGELOG.md"), re.M)[0]
     assert re.fullmatch(rf"{re.escape(version)} \(\d{{4}}-\d\d-\d\d\)", released)
