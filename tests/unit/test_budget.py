@@ -4,7 +4,9 @@ how grants expire, a dead taker's lock, and the wait that ends at the deadline."
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 from dsstage.config.load import from_dict
@@ -48,11 +50,50 @@ def test_grants_add_up_to_the_budget_and_a_full_one_waits_until_its_deadline(tmp
     assert later.slots == 5
 
 
+def test_a_listing_counts_the_grants_and_a_stage_that_waits_takes_no_lock_and_opens_none(tmp_path, monkeypatch):
+    """A grant's name says its slots and until when: takers add them up from one listing, and
+    while none is free they neither make the lock (a dozen requests over NFS) nor open grants.
+    A grant of a taker before 0.3.0 (its name without them) is opened and counted; a grant's
+    content says the same as its name, for those takers."""
+    conf = _conf(tmp_path)
+    nfs = conf.sources["nfs"]
+    held = budget.take(conf, nfs, "n1", 3, None)
+    where = tmp_path / "budget" / "nfs"
+    name = os.path.basename(held.path)
+    assert budget.GRANT_NAME.match(name) and name.startswith("@3.") and ".n1." in name
+    content = json.loads(Path(held.path).read_text())
+    assert content["slots"] == 3 and content["until"] == float(name.split(".")[1]) and content["node"] == "n1"
+    old = where / "n9.0123456789ab.json"  # a 0.2.0 node's grant of the other 2
+    old.write_text(json.dumps({"format": 1, "node": "n9", "slots": 2, "until": time.time() + 60, "pid": 1}))
+    opened: list[str] = []
+    locked: list[str] = []
+    real_read = budget.untrusted.read_json
+    monkeypatch.setattr(budget.untrusted, "read_json", lambda path, cap: opened.append(path) or real_read(path, cap))
+    monkeypatch.setattr(budget.shared, "create_once", lambda *a: locked.append(a[1]) or True)
+    with pytest.raises(OutOfTime):
+        budget.take(conf, nfs, "n2", 1, time.monotonic() + 2.5, sleep=lambda s: None)
+    assert not locked  # no slot free: no lock made
+    assert set(opened) == {str(old)}  # the old grant alone was opened, once a try
+    monkeypatch.undo()
+    assert budget.renew(held)
+    renewed = os.path.basename(held.path)
+    assert renewed != name and renewed.startswith("@3.") and not (where / name).exists()
+    assert json.loads(Path(held.path).read_text())["until"] == float(renewed.split(".")[1])
+    budget.release(held)
+    old.unlink()
+    assert budget.take(conf, nfs, "n2", 9, None).slots == 5
+
+
 def test_a_dead_takers_lock_is_broken(tmp_path) -> None:
     conf = _conf(tmp_path)
     where = tmp_path / "budget" / "nfs"
     where.mkdir(parents=True)
-    (where / budget.LOCK).write_text('{"time": 1.0, "pid": 1}')  # left by a taker that died
+    lock = where / budget.LOCK
+    lock.write_text('{"time": 1.0, "pid": 1}')
+    with pytest.raises(OutOfTime):  # a live taker's (made just now): waited for, not broken
+        budget.take(conf, conf.sources["nfs"], "n1", 2, time.monotonic() + 1.5)
+    assert lock.exists()
+    os.utime(lock, (1.0, 1.0))  # left by a taker that died long ago: its age is its modification time
     grant = budget.take(conf, conf.sources["nfs"], "n1", 2, time.monotonic() + 5)
     assert grant.slots == 2 and not (where / budget.LOCK).exists()
     assert budget.renew(grant) and grant.record["until"] > time.time()

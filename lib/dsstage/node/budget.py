@@ -5,14 +5,18 @@ takes *slots* of it before it starts and gives them back when it ends; the copie
 concurrency (or rsync's streams) is then the slots it got. So the source never sees more
 requests in flight from dsstage than ``max_in_flight``, however many jobs stage at once.
 
-Where. ``<state_dir>/budget/<source>/``: one grant per stage, ``<node>.<token>.json`` (its
-slots and until when they are held), written by root or ``report.user``. Taking slots
-reads the grants under a short lock (``.lock``, made with link(2): one holder, NFS
-included; a lock older than ``LOCK_TTL`` is a dead taker's and is broken), adds up the
-unexpired ones and writes a grant for what is free, at most what the stage wants. No slot
-free: the stage waits, in steps of ``POLL``, until some are or its deadline passes
-(OutOfTime: the dataset gets its ``on_failure``). A few round trips to the state directory
-per stage, none per file.
+Where. ``<state_dir>/budget/<source>/``: one grant per stage,
+``@<slots>.<until>.<node>.<token>.json``, written by root or ``report.user``: its name says
+how many slots it holds and until when (whole seconds), so a listing of the directory alone
+adds them up; its content says the same for takers before 0.3.0, which open every grant (a
+grant of theirs, ``<node>.<token>.json``, is opened and read here). Taking slots lists the
+grants, and where some are free takes a short lock (``.lock``, made with link(2): one
+holder, NFS included; while another holds it, only its attributes are looked at; a lock
+whose modification time is older than ``LOCK_TTL`` is a dead taker's and is broken), lists
+them again under it and writes a grant for what is free, at most what the stage wants. No
+slot free: the stage waits, in steps of ``POLL`` (a listing each), until some are or its
+deadline passes (OutOfTime: the dataset gets its ``on_failure``). A few round trips to the
+state directory per stage, none per file.
 
 Times (a grant's ``until``, the lock's age) are the state directory's clock (its offset from this
 host's, measured by touching a probe ``budget/.clock.<host>`` at most every 5 minutes:
@@ -28,7 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import re
 import secrets
 import threading
 import time
@@ -48,6 +54,13 @@ TTL = 60.0  # seconds a grant holds without being renewed
 LOCK_TTL = 10.0  # seconds after which a taker's lock is broken
 POLL = 1.0  # seconds between two tries when no slot is free
 LOCK = ".lock"
+#: a grant's file name from 0.3.0 on: ``@<slots>.<until>.<node>.<token>.json``
+GRANT_NAME = re.compile(r"@([0-9]{1,6})\.([0-9]{1,12})\.")
+
+
+def grant_name(slots: int, until: float, node: str, token: str) -> str:
+    """The file name of a grant of ``slots`` held until ``until`` (whole seconds, rounded up)."""
+    return f"@{slots}.{math.ceil(until)}.{node}.{token}.json"
 
 
 def free(grants: Mapping[str, Mapping[str, Any]], now: float, max_in_flight: int) -> int:
@@ -69,6 +82,8 @@ class Grant:
     slots: int
     path: str
     record: dict[str, Any]
+    node: str = ""
+    token: str = ""
 
 
 def _where(state_dir: str, budget: SourceBudget) -> str:
@@ -87,16 +102,19 @@ def _clock(where: str) -> Callable[[], float]:
 
 
 def _grants(where: str, now: float | None = None) -> dict[str, dict[str, Any]]:
-    """The grants in ``where``; with ``now``, those expired more than ``TTL`` ago are removed
-    (a stage killed without giving its slots back: they hold nothing, and would only make
-    every taker read more)."""
+    """The grants in ``where``, by their names (one listing; a grant written before 0.3.0 is
+    opened); with ``now``, those expired more than ``TTL`` ago are removed (a stage killed
+    without giving its slots back: they hold nothing, and would only make every taker read
+    more)."""
     try:
         names = [n for n in os.listdir(where) if n.endswith(".json") and not n.startswith(".")]
     except FileNotFoundError:
         return {}
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for n in names:
-        g = untrusted.read_json(os.path.join(where, n), 4096)
+        named = GRANT_NAME.match(n)
+        g = {"slots": int(named.group(1)), "until": float(named.group(2))} if named \
+            else untrusted.read_json(os.path.join(where, n), 4096)
         until = g.get("until")
         if now is not None and isinstance(until, (int, float)) and until < now - TTL:
             with contextlib.suppress(OSError):
@@ -110,23 +128,30 @@ def _grants(where: str, now: float | None = None) -> dict[str, dict[str, Any]]:
 def _locked(where: str, writers: tuple[int, ...], clock: Callable[[], float],
             deadline: float | None) -> Iterator[bool]:
     """Hold the takers' lock; yields False if it could not be had within ``LOCK_TTL`` (or by
-    ``deadline``, time.monotonic()). The lock carries a nonce: only a lock that was read whole
-    and is older than ``LOCK_TTL`` is broken, and only the holder's own is removed at the end."""
+    ``deadline``, time.monotonic()). While another holds it, only the lock's attributes are
+    looked at (one request a try, not the dozen of making one); a lock whose modification
+    time (the state directory's clock, as ``clock``) is older than ``LOCK_TTL`` is a dead
+    taker's and is broken. The lock carries a nonce: only the holder's own is removed at the
+    end."""
     until = time.monotonic() + LOCK_TTL
     if deadline is not None:
         until = min(until, deadline)
     nonce = secrets.token_hex(8)
+    path = os.path.join(where, LOCK)
     got = False
     while not got:
-        # its time is when it is made: a lock had after a wait is as fresh as any
-        data = jsontext.dumps({"time": clock(), "pid": os.getpid(), "nonce": nonce}).encode()
-        got = shared.create_once(where, LOCK, data, writers)
-        if got:
-            break
-        held = untrusted.read_json(os.path.join(where, LOCK), 4096)
-        since = held.get("time")
-        if isinstance(since, (int, float)) and clock() - since > LOCK_TTL:
-            shared.remove(where, LOCK, writers)  # a dead taker's (read whole, and old)
+        try:
+            since: float | None = os.stat(path, follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            since = None
+        if since is None:
+            # its time is when it is made: a lock had after a wait is as fresh as any
+            data = jsontext.dumps({"time": clock(), "pid": os.getpid(), "nonce": nonce}).encode()
+            got = shared.create_once(where, LOCK, data, writers)
+            if got:
+                break
+        elif clock() - since > LOCK_TTL:
+            shared.remove(where, LOCK, writers)  # a dead taker's
             continue
         if time.monotonic() > until:
             break
@@ -148,12 +173,11 @@ def take(conf: Config, budget: SourceBudget, node: str, want: int, deadline: flo
     where = _where(conf.state_dir, budget)
     clock = clock or _clock(where)
     writers = shared.writers(conf.report.user)
-    token = f"{node}.{secrets.token_hex(6)}.json"
-    path = os.path.join(where, token)
+    token = secrets.token_hex(6)
     waited = False
     while True:
         try:
-            got = _try_take(where, writers, clock, deadline, budget, node, want, path)
+            got = _try_take(where, writers, clock, deadline, budget, node, want, token)
         except OSError as exc:  # the state directory's, never this node's store: no drain
             raise StateError(f"sources.{budget.name}: the shared state directory {conf.state_dir} failed taking "
                              f"this stage's requests in flight ({exc.strerror or exc})") from None
@@ -172,10 +196,13 @@ def take(conf: Config, budget: SourceBudget, node: str, want: int, deadline: flo
 
 
 def _try_take(where: str, writers: tuple[int, ...], clock: Callable[[], float], deadline: float | None,
-              budget: SourceBudget, node: str, want: int, path: str) -> Grant | None:
-    """One try under the lock: a grant of what is free, or None. Counted again once written:
-    where a broken lock let another taker in at the same time and the two went over the
-    budget, this one withdraws (and tries again) rather than keep it."""
+              budget: SourceBudget, node: str, want: int, token: str) -> Grant | None:
+    """One try: a listing, and where some slots are free, under the lock, a grant of what is
+    free, or None. Counted again once written: where a broken lock let another taker in at
+    the same time and the two went over the budget, this one withdraws (and tries again)
+    rather than keep it."""
+    if free(_grants(where), clock(), budget.max_in_flight) <= 0:
+        return None  # all held: no lock taken, nothing written
     os.makedirs(where, mode=0o755, exist_ok=True)
     with _locked(where, writers, clock, deadline) as locked:
         if not locked:
@@ -185,26 +212,36 @@ def _try_take(where: str, writers: tuple[int, ...], clock: Callable[[], float], 
         if room <= 0:
             return None
         slots = max(1, min(want, room))
-        record = formats.stamp("budget-grant", {"node": node, "slots": slots, "until": now + TTL,
-                                                "pid": os.getpid()})
+        until = float(math.ceil(now + TTL))
+        record = formats.stamp("budget-grant", {"node": node, "slots": slots, "until": until, "pid": os.getpid()})
+        path = os.path.join(where, grant_name(slots, until, node, token))
         safe.write_json(path, record, fsync=False)
         if free(_grants(where), now, budget.max_in_flight + slots) < slots:  # over: someone came in too
             os.unlink(path)
             return None
-        return Grant(budget.name, slots, path, record)
+        return Grant(budget.name, slots, path, record, node, token)
 
 
 def renew(grant: Grant, clock: Callable[[], float] | None = None) -> bool:
-    """Move the grant's ``until`` on (by the state directory's clock, as it was taken); False if
+    """Move the grant's ``until`` on (by the state directory's clock, as it was taken): its file
+    renamed to say the new time, then its content rewritten for takers before 0.3.0. False if
     it is gone or has expired (its slots may be another stage's now: a stall of ``TTL``), in
     which case it is not renewed."""
-    clock = clock or _clock(os.path.dirname(grant.path))
-    held = untrusted.read_json(grant.path, 4096)
-    until = held.get("until")
-    if not held or not isinstance(until, (int, float)) or until < clock():
+    where = os.path.dirname(grant.path)
+    clock = clock or _clock(where)
+    now = clock()
+    until = grant.record.get("until")
+    if not isinstance(until, (int, float)) or until < now:
         return False
-    grant.record = {**grant.record, "until": clock() + TTL}
-    safe.write_json(grant.path, grant.record, fsync=False)
+    new_until = float(math.ceil(now + TTL))
+    renewed = os.path.join(where, grant_name(grant.slots, new_until, grant.node, grant.token))
+    try:
+        os.rename(grant.path, renewed)
+    except FileNotFoundError:
+        return False  # removed by a taker that found it expired
+    grant.path = renewed
+    grant.record = {**grant.record, "until": new_until}
+    safe.write_json(renewed, grant.record, fsync=False)
     return True
 
 
