@@ -65,9 +65,9 @@ COVERAGE: dict[str, list[Runs]] = {
     "Prolog=/etc/slurm/prolog.d/*": [
         Runs("tests/unit/test_slurm_conffile.py", "test_the_hooks_may_be_lists_globs_or_a_site_wrapper",
              ('main.write_text(f"Prolog=site-prolog,prolog.d/*',), note="a glob of Prologs, checked by check-config")],
-    "Prolog=/usr/libexec/dsstage/dsstage-prolog": conf("Prolog=$DIR/hooks/dsstage-prolog"),
-    "TaskProlog=/usr/libexec/dsstage/dsstage-taskprolog": conf("TaskProlog=$DIR/hooks/dsstage-taskprolog"),
-    "Epilog=/usr/libexec/dsstage/dsstage-epilog": conf("Epilog=$DIR/hooks/dsstage-epilog"),
+    "Prolog=/usr/libexec/dsstage/dsstage-prolog": conf("Prolog=$hooks/dsstage-prolog"),
+    "TaskProlog=/usr/libexec/dsstage/dsstage-taskprolog": conf("TaskProlog=$hooks/dsstage-taskprolog"),
+    "Epilog=/usr/libexec/dsstage/dsstage-epilog": conf("Epilog=$hooks/dsstage-epilog"),
     "Prolog=": conf("Prolog="), "TaskProlog=": conf("TaskProlog="), "Epilog=": conf("Epilog="),
     "PrologEpilogTimeout=...": conf("PrologEpilogTimeout=900"),
     "PlugStackConfig=": conf("PlugStackConfig=$ETC/plugstack.conf"),
