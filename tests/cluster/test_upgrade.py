@@ -13,6 +13,7 @@ import subprocess
 
 import dsstage
 import pytest
+import yaml
 from conftest import ROOT
 
 pytestmark = pytest.mark.cluster
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.cluster
 FILES = {f"train/part-{i:05d}-of-00012": bytes([i + 1]) * 8192 for i in range(12)}  # 3 shards
 
 WHOLE = ("srun -N3 -n3 --ntasks-per-node=1 bash -c '"
-         'cd "$DSSTAGE_PATH_SAMPLE" && echo "WHOLE $SLURMD_NODENAME $(find . -type f | wc -l)"\'\n')
+         'cd "$DSSTAGE_DATASET_DIR" && echo "WHOLE $SLURMD_NODENAME $(find . -type f | wc -l)"\'\n')
 SHARDED = ("srun -N3 -n3 --ntasks-per-node=1 bash -c '"
            'while read -r f; do echo "FILE $SLURMD_NODENAME ${f#$DSSTAGE_DATASET_DIR/} '
            '$(md5sum < "$f" | cut -c1-32)"; done < "$DSSTAGE_FILES_PARTS"\'\n')
@@ -48,12 +49,12 @@ def hook_lines(c, job: str) -> list[str]:
     return [x for x in (c.dir / "log" / "dsstage-hooks.log").read_text().splitlines() if f" job {job}: " in x]
 
 
-def run_whole(c) -> str:
-    job = c.submit("#SBATCH --dataset=sample\n#SBATCH -N3\n" + WHOLE, user="daemon")
+def run_whole(c, name: str = "sample") -> str:
+    job = c.submit(f"#SBATCH --dataset={name}\n#SBATCH -N3\n" + WHOLE, user="daemon")
     info = c.wait(job)
     out = c.output(job)
     assert info["JobState"] == "COMPLETED", (info, out, hook_lines(c, job))
-    files = sum(1 for p in (c.dir / "data" / "sample").rglob("*") if p.is_file())
+    files = sum(1 for p in (c.dir / "data" / name).rglob("*") if p.is_file())
     seen = dict(re.findall(r"^WHOLE (\S+) (\d+)$", out, re.M))
     assert seen == {n: str(files) for n in ("n1", "n2", "n3")}, out  # every node its whole local copy
     return job
@@ -91,6 +92,18 @@ def test_an_upgrade_one_node_at_a_time_and_a_rollback(another_devcluster):
         assert versions(c) == {"n1": version, "n2": version, "n3": dsstage.__version__}
         assert any("from peers" in x for x in hook_lines(c, whole)), hook_lines(c, whole)
         run_sharded(c)
+        # the source's budget, the cluster's: without peers each node takes slots of it, the
+        # previous release's grants and this one's side by side, and gives them back
+        conf = yaml.safe_load((c.etc / "dsstage.yaml").read_text())
+        c.configure(peers={**conf["peers"], "enabled": False},
+                    sources={"data": {"prefix": f"{c.dir}/data/", "max_in_flight": 4}})
+        c.add_dataset("cold", {f"f{i:03d}": bytes([i]) * 4096 for i in range(30)})
+        job = run_whole(c, "cold")
+        took = [x for x in hook_lines(c, job) if "at most 1 request(s) in flight from this stage (sources.data: 4 in "
+                "the cluster)" in x]
+        assert len(took) == 3, hook_lines(c, job)
+        assert not list((c.dir / "dsstage-state" / "budget" / "data").glob("*.json"))
+        c.configure(peers=conf["peers"], sources=None)
         status = c.dsstage("status", "--json")
         assert {n["node"]: n["dsstage"] for n in json.loads(status.stdout)["nodes"]} == versions(c)
         text = c.dsstage("status", "--no-queue").stdout
