@@ -10,11 +10,12 @@ import hashlib
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import dsstage
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, hangable_mount
 
 pytestmark = pytest.mark.cluster
 
@@ -49,12 +50,13 @@ def hook_lines(c, job: str) -> list[str]:
     return [x for x in (c.dir / "log" / "dsstage-hooks.log").read_text().splitlines() if f" job {job}: " in x]
 
 
-def run_whole(c, name: str = "sample") -> str:
+def run_whole(c, name: str = "sample", files: int | None = None) -> str:
     job = c.submit(f"#SBATCH --dataset={name}\n#SBATCH -N3\n" + WHOLE, user="daemon")
     info = c.wait(job)
     out = c.output(job)
     assert info["JobState"] == "COMPLETED", (info, out, hook_lines(c, job))
-    files = sum(1 for p in (c.dir / "data" / name).rglob("*") if p.is_file())
+    if files is None:
+        files = sum(1 for p in (c.dir / "data" / name).rglob("*") if p.is_file())
     seen = dict(re.findall(r"^WHOLE (\S+) (\d+)$", out, re.M))
     assert seen == {n: str(files) for n in ("n1", "n2", "n3")}, out  # every node its whole local copy
     return job
@@ -83,7 +85,11 @@ def test_an_upgrade_one_node_at_a_time_and_a_rollback(another_devcluster):
     assert shipped.returncode == 0, f"the previous release's commit is not in this checkout's history: {shipped.stderr}"
     assert f'__version__ = "{version}"' in shipped.stdout
     assert version != dsstage.__version__
-    with another_devcluster("dsstage-upgrade-test", 30817, sample_files=40, previous="n1,n2") as c:
+    import latencyfs
+    latencyfs.require()
+    with hangable_mount("dsstage-upgrade-slow", rate=256 << 10, allow_other=True) as slow, \
+            another_devcluster("dsstage-upgrade-test", 30817, sample_files=40, previous="n1,n2") as c:
+        assert slow is not None, "mounted where latencyfs runs"
         c.add_dataset("parts", FILES, shards=3)
 
         # halfway: n1 and n2 on the previous release, n3 on this one; n1 writes the sharded
@@ -92,17 +98,23 @@ def test_an_upgrade_one_node_at_a_time_and_a_rollback(another_devcluster):
         assert versions(c) == {"n1": version, "n2": version, "n3": dsstage.__version__}
         assert any("from peers" in x for x in hook_lines(c, whole)), hook_lines(c, whole)
         run_sharded(c)
-        # the source's budget, the cluster's: without peers each node takes slots of it, the
-        # previous release's grants and this one's side by side, and gives them back
+        # the source's budget, the cluster's, of one request in flight: without peers each node
+        # stages from a slow source in turn, the two that wait counting the grant of the one
+        # that reads (of the other release, for one of them at least), and all give it back
         conf = yaml.safe_load((c.etc / "dsstage.yaml").read_text())
         c.configure(peers={**conf["peers"], "enabled": False},
-                    sources={"data": {"prefix": f"{c.dir}/data/", "max_in_flight": 4}})
-        c.add_dataset("cold", {f"f{i:03d}": bytes([i]) * 4096 for i in range(30)})
-        job = run_whole(c, "cold")
-        took = [x for x in hook_lines(c, job) if "at most 1 request(s) in flight from this stage (sources.data: 4 in "
-                "the cluster)" in x]
-        assert len(took) == 3, hook_lines(c, job)
-        assert not list((c.dir / "dsstage-state" / "budget" / "data").glob("*.json"))
+                    sources={"slow": {"prefix": f"{slow.mountpoint}/", "max_in_flight": 1}})
+        files = {f"f{i:03d}": bytes([i]) * 16384 for i in range(40)}  # 640 KiB: 2.5 s at 256 KiB/s
+        for rel, data in files.items():
+            (Path(slow.backing) / "cold" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(slow.backing) / "cold" / rel).write_bytes(data)
+        c.add_dataset("cold", {}, src=Path(slow.mountpoint) / "cold")
+        job = run_whole(c, "cold", len(files))
+        lines = hook_lines(c, job)
+        took = [x for x in lines if "at most 1 request(s) in flight from this stage (sources.slow: 1 in " in x]
+        waited = [x for x in lines if "all 1 request(s) in flight are taken by other stages: waiting" in x]
+        assert (len(took), len(waited)) == (3, 2), lines
+        assert not list((c.dir / "dsstage-state" / "budget" / "slow").glob("*.json"))
         c.configure(peers=conf["peers"], sources=None)
         status = c.dsstage("status", "--json")
         assert {n["node"]: n["dsstage"] for n in json.loads(status.stdout)["nodes"]} == versions(c)

@@ -75,9 +75,12 @@ def test_a_listing_counts_the_grants_and_a_stage_that_waits_takes_no_lock_and_op
     assert not locked  # no slot free: no lock made
     assert set(opened) == {str(old)}  # the old grant alone was opened, once a try
     monkeypatch.undo()
-    assert budget.renew(held)
+    during: list[tuple[int, list[str]]] = []  # while both names show: counted once
+    assert budget.renew(held, sleep=lambda s: during.append(
+        (budget.free(budget._grants(str(where)), time.time(), 5), sorted(os.listdir(where)))))
     renewed = os.path.basename(held.path)
     assert renewed != name and renewed.startswith("@3.") and not (where / name).exists()
+    assert during == [(0, sorted([name, renewed, old.name]))]
     assert json.loads(Path(held.path).read_text())["until"] == float(renewed.split(".")[1])
     budget.release(held)
     old.unlink()
@@ -93,7 +96,14 @@ def test_a_dead_takers_lock_is_broken(tmp_path) -> None:
     with pytest.raises(OutOfTime):  # a live taker's (made just now): waited for, not broken
         budget.take(conf, conf.sources["nfs"], "n1", 2, time.monotonic() + 1.5)
     assert lock.exists()
-    os.utime(lock, (1.0, 1.0))  # left by a taker that died long ago: its age is its modification time
+    os.utime(lock, (1.0, 1.0))  # old by its attributes (NFS may cache them), its taker says otherwise
+    lock.write_text(json.dumps({"time": time.time(), "pid": 1}))
+    os.utime(lock, (1.0, 1.0))
+    with pytest.raises(OutOfTime):
+        budget.take(conf, conf.sources["nfs"], "n1", 2, time.monotonic() + 1.5)
+    assert lock.exists()
+    lock.write_text('{"time": 1.0, "pid": 1}')  # left by a taker that died long ago: old both ways
+    os.utime(lock, (1.0, 1.0))
     grant = budget.take(conf, conf.sources["nfs"], "n1", 2, time.monotonic() + 5)
     assert grant.slots == 2 and not (where / budget.LOCK).exists()
     assert budget.renew(grant) and grant.record["until"] > time.time()
@@ -186,3 +196,49 @@ def test_one_probe_measures_the_clock_of_every_directory_on_a_filesystem(tmp_pat
     assert [(d / probe).exists() for d in dirs] == [True, False, False]
     monkeypatch.setattr(shared, "_offsets", {})  # measured too long ago: the next reading measures again
     assert shared.server_offset(str(dirs[1])) is not None and (dirs[1] / probe).exists()
+
+
+def _previous_budget_module():
+    """dsstage.node.budget as the previous release (packaging/releases) shipped it, from the
+    checkout's git history, run against this checkout's other modules."""
+    import subprocess
+    import types
+    top = Path(__file__).resolve().parents[2]
+    lines = [x.split() for x in (top / "packaging" / "releases").read_text().splitlines()
+             if x.strip() and not x.startswith("#")]
+    version, commit = lines[-1][:2]
+    shown = subprocess.run(["git", "-C", str(top), "show", f"{commit}:lib/dsstage/node/budget.py"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.fail(f"the previous release {version} ({commit}) is not in this checkout's history: "
+                    f"{shown.stderr.strip()} (git fetch --unshallow --tags)", pytrace=False)
+    import sys
+    name = f"budget_of_{version.replace('.', '_')}"
+    module = sys.modules[name] = types.ModuleType(name)  # dataclasses look their module up
+    try:
+        exec(compile(shown.stdout, f"budget.py of {version}", "exec"), module.__dict__)  # noqa: S102 - our own release
+    finally:
+        del sys.modules[name]
+    return version, module
+
+
+def test_the_previous_releases_takers_and_this_ones_count_each_others_grants(tmp_path) -> None:
+    """An upgrade one node at a time: grants of both releases in one source's directory add
+    up for takers of either, renewed or not."""
+    version, old = _previous_budget_module()
+    conf = _conf(tmp_path)
+    nfs = conf.sources["nfs"]
+    where = str(tmp_path / "budget" / "nfs")
+    new_grant = budget.take(conf, nfs, "n1", 3, None)
+    assert old.free(old._grants(where), time.time(), 5) == 2, f"{version} misses this release's grant"
+    old_grant = old.take(conf, nfs, "n2", 5, None)
+    assert old_grant.slots == 2
+    assert budget.free(budget._grants(where), time.time(), 5) == 0, f"this release misses {version}'s grant"
+    for taker in (budget, old):
+        with pytest.raises(OutOfTime):
+            taker.take(conf, nfs, "n3", 1, time.monotonic() + 1.2, sleep=lambda s: None)
+    time.sleep(1.1)  # a renewal in another second: a new name
+    assert budget.renew(new_grant, sleep=lambda s: None) and old.renew(old_grant)
+    assert old.free(old._grants(where), time.time(), 5) == 0 == budget.free(budget._grants(where), time.time(), 5)
+    budget.release(new_grant)
+    assert old.free(old._grants(where), time.time(), 5) == 3

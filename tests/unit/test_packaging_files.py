@@ -51,7 +51,7 @@ def test_the_rpm_spec_parses_with_dsstage_s_version_and_every_unit():
     res = subprocess.run(["rpmspec", "-P", str(SPEC)], text=True, capture_output=True)
     assert res.returncode == 0, res.stderr
     version = re.search(r"^Version:\s*(\S+)$", res.stdout, re.M)
-    assert version and version.group(1) == dsstage.__version__
+    assert version and version.group(1) == dsstage.__version__.replace(".dev", "~dev")  # ~: before the release
     files = res.stdout.split("\n%files", 1)[1]
     for path in UNITS.iterdir():
         assert re.search(r"^/usr/lib/systemd/system/dsstage-\*\." + path.suffix[1:] + "$", files, re.M), path.name

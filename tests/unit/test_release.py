@@ -42,6 +42,11 @@ def test_the_version_the_changelog_and_the_list_of_releases_agree():
         assert re.fullmatch(r"[0-9a-f]{40}", commit) and re.fullmatch(r"\d{4}-\d\d-\d\d", day)
         assert f"{version} ({day})" in headings(), f"CHANGELOG.md has no '## {version} ({day})' section"
     assert [_key(v) for v, _, _ in listed] == sorted({_key(v) for v, _, _ in listed}), "releases in order, once"
+    if (TOP / ".git").exists():  # each release's tag, where this clone has it, is the commit listed
+        for version, commit, _ in listed:
+            tag = subprocess.run(["git", "-C", str(TOP), "rev-parse", "-q", "--verify", f"v{version}^{{commit}}"],
+                                 capture_output=True, text=True)
+            assert tag.returncode != 0 or tag.stdout.strip() == commit, f"v{version} is not {commit}"
     previous = listed[-1][0] if listed else "0.1.0"  # 0.1.0 was never tagged
     top = headings()[0]
     m = VERSION.match(dsstage.__version__)
@@ -78,6 +83,7 @@ def test_packaging_release_tags_the_release_and_opens_the_next(tmp_path: Path):
     assert _git(clone, "show", f"{tagged}:lib/dsstage/__init__.py").count(f'__version__ = "{version}"') == 1
     spec = _git(clone, "show", f"{tagged}:packaging/dsstage.spec")
     assert re.search(rf"^Version:\s+{re.escape(version)}$", spec, re.M)
+    assert re.search(rf"^Version:\s+{re.escape(nxt)}~dev0$", (clone / "packaging/dsstage.spec").read_text(), re.M)
     v = re.escape(version)
     assert re.search(rf"^\* .* - {v}-1\n- Release {v}: see CHANGELOG.md.$", spec, re.M)
     assert f'"dsstage {version}"' in _git(clone, "show", f"{tagged}:packaging/man/dsstage.1").splitlines()[0]

@@ -32,7 +32,7 @@ CURRENT = {
     "shard-index": 1,  # <state_dir>/manifests/<dataset>/<version>.shards-<N>.json
     "breaker": 1,  # <state_dir>/sources/<key>.json
     "stager-claim": 1,  # <state_dir>/staging/<dataset>.<version id>
-    "budget-grant": 1,  # <state_dir>/budget/<source>/<node>.<token>.json
+    "budget-grant": 1,  # <state_dir>/budget/<source>/@<slots>.<until>.<node>.<token>.json (0.3.0 on)
 }
 
 

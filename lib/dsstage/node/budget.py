@@ -53,6 +53,7 @@ DIR = "budget"
 TTL = 60.0  # seconds a grant holds without being renewed
 LOCK_TTL = 10.0  # seconds after which a taker's lock is broken
 POLL = 1.0  # seconds between two tries when no slot is free
+OVERLAP = 1.0  # seconds a renewed grant shows under both its names
 LOCK = ".lock"
 #: a grant's file name from 0.3.0 on: ``@<slots>.<until>.<node>.<token>.json``
 GRANT_NAME = re.compile(r"@([0-9]{1,6})\.([0-9]{1,12})\.")
@@ -120,7 +121,10 @@ def _grants(where: str, now: float | None = None) -> dict[str, dict[str, Any]]:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(where, n))
             continue
-        out[n] = g
+        # a grant being renewed shows a moment under its old and its new name: counted once
+        key = "@" + n[named.end():] if named else n
+        if key not in out or float(out[key].get("until") or 0) < float(g.get("until") or 0):
+            out[key] = g
     return out
 
 
@@ -150,7 +154,7 @@ def _locked(where: str, writers: tuple[int, ...], clock: Callable[[], float],
             got = shared.create_once(where, LOCK, data, writers)
             if got:
                 break
-        elif clock() - since > LOCK_TTL:
+        elif clock() - since > LOCK_TTL and _dead(path, clock):
             shared.remove(where, LOCK, writers)  # a dead taker's
             continue
         if time.monotonic() > until:
@@ -161,6 +165,18 @@ def _locked(where: str, writers: tuple[int, ...], clock: Callable[[], float],
     finally:
         if got and untrusted.read_json(os.path.join(where, LOCK), 4096).get("nonce") == nonce:
             shared.remove(where, LOCK, writers)
+
+
+def _dead(path: str, clock: Callable[[], float]) -> bool:
+    """The lock ``stat`` found old is old indeed: read whole by an open (which asks the server
+    again where attributes or a name may be cached), its modification time and the time its
+    taker wrote in it (by a taker's clock, the only one there is where the server's cannot be
+    measured) both older than ``LOCK_TTL``."""
+    held, mtime = untrusted.read_json_dated(path, 4096)
+    written = held.get("time")
+    now = clock()
+    return mtime is not None and now - mtime > LOCK_TTL \
+        and isinstance(written, (int, float)) and now - written > LOCK_TTL
 
 
 def take(conf: Config, budget: SourceBudget, node: str, want: int, deadline: float | None, *,
@@ -222,26 +238,29 @@ def _try_take(where: str, writers: tuple[int, ...], clock: Callable[[], float], 
         return Grant(budget.name, slots, path, record, node, token)
 
 
-def renew(grant: Grant, clock: Callable[[], float] | None = None) -> bool:
-    """Move the grant's ``until`` on (by the state directory's clock, as it was taken): its file
-    renamed to say the new time, then its content rewritten for takers before 0.3.0. False if
-    it is gone or has expired (its slots may be another stage's now: a stall of ``TTL``), in
-    which case it is not renewed."""
+def renew(grant: Grant, clock: Callable[[], float] | None = None,
+          sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Move the grant's ``until`` on (by the state directory's clock, as it was taken): the grant
+    written whole under its new name, and its old name removed ``OVERLAP`` seconds later (a
+    taker that listed the old name and opens it meanwhile still finds it; takers from 0.3.0
+    count the two names once, older ones count both for that moment: never less than is held).
+    False if it is gone or has expired (its slots may be another stage's now: a stall of
+    ``TTL``), in which case it is not renewed."""
     where = os.path.dirname(grant.path)
     clock = clock or _clock(where)
     now = clock()
     until = grant.record.get("until")
-    if not isinstance(until, (int, float)) or until < now:
-        return False
+    if not isinstance(until, (int, float)) or until < now or not os.path.lexists(grant.path):
+        return False  # expired by its own time, or removed by a taker that found it expired
     new_until = float(math.ceil(now + TTL))
     renewed = os.path.join(where, grant_name(grant.slots, new_until, grant.node, grant.token))
-    try:
-        os.rename(grant.path, renewed)
-    except FileNotFoundError:
-        return False  # removed by a taker that found it expired
-    grant.path = renewed
-    grant.record = {**grant.record, "until": new_until}
-    safe.write_json(renewed, grant.record, fsync=False)
+    record = {**grant.record, "until": new_until}
+    safe.write_json(renewed, record, fsync=False)
+    old, grant.path, grant.record = grant.path, renewed, record
+    if old != renewed:
+        sleep(OVERLAP)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(old)
     return True
 
 
