@@ -4,6 +4,11 @@
 DSSTAGE_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DSSTAGE_VENV=${DSSTAGE_VENV:-$DSSTAGE_TOP/.venv}
 
+# dsstage_version: dsstage.__version__ of this checkout, read from its source
+dsstage_version() {
+    sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$DSSTAGE_TOP/lib/dsstage/__init__.py"
+}
+
 # ensure_apt PKG...: apt-get install the packages that are not installed yet.
 ensure_apt() {
     local missing=() pkg

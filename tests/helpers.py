@@ -187,3 +187,15 @@ def reachable_above(path: Path) -> Iterator[None]:
     finally:
         for p, m in modes.items():
             p.chmod(m)
+
+
+def releases(top: Path | None = None) -> list[tuple[str, str, str]]:
+    """packaging/releases of checkout ``top`` (this one by default), oldest first: (version,
+    commit, day) of each release packaging/release cut."""
+    top = top or Path(__file__).resolve().parents[1]
+    out = []
+    for line in (top / "packaging" / "releases").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            version, commit, day = line.split()
+            out.append((version, commit, day))
+    return out

@@ -16,6 +16,7 @@ import dsstage
 import pytest
 import yaml
 from conftest import ROOT, hangable_mount
+from helpers import releases
 
 pytestmark = pytest.mark.cluster
 
@@ -30,10 +31,9 @@ SHARDED = ("srun -N3 -n3 --ntasks-per-node=1 bash -c '"
 
 def previous_release() -> tuple[str, str]:
     """The last release packaging/releases lists: its version and commit."""
-    lines = [x.split() for x in (ROOT / "packaging" / "releases").read_text().splitlines()
-             if x.strip() and not x.startswith("#")]
-    assert lines, "packaging/releases lists no release: nothing to upgrade from"
-    version, commit, _day = lines[-1]
+    listed = releases()
+    assert listed, "packaging/releases lists no release: nothing to upgrade from"
+    version, commit, _day = listed[-1]
     return version, commit
 
 

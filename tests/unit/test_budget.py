@@ -12,6 +12,7 @@ import pytest
 from dsstage.config.load import from_dict
 from dsstage.errors import OutOfTime
 from dsstage.node import budget
+from helpers import releases
 
 
 def test_free_slots_are_the_budget_less_the_unexpired_grants() -> None:
@@ -204,9 +205,7 @@ def _previous_budget_module():
     import subprocess
     import types
     top = Path(__file__).resolve().parents[2]
-    lines = [x.split() for x in (top / "packaging" / "releases").read_text().splitlines()
-             if x.strip() and not x.startswith("#")]
-    version, commit = lines[-1][:2]
+    version, commit, _day = releases()[-1]
     shown = subprocess.run(["git", "-C", str(top), "show", f"{commit}:lib/dsstage/node/budget.py"],
                            capture_output=True, text=True)
     if shown.returncode != 0:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dsstage
 import pytest
+from helpers import releases
 
 TOP = Path(__file__).resolve().parents[2]
 VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.dev(\d+))?$")
@@ -21,15 +22,6 @@ def _key(version: str) -> tuple[int, ...]:
     m = VERSION.match(version)
     assert m, f"{version!r} is not MAJOR.MINOR.PATCH[.devN]"
     return tuple(int(x) for x in m.groups()[:3])
-
-
-def releases(top: Path = TOP) -> list[tuple[str, str, str]]:
-    out = []
-    for line in (top / "packaging" / "releases").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            version, commit, day = line.split()
-            out.append((version, commit, day))
-    return out
 
 
 def headings(top: Path = TOP) -> list[str]:

@@ -12,7 +12,8 @@ adds them up; its content says the same for takers before 0.3.0, which open ever
 grant of theirs, ``<node>.<token>.json``, is opened and read here). Taking slots lists the
 grants, and where some are free takes a short lock (``.lock``, made with link(2): one
 holder, NFS included; while another holds it, only its attributes are looked at; a lock
-whose modification time is older than ``LOCK_TTL`` is a dead taker's and is broken), lists
+whose modification time and the time its taker wrote in it are both older than
+``LOCK_TTL``, confirmed by an open, is a dead taker's and is broken), lists
 them again under it and writes a grant for what is free, at most what the stage wants. No
 slot free: the stage waits, in steps of ``POLL`` (a listing each), until some are or its
 deadline passes (OutOfTime: the dataset gets its ``on_failure``). A few round trips to the
@@ -83,8 +84,8 @@ class Grant:
     slots: int
     path: str
     record: dict[str, Any]
-    node: str = ""
-    token: str = ""
+    node: str  # the name's parts a renewal keeps
+    token: str
 
 
 def _where(state_dir: str, budget: SourceBudget) -> str:
@@ -135,8 +136,8 @@ def _locked(where: str, writers: tuple[int, ...], clock: Callable[[], float],
     ``deadline``, time.monotonic()). While another holds it, only the lock's attributes are
     looked at (one request a try, not the dozen of making one); a lock whose modification
     time (the state directory's clock, as ``clock``) is older than ``LOCK_TTL`` is a dead
-    taker's and is broken. The lock carries a nonce: only the holder's own is removed at the
-    end."""
+    taker's and is broken once ``_dead`` confirms it. The lock carries a nonce: only the
+    holder's own is removed at the end."""
     until = time.monotonic() + LOCK_TTL
     if deadline is not None:
         until = min(until, deadline)
